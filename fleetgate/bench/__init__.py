@@ -1,0 +1,1 @@
+"""Benchmarks (commands, not tests): gateway overhead, routing policies, the cost report."""

@@ -1,0 +1,28 @@
+"""`fleetgate bench <name>`: each benchmark is a module with `add_arguments` and `run`.
+
+Modules are imported only when chosen, like the top-level commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "gateway": ("fleetgate.bench.gateway_overhead", "gateway added latency and RPS vs direct-to-engine"),
+    "routing": ("fleetgate.bench.routing", "endpoint-picking policies on the simulated fleet"),
+    "cost": ("fleetgate.bench.cost", "naive serving vs FleetGate on a mixed multi-tenant workload"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bench", choices=sorted(BENCHMARKS), help="which benchmark")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
+
+
+def run(args: argparse.Namespace) -> int:
+    module_name, help_text = BENCHMARKS[args.bench]
+    module = importlib.import_module(module_name)
+    sub = argparse.ArgumentParser(prog=f"fleetgate bench {args.bench}", description=help_text)
+    module.add_arguments(sub)
+    return int(module.run(sub.parse_args(args.rest)) or 0)

@@ -1,0 +1,40 @@
+"""Small value types shared by the gateway, router, cache and operator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One engine replica that serves one model: a pod in a cluster, a subprocess locally."""
+
+    id: str
+    url: str  # base URL, e.g. http://127.0.0.1:8100 (no trailing slash, no /v1)
+    model: str  # the served model name the engine answers to
+    labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage as reported by the engine (OpenAI `usage`), plus prefix-cache hits."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def from_openai(cls, usage: dict[str, object] | None) -> Usage:
+        if not usage:
+            return cls()
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens", 0) if isinstance(details, dict) else 0
+        return cls(
+            prompt_tokens=int(usage.get("prompt_tokens", 0) or 0),  # type: ignore[call-overload]
+            completion_tokens=int(usage.get("completion_tokens", 0) or 0),  # type: ignore[call-overload]
+            cached_tokens=int(cached or 0),
+        )

@@ -1,0 +1,1 @@
+"""The local stack behind `fleetgate up`: model preparation, engine subprocesses, the gateway."""

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway (FastAPI): request pipeline, streaming relay, errors, metrics."""

@@ -1,0 +1,1 @@
+"""Which model tier and which engine endpoint serve a request. Pure: no web framework, no Kopf."""

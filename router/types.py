@@ -1,0 +1,52 @@
+"""The scheduling contract between the gateway and the endpoint picker.
+
+The gateway builds a `RoutingRequest` (pure data, no web types), asks a `Scheduler` for a
+`Decision`, and reports the outcome back so observers can update their state. The router
+package implements `Scheduler` with filters -> scorers -> picker (see `fleetgate.router.scheduler`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fleetgate.core.types import Endpoint, Usage
+
+
+@dataclass(slots=True)
+class RoutingRequest:
+    request_id: str
+    model: str  # concrete model name (after tier resolution)
+    prompt_text: str  # stable serialisation of the prompt, used for prefix hashing
+    tenant: str = "anonymous"
+    session_key: str | None = None  # session header or the OpenAI `user` field
+    max_tokens: int | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Decision:
+    endpoint: Endpoint
+    fallbacks: list[Endpoint] = field(default_factory=list)  # next-best, for one connect-failure retry
+    reasons: dict[str, float] = field(default_factory=dict)  # scorer name -> weighted score (debug header)
+    profile: str = "default"
+
+
+class Scheduler(Protocol):
+    async def pick(self, req: RoutingRequest, candidates: Sequence[Endpoint]) -> Decision:
+        """Choose an endpoint among `candidates` (all serve `req.model`). Raises
+        `fleetgate.core.errors.UpstreamUnavailableError` when none is usable."""
+        ...
+
+    def on_start(self, req: RoutingRequest, endpoint: Endpoint) -> None:
+        """The request was sent to `endpoint` (in-flight accounting, prefix index update)."""
+        ...
+
+    def on_complete(self, req: RoutingRequest, endpoint: Endpoint, *, ok: bool, usage: Usage | None) -> None:
+        """The request finished (successfully or not)."""
+        ...
+
+    def on_connect_error(self, endpoint: Endpoint) -> None:
+        """Connecting to `endpoint` failed or timed out: eject it for a back-off period."""
+        ...
