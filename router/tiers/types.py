@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
@@ -13,6 +13,12 @@ class TierDecision:
     alias: str | None = None  # the alias the client asked for, if any
     score: float | None = None  # need for the strong tier in [0, 1]
     reason: str = "explicit"
+    # Cascade: serve from `model`, and if `TierResolver.should_escalate` says the answer failed,
+    # serve again from `escalate_to` (non-streaming requests; both calls are accounted).
+    escalate_to: str | None = None
+    escalate_tier: str | None = None
+    # Fallbacks: (model, tier) pairs to try in order when `model` has no healthy endpoint or is saturated.
+    fallbacks: list[tuple[str, str]] = field(default_factory=list)
 
 
 class TierResolver(Protocol):
@@ -21,6 +27,10 @@ class TierResolver(Protocol):
     async def resolve(self, requested_model: str, prompt_text: str, *, embedding: Any | None = None) -> TierDecision:
         """Map a requested model or alias to a concrete model. Explicit model names pass through
         (reason "explicit"). Unknown names are the gateway's concern (404 with valid names)."""
+        ...
+
+    def should_escalate(self, response: dict[str, Any]) -> str | None:
+        """For a cascade: a reason to escalate the cheap tier's complete response, or None."""
         ...
 
 
@@ -32,3 +42,6 @@ class PassThroughTiers:
 
     async def resolve(self, requested_model: str, prompt_text: str, *, embedding: Any | None = None) -> TierDecision:
         return TierDecision(model=requested_model)
+
+    def should_escalate(self, response: dict[str, Any]) -> str | None:
+        return None
