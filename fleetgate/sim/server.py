@@ -1,0 +1,174 @@
+"""The OpenAI-compatible HTTP face of one simulated engine (aiohttp, loopback by default).
+
+Routes, as vLLM serves them: `POST /v1/chat/completions`, `POST /v1/completions` (both with
+`stream` and `stream_options.include_usage`), `GET /v1/models`, `GET /health`, `GET /metrics`.
+`usage.prompt_tokens_details.cached_tokens` reports the prefix-cache hit. Chat messages are
+serialised with a Gemma-style template before tokenisation, so a shared system prompt and a growing
+history form a shared prefix.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from fleetgate.sim.engine import SimEngine, SimRequest
+from fleetgate.sim.metrics import SimMetrics
+from fleetgate.sim.runner import EngineRunner
+
+ENGINE_KEY = web.AppKey("engine", EngineRunner)
+METRICS_KEY = web.AppKey("metrics", SimMetrics)
+
+
+def render_chat(messages: list[Mapping[str, Any]]) -> str:
+    """A stable serialisation of chat messages (Gemma's turn markers)."""
+    parts = []
+    for m in messages:
+        content = m.get("content") or ""
+        if isinstance(content, list):  # OpenAI content parts: keep the text ones
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        parts.append(f"<start_of_turn>{m.get('role', 'user')}\n{content}<end_of_turn>\n")
+    parts.append("<start_of_turn>model\n")
+    return "".join(parts)
+
+
+def _error(status: int, message: str, code: str) -> web.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    return web.json_response(body, status=status, dumps=lambda o: orjson.dumps(o).decode())
+
+
+def _usage(req: SimRequest) -> dict[str, Any]:
+    return {
+        "prompt_tokens": req.prompt_tokens,
+        "completion_tokens": req.generated,
+        "total_tokens": req.prompt_tokens + req.generated,
+        "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
+    }
+
+
+def _text(start: int, end: int) -> str:
+    return "".join(f" w{i}" for i in range(start, end))
+
+
+async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    runner = request.app[ENGINE_KEY]
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return _error(400, "request body is not valid JSON", "invalid_json")
+    model = runner.engine.profile.model
+    if body.get("model") not in (None, model):
+        return _error(404, f"The model `{body.get('model')}` does not exist.", "model_not_found")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return _error(400, "`messages` must be a non-empty list", "invalid_messages")
+        prompt = render_chat(messages)
+    else:
+        raw = body.get("prompt")
+        prompt = raw[0] if isinstance(raw, list) and raw and isinstance(raw[0], str) else raw
+        if not isinstance(prompt, str):
+            return _error(400, "`prompt` must be a string", "invalid_prompt")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    try:
+        req, updates = runner.submit(prompt=prompt, max_tokens=int(max_tokens) if max_tokens is not None else None)
+    except ValueError as exc:
+        return _error(400, str(exc), "context_length_exceeded")
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    created = int(time.time())
+    obj = "chat.completion" if chat else "text_completion"
+    try:
+        if not body.get("stream"):
+            while not req.done:
+                await updates.get()
+            text = _text(0, req.generated)
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            payload = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
+                       "usage": _usage(req)}
+            return web.Response(body=orjson.dumps(payload), content_type="application/json")
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+        sent = 0
+        while True:
+            if sent >= req.generated:
+                if req.done:
+                    break
+                await updates.get()
+                continue
+            new = _text(sent, req.generated)
+            first, sent = sent == 0, req.generated
+            finish = "length" if req.done and sent >= req.generated else None
+            ch: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+            if chat:
+                ch["delta"] = {"role": "assistant", "content": new} if first else {"content": new}
+            else:
+                ch["text"] = new
+            chunk = {"id": rid, "object": chunk_obj, "created": created, "model": model, "choices": [ch]}
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        if include_usage:
+            tail = {"id": rid, "object": chunk_obj, "created": created, "model": model, "choices": [],
+                    "usage": _usage(req)}
+            await resp.write(b"data: " + orjson.dumps(tail) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+    finally:
+        runner.engine.abort(req)  # no-op when finished; frees KV when the client went away
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def models(request: web.Request) -> web.Response:
+    model = request.app[ENGINE_KEY].engine.profile.model
+    data = {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "fleetgate-sim"}]}
+    return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS_KEY].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def build_app(engine: SimEngine) -> web.Application:
+    """One engine's app; the caller owns the runner's lifetime through the app's startup/cleanup."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    runner = EngineRunner(engine)
+    app[ENGINE_KEY] = runner
+    app[METRICS_KEY] = SimMetrics(engine)
+
+    async def on_startup(_: web.Application) -> None:
+        runner.start()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await runner.aclose()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
