@@ -1,0 +1,229 @@
+"""Typed vLLM engine knobs and their command line.
+
+`EngineArgs` holds the settings FleetGate controls on a vLLM 0.32 OpenAI server, validated at
+construction, and `to_argv()` renders the arguments that follow
+`python -m vllm.entrypoints.openai.api_server` (see `VLLM_MODULE`). Flag names are vLLM 0.32's
+(`vllm/engine/arg_utils.py`, `vllm/entrypoints/launchers/cli_args.py`): booleans with a vLLM-side
+default use the `--x`/`--no-x` pair of `argparse.BooleanOptionalAction`, and speculative decoding is
+one JSON object in `--speculative-config`. A knob left at `None` is omitted so vLLM's own default
+(often model-dependent) applies.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from fleetgate.core.errors import ConfigError
+
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+
+DTYPES: tuple[str, ...] = ("auto", "half", "float16", "bfloat16", "float", "float32")
+# Quantization methods of vLLM 0.32 (`QuantizationMethods`) that FleetGate accepts; "none" means unquantized.
+QUANTIZATIONS: tuple[str, ...] = (
+    "awq",
+    "awq_marlin",
+    "gptq",
+    "gptq_marlin",
+    "fp8",
+    "compressed-tensors",
+    "bitsandbytes",
+    "gguf",
+    "modelopt",
+    "modelopt_fp4",
+    "mxfp4",
+    "experts_int8",
+    "moe_wna16",
+    "torchao",
+)
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+# Methods that read a separate draft/head model (`speculative_model` required).
+SPECULATIVE_METHODS_WITH_MODEL: tuple[str, ...] = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator")
+# Methods that need no separate model: n-gram prompt lookup, suffix decoding, the model's own MTP heads.
+SPECULATIVE_METHODS_WITHOUT_MODEL: tuple[str, ...] = ("ngram", "suffix", "mtp")
+SPECULATIVE_METHODS: tuple[str, ...] = SPECULATIVE_METHODS_WITH_MODEL + SPECULATIVE_METHODS_WITHOUT_MODEL
+
+# Flags rendered from typed fields; `extra_args` may not set them a second time.
+OWNED_FLAGS: frozenset[str] = frozenset(
+    {
+        "--model",
+        "--served-model-name",
+        "--host",
+        "--port",
+        "--dtype",
+        "--quantization",
+        "-q",
+        "--kv-cache-dtype",
+        "--max-model-len",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--gpu-memory-utilization",
+        "--tensor-parallel-size",
+        "-tp",
+        "--speculative-config",
+        "-sc",
+        "--enforce-eager",
+        "--no-enforce-eager",
+    }
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineArgs:
+    """The vLLM knobs FleetGate sets; `None` leaves vLLM's default in place."""
+
+    model: str
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dtype: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    max_model_len: int | None = None
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int = 1
+    speculative_method: str | None = None
+    speculative_model: str | None = None
+    num_speculative_tokens: int | None = None
+    enforce_eager: bool = False
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.extra_args, list):
+            object.__setattr__(self, "extra_args", tuple(self.extra_args))
+        _validate(self)
+
+    def speculative_config(self) -> dict[str, object] | None:
+        """The `--speculative-config` object, or None without speculative decoding."""
+        if self.speculative_method is None:
+            return None
+        config: dict[str, object] = {
+            "method": self.speculative_method,
+            "num_speculative_tokens": self.num_speculative_tokens,
+        }
+        if self.speculative_model is not None:
+            config["model"] = self.speculative_model
+        return config
+
+    def to_argv(self) -> list[str]:
+        """Arguments after `python -m vllm.entrypoints.openai.api_server`, in a stable order."""
+        argv = ["--model", self.model]
+        if self.served_model_name is not None:
+            argv += ["--served-model-name", self.served_model_name]
+        argv += ["--host", self.host, "--port", str(self.port)]
+        if self.dtype != "auto":
+            argv += ["--dtype", self.dtype]
+        if self.quantization is not None:
+            argv += ["--quantization", self.quantization]
+        if self.kv_cache_dtype != "auto":
+            argv += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if self.max_model_len is not None:
+            argv += ["--max-model-len", str(self.max_model_len)]
+        argv += _bool_flag("enable-prefix-caching", self.enable_prefix_caching)
+        argv += _bool_flag("enable-chunked-prefill", self.enable_chunked_prefill)
+        if self.max_num_seqs is not None:
+            argv += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.max_num_batched_tokens is not None:
+            argv += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+        if self.gpu_memory_utilization is not None:
+            argv += ["--gpu-memory-utilization", _float_text(self.gpu_memory_utilization)]
+        if self.tensor_parallel_size != 1:
+            argv += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        spec = self.speculative_config()
+        if spec is not None:
+            argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
+        if self.enforce_eager:
+            argv.append("--enforce-eager")
+        argv += list(self.extra_args)
+        return argv
+
+
+def _bool_flag(name: str, value: bool | None) -> list[str]:
+    if value is None:
+        return []
+    return [f"--{name}" if value else f"--no-{name}"]
+
+
+def _float_text(value: float) -> str:
+    return repr(float(value))
+
+
+def _fail(name: str, message: str) -> None:
+    raise ConfigError(f"engine args: {name}: {message}")
+
+
+def _positive(args: EngineArgs, name: str) -> None:
+    value = getattr(args, name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        _fail(name, f"must be a positive integer, got {value!r}")
+
+
+def _one_of(args: EngineArgs, name: str, allowed: tuple[str, ...]) -> None:
+    value = getattr(args, name)
+    if value is not None and value not in allowed:
+        _fail(name, f"{value!r} is not one of {', '.join(allowed)}")
+
+
+def _validate(args: EngineArgs) -> None:
+    if not isinstance(args.model, str) or not args.model.strip():
+        _fail("model", "must be a non-empty model name or path")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        _fail("served_model_name", "must be non-empty when set")
+    if not args.host:
+        _fail("host", "must be non-empty")
+    if isinstance(args.port, bool) or not isinstance(args.port, int) or not 1 <= args.port <= 65535:
+        _fail("port", f"must be in 1..65535, got {args.port!r}")
+    _one_of(args, "dtype", DTYPES)
+    _one_of(args, "quantization", QUANTIZATIONS)
+    _one_of(args, "kv_cache_dtype", KV_CACHE_DTYPES)
+    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
+        _positive(args, name)
+    util = args.gpu_memory_utilization
+    if util is not None and not 0.0 < util <= 1.0:
+        _fail("gpu_memory_utilization", f"must be in (0, 1], got {util!r}")
+    if (
+        args.max_num_batched_tokens is not None
+        and args.max_model_len is not None
+        and args.enable_chunked_prefill is False
+        and args.max_num_batched_tokens < args.max_model_len
+    ):
+        _fail(
+            "max_num_batched_tokens",
+            f"{args.max_num_batched_tokens} < max_model_len {args.max_model_len}: without chunked prefill "
+            "a full-length prompt could never be scheduled",
+        )
+    _validate_speculative(args)
+    _validate_extra(args)
+
+
+def _validate_speculative(args: EngineArgs) -> None:
+    method = args.speculative_method
+    if method is None:
+        if args.speculative_model is not None or args.num_speculative_tokens is not None:
+            _fail("speculative_method", "required when speculative_model or num_speculative_tokens is set")
+        return
+    _one_of(args, "speculative_method", SPECULATIVE_METHODS)
+    if args.num_speculative_tokens is None:
+        _fail("num_speculative_tokens", f"required with speculative_method {method!r}")
+    _positive(args, "num_speculative_tokens")
+    if method in SPECULATIVE_METHODS_WITH_MODEL and not args.speculative_model:
+        _fail("speculative_model", f"speculative_method {method!r} needs a draft/head model")
+    if method in SPECULATIVE_METHODS_WITHOUT_MODEL and args.speculative_model is not None:
+        _fail("speculative_model", f"speculative_method {method!r} takes no separate model")
+
+
+def _validate_extra(args: EngineArgs) -> None:
+    if isinstance(args.extra_args, str) or not all(isinstance(a, str) for a in args.extra_args):
+        _fail("extra_args", "must be a sequence of strings (one argv token each)")
+    for token in args.extra_args:
+        flag = token.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            _fail("extra_args", f"{flag} is set by a typed field; use that field instead")

@@ -1,0 +1,165 @@
+"""EngineArgs: validation and the vLLM 0.32 command line (checked against vLLM's own parser)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+
+from fleetgate.core.errors import ConfigError
+from fleetgate.engine.args import EngineArgs
+
+
+def _flag_value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_minimal_argv_leaves_vllm_defaults() -> None:
+    argv = EngineArgs(model="/models/m").to_argv()
+    assert argv == ["--model", "/models/m", "--host", "127.0.0.1", "--port", "8000"]
+
+
+def test_full_argv_renders_every_knob() -> None:
+    args = EngineArgs(
+        model="meta-llama/Llama-3.1-70B-Instruct",
+        served_model_name="llama-70b",
+        host="0.0.0.0",
+        port=8080,
+        dtype="bfloat16",
+        quantization="fp8",
+        kv_cache_dtype="fp8",
+        max_model_len=8192,
+        enable_prefix_caching=True,
+        enable_chunked_prefill=False,
+        max_num_seqs=64,
+        max_num_batched_tokens=8192,
+        gpu_memory_utilization=0.92,
+        tensor_parallel_size=4,
+        speculative_method="draft_model",
+        speculative_model="meta-llama/Llama-3.2-1B-Instruct",
+        num_speculative_tokens=5,
+        enforce_eager=True,
+        extra_args=["--disable-log-requests"],
+    )
+    argv = args.to_argv()
+    assert _flag_value(argv, "--served-model-name") == "llama-70b"
+    assert _flag_value(argv, "--dtype") == "bfloat16"
+    assert _flag_value(argv, "--quantization") == "fp8"
+    assert _flag_value(argv, "--kv-cache-dtype") == "fp8"
+    assert _flag_value(argv, "--max-model-len") == "8192"
+    assert "--enable-prefix-caching" in argv
+    assert "--no-enable-chunked-prefill" in argv
+    assert _flag_value(argv, "--max-num-seqs") == "64"
+    assert _flag_value(argv, "--gpu-memory-utilization") == "0.92"
+    assert _flag_value(argv, "--tensor-parallel-size") == "4"
+    assert json.loads(_flag_value(argv, "--speculative-config")) == {
+        "method": "draft_model",
+        "model": "meta-llama/Llama-3.2-1B-Instruct",
+        "num_speculative_tokens": 5,
+    }
+    assert "--enforce-eager" in argv
+    assert argv[-1] == "--disable-log-requests"
+    assert args.extra_args == ("--disable-log-requests",)  # lists become tuples: the value stays hashable
+    assert hash(args) == hash(dataclasses.replace(args))
+
+
+def test_booleans_render_both_directions() -> None:
+    on = EngineArgs(model="m", enable_prefix_caching=True, enable_chunked_prefill=True).to_argv()
+    off = EngineArgs(model="m", enable_prefix_caching=False, enable_chunked_prefill=False).to_argv()
+    assert {"--enable-prefix-caching", "--enable-chunked-prefill"} <= set(on)
+    assert {"--no-enable-prefix-caching", "--no-enable-chunked-prefill"} <= set(off)
+    assert not {"--enable-prefix-caching", "--enable-chunked-prefill"} & set(off)
+
+
+def test_is_frozen_and_keyword_only() -> None:
+    args = EngineArgs(model="m")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.port = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        EngineArgs("m")  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"model": " "}, "model"),
+        ({"port": 0}, "port"),
+        ({"port": 70000}, "port"),
+        ({"dtype": "fp64"}, "dtype"),
+        ({"quantization": "magic"}, "quantization"),
+        ({"kv_cache_dtype": "int3"}, "kv_cache_dtype"),
+        ({"max_model_len": 0}, "max_model_len"),
+        ({"max_num_seqs": -1}, "max_num_seqs"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+        ({"speculative_method": "ngram"}, "num_speculative_tokens"),
+        ({"speculative_method": "eagle", "num_speculative_tokens": 3}, "speculative_model"),
+        ({"speculative_method": "ngram", "num_speculative_tokens": 3, "speculative_model": "d"}, "speculative_model"),
+        ({"speculative_method": "telepathy", "num_speculative_tokens": 3}, "speculative_method"),
+        ({"num_speculative_tokens": 3}, "speculative_method"),
+        ({"speculative_method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"extra_args": ("--max-model-len=4096",)}, "extra_args"),
+        ({"extra_args": ("-tp", "2")}, "extra_args"),
+        ({"extra_args": "--foo"}, "extra_args"),
+        (
+            {"max_model_len": 8192, "max_num_batched_tokens": 2048, "enable_chunked_prefill": False},
+            "max_num_batched_tokens",
+        ),
+    ],
+)
+def test_invalid_values_raise_clear_errors(changes: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        EngineArgs(**{"model": "m", **changes})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def vllm_parser() -> argparse.ArgumentParser:
+    """vLLM 0.32's own OpenAI-server argument parser (imports vLLM: ~10 s)."""
+    cli_args = pytest.importorskip("vllm.entrypoints.launchers.cli_args", reason="vllm is not installed")
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser: argparse.ArgumentParser = cli_args.make_arg_parser(FlexibleArgumentParser())
+    return parser
+
+
+@pytest.mark.slow
+def test_vllm_parser_reads_back_every_knob(vllm_parser: argparse.ArgumentParser) -> None:
+    args = EngineArgs(
+        model="/models/m",
+        served_model_name="served",
+        host="0.0.0.0",
+        port=8123,
+        dtype="float16",
+        quantization="awq",
+        kv_cache_dtype="fp8",
+        max_model_len=4096,
+        enable_prefix_caching=False,
+        enable_chunked_prefill=True,
+        max_num_seqs=32,
+        max_num_batched_tokens=2048,
+        gpu_memory_utilization=0.85,
+        tensor_parallel_size=2,
+        speculative_method="ngram",
+        num_speculative_tokens=4,
+        enforce_eager=True,
+    )
+    ns = vllm_parser.parse_args(args.to_argv())
+    assert ns.model == "/models/m"
+    assert ns.served_model_name == ["served"]
+    assert (ns.host, ns.port) == ("0.0.0.0", 8123)
+    assert ns.dtype == "float16"
+    assert ns.quantization == "awq"
+    assert ns.kv_cache_dtype == "fp8"
+    assert ns.max_model_len == 4096
+    assert ns.enable_prefix_caching is False
+    assert ns.enable_chunked_prefill is True
+    assert (ns.max_num_seqs, ns.max_num_batched_tokens) == (32, 2048)
+    assert ns.gpu_memory_utilization == pytest.approx(0.85)
+    assert ns.tensor_parallel_size == 2
+    assert ns.speculative_config == {"method": "ngram", "num_speculative_tokens": 4}
+    assert ns.enforce_eager is True
+    defaults = vllm_parser.parse_args(EngineArgs(model="m").to_argv())
+    assert defaults.enable_prefix_caching is None  # omitted knobs keep vLLM's model-dependent default
