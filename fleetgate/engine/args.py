@@ -12,7 +12,8 @@ one JSON object in `--speculative-config`. A knob left at `None` is omitted so v
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from fleetgate.core.errors import ConfigError
 
@@ -94,10 +95,10 @@ class EngineArgs:
     speculative_model: str | None = None
     num_speculative_tokens: int | None = None
     enforce_eager: bool = False
-    extra_args: tuple[str, ...] = field(default_factory=tuple)
+    extra_args: Sequence[str] = ()  # stored as a tuple, so the value stays hashable
 
     def __post_init__(self) -> None:
-        if isinstance(self.extra_args, list):
+        if not isinstance(self.extra_args, str | tuple):
             object.__setattr__(self, "extra_args", tuple(self.extra_args))
         _validate(self)
 

@@ -78,7 +78,7 @@ def test_is_frozen_and_keyword_only() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         args.port = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
-        EngineArgs("m")  # type: ignore[misc]
+        EngineArgs("m")  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(
