@@ -1,0 +1,45 @@
+"""`CacheConfig`: the response cache's settings with the shipped defaults.
+
+The defaults are the ones `fleetgate cache-eval` measures (precision first): a semantic hit needs cosine
+similarity >= `semantic.threshold` on the last user message within the same partition *and* the lexical
+near-miss verifier's agreement (`fleetgate.cache.verifier`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SemanticConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    embedder: Literal["minilm", "hashing"] = "minilm"  # hashing: no torch, for tests and tiny deployments
+    model_dir: str | None = None  # an extracted MiniLM folder; default: extracted from the PyPI package
+    threshold: float = Field(default=0.75, ge=-1.0, le=1.0)  # cosine similarity, before the verifier
+    verify: bool = True  # the lexical near-miss verifier; turning it off is unsafe (see cache-eval)
+    top_k: int = Field(default=4, ge=1, le=64)  # candidates fetched and verified per lookup
+    hnsw_above: int = Field(default=20_000, ge=1)  # a partition switches from a flat scan to HNSW
+    hnsw_m: int = Field(default=32, ge=4)
+    hnsw_ef_search: int = Field(default=64, ge=8)
+    sync_interval_s: float = Field(default=0.25, ge=0.0)  # max staleness of a replica's index (shared store)
+    max_text_chars: int = Field(default=2_000, ge=16)  # longer last messages are exact-only (slots, code)
+
+
+class CacheConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    ttl_s: float = Field(default=3_600.0, gt=0)
+    max_entries: int = Field(default=100_000, ge=1)  # global bound, FIFO eviction in store order
+    max_response_bytes: int = Field(default=256_000, ge=1)  # larger responses are not stored
+    # The engine default for an absent temperature is random sampling (OpenAI and vLLM use 1.0 unless a
+    # model's generation config says otherwise), so an absent temperature counts as sampled.
+    absent_temperature_is_sampled: bool = True
+    store_truncated: bool = False  # finish_reason "length": an incomplete answer is not stored
+    key_prefix: str = "cache:"
+    log_max_len: int | None = None  # default: 2 x max_entries
+    backend_retry_s: float = Field(default=1.0, gt=0)  # while the store is down, ping at most this often
+    semantic: SemanticConfig = Field(default_factory=SemanticConfig)

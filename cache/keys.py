@@ -1,0 +1,88 @@
+"""Cache keys: what a cached answer may be reused for.
+
+Inputs: a `CacheRequest` (tenant, concrete model, kind, the client's body).
+
+- `params`: every body field except the conversation itself and the fields that cannot change the
+  output (`TRANSPORT_FIELDS`: stream, stream_options, user, metadata, ...). A deny-list, not an
+  allow-list, so an unknown field (a new sampling knob) separates entries instead of being ignored.
+- `partition` = sha256(canonical JSON of [tenant, model, kind, params, prefix]) where `prefix` is every
+  chat message before the last one (system prompt and earlier turns, verbatim). For completions the
+  prefix is empty. A semantic hit never crosses a partition, so two requests can only share an answer when
+  tenant, model, parameters, system prompt and the whole history are identical.
+- `exact` = sha256(partition, canonical JSON of the last message) (or of the prompt).
+- `semantic_text`: the last message's text when it is a plain user message (string content or text parts
+  only); `None` otherwise (tool results, images, assistant prefill), which makes the request exact-only.
+
+Canonical JSON: keys sorted, no whitespace (orjson), so key order in the client's body does not matter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from fleetgate.cache.types import CacheRequest
+
+TRANSPORT_FIELDS = frozenset(
+    {"messages", "prompt", "model", "stream", "stream_options", "user", "metadata", "store", "service_tier"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheKeys:
+    partition: str
+    exact: str
+    semantic_text: str | None
+
+
+def _canonical(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def output_params(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in TRANSPORT_FIELDS}
+
+
+def message_text(message: Mapping[str, Any]) -> str | None:
+    """Plain text of a user message; None when it holds anything but text."""
+    if message.get("role") != "user" or set(message) - {"role", "content", "name"}:
+        return None
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts: list[str] = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                return None
+            texts.append(part["text"])
+        return "\n".join(texts)
+    return None
+
+
+def cache_keys(req: CacheRequest) -> CacheKeys:
+    body = req.body
+    head = _canonical([req.tenant, req.model, req.kind, output_params(body)])
+    if req.kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            messages = []
+        prefix, last = messages[:-1], (messages[-1] if messages else None)
+        partition = _digest(head, _canonical(prefix))
+        text = message_text(last) if isinstance(last, Mapping) else None
+        return CacheKeys(partition=partition, exact=_digest(partition.encode(), _canonical(last)), semantic_text=text)
+    partition = _digest(head, b"completions")
+    return CacheKeys(partition=partition, exact=_digest(partition.encode(), _canonical(body.get("prompt"))),
+                     semantic_text=None)

@@ -1,0 +1,65 @@
+"""Prometheus metrics of the response cache, registered in the app's own `CollectorRegistry`."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from fleetgate.core.telemetry import LATENCY_BUCKETS
+
+
+class CacheMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.lookups = Counter(
+            "fleetgate_cache_lookups_total",
+            "Cache lookups by layer (exact, semantic, none) and result (hit, miss, bypass, rejected, error).",
+            ["layer", "result"],
+            registry=registry,
+        )
+        self.lookup_seconds = Histogram(
+            "fleetgate_cache_lookup_seconds",
+            "Time spent in a cache lookup, by layer (exact: key fetch; semantic: embed + search + fetch).",
+            ["layer"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.stage_seconds = Histogram(
+            "fleetgate_cache_semantic_stage_seconds",
+            "Where a semantic lookup spends its time: embed, sync, search, fetch, verify.",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.rejections = Counter(
+            "fleetgate_cache_verifier_rejections_total",
+            "Semantic candidates above the similarity threshold rejected by the near-miss verifier, by rule.",
+            ["reason"],
+            registry=registry,
+        )
+        self.stores = Counter(
+            "fleetgate_cache_stores_total",
+            "Responses offered to the cache, by result (stored, or why not).",
+            ["result"],
+            registry=registry,
+        )
+        self.entries = Gauge(
+            "fleetgate_cache_entries",
+            "Entries this replica's index knows (synced from the shared log), by layer.",
+            ["layer"],
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "fleetgate_cache_evictions_total",
+            "Entries evicted by this replica because the size bound was reached.",
+            registry=registry,
+        )
+        self.backend_up = Gauge(
+            "fleetgate_cache_backend_up",
+            "1 when the cache's store answers, 0 while caching is off because it does not.",
+            registry=registry,
+        )
+        self.backend_errors = Counter(
+            "fleetgate_cache_backend_errors_total",
+            "Store operations of the cache that failed (the request went on without the cache).",
+            registry=registry,
+        )
+        self.backend_up.set(1)

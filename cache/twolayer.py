@@ -1,0 +1,243 @@
+"""`TwoLayerCache`: the exact layer first, the semantic layer second, one shared store underneath.
+
+lookup(req):
+1. keys (`fleetgate.cache.keys`) and policy (`fleetgate.cache.policy`): bypass or no-cache decided first;
+2. exact: GET `{prefix}x:{exact}`; a record whose tenant and partition equal the request's is a hit;
+3. semantic (chat, plain-text last user message): embed the last message in a worker thread, replay the
+   shared log if the index is older than `sync_interval_s`, search the request's partition for `top_k`
+   neighbours with cosine >= `threshold`, fetch them in one MGET and serve the first (most similar) one
+   whose record matches tenant and partition and that the near-miss verifier accepts.
+A hit returns the stored response with a fresh `id` and `created`; its `usage` is the original one (the
+tokens the cache saved).
+
+store(req, lookup, response): only when the policy allowed storing and the response is a complete
+success (`policy.storable`); writes the record with the TTL, appends the log entry, indexes it locally
+and evicts past `max_entries`.
+
+Fail open: any store error turns the lookup into a `bypass` ("cache backend unavailable") and the store
+into a no-op; `StoreUnavailableError` additionally marks the backend down (gauge, one warning log line).
+While down, the store is pinged at most every `backend_retry_s`; once it answers, the index is rebuilt
+from the log (the store may have restarted empty) and caching resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import orjson
+
+from fleetgate.cache.config import CacheConfig
+from fleetgate.cache.embedding import Embedder
+from fleetgate.cache.keys import CacheKeys, cache_keys
+from fleetgate.cache.metrics import CacheMetrics
+from fleetgate.cache.policy import Decision, decide, storable
+from fleetgate.cache.sharedindex import LogEntry, SharedIndex
+from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
+from fleetgate.cache.verifier import verify
+from fleetgate.core.kvstore import KVStore, StoreUnavailableError
+
+log = logging.getLogger("fleetgate.cache")
+_DOWN = "cache backend unavailable"
+
+
+class TwoLayerCache:
+    def __init__(
+        self, *, config: CacheConfig, kvstore: KVStore, metrics: CacheMetrics, embedder: Embedder | None
+    ) -> None:
+        self.config = config
+        self.kv = kvstore
+        self.metrics = metrics
+        self.embedder = embedder if config.semantic.enabled else None
+        sem = config.semantic
+        self.index = SharedIndex(
+            dim=embedder.dim if embedder else 1, max_entries=config.max_entries, hnsw_above=sem.hnsw_above,
+            hnsw_m=sem.hnsw_m, hnsw_ef_search=sem.hnsw_ef_search,
+        )
+        self._log = f"{config.key_prefix}log"
+        self._log_max_len = config.log_max_len or 2 * config.max_entries
+        self._sync_lock = asyncio.Lock()
+        self._up = True
+        self._next_ping = 0.0
+
+    def _key(self, exact: str) -> str:
+        return f"{self.config.key_prefix}x:{exact}"
+
+    # -- backend health -------------------------------------------------------------------------------
+    def _failed(self, exc: Exception, *, op: str) -> None:
+        self.metrics.backend_errors.inc()
+        if isinstance(exc, StoreUnavailableError):
+            if self._up:
+                log.warning("response cache off: %s failed: %s (requests go on uncached)", op, exc)
+            self._up = False
+            self.metrics.backend_up.set(0)
+            self._next_ping = time.monotonic() + self.config.backend_retry_s
+        else:
+            log.exception("response cache %s failed; request goes on uncached", op)
+
+    async def _available(self) -> bool:
+        if self._up:
+            return True
+        if time.monotonic() < self._next_ping:
+            return False
+        self._next_ping = time.monotonic() + self.config.backend_retry_s
+        if not await self.kv.ping():
+            return False
+        log.warning("response cache back on: the store answers again; rebuilding the index from its log")
+        self._up = True
+        self.metrics.backend_up.set(1)
+        self.index.reset()
+        return True
+
+    async def sync(self, *, force: bool = False) -> None:
+        """Replay the shared log into the local index (at most every `sync_interval_s` unless forced)."""
+        if not force and time.monotonic() - self.index.last_sync < self.config.semantic.sync_interval_s:
+            return
+        if self._sync_lock.locked() and not force:
+            return  # another lookup is replaying; a slightly stale index is fine
+        async with self._sync_lock:
+            while True:
+                rows = await self.kv.log_read(self._log, after=self.index.cursor, count=1000)
+                for entry_id, raw in rows:
+                    self.metrics.evictions.inc(len(self.index.apply(LogEntry.decode(raw))))
+                    self.index.cursor = entry_id
+                if len(rows) < 1000:
+                    break
+            self.index.drop_expired()
+            self.index.last_sync = time.monotonic()
+            self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self.metrics.entries.labels("all").set(len(self.index))
+        self.metrics.entries.labels("semantic").set(len(self.index.vectors))
+
+    # -- lookup ---------------------------------------------------------------------------------------
+    async def lookup(self, req: CacheRequest) -> CacheLookup:
+        keys = cache_keys(req)
+        decision = decide(req, self.config, semantic_text=keys.semantic_text)
+        state: dict[str, Any] = {"keys": keys, "decision": decision}
+        if not decision.serve and not decision.store:
+            self.metrics.lookups.labels("none", "bypass").inc()
+            return CacheLookup(status=CacheStatus.BYPASS, reason=decision.reason, state=state)
+        try:
+            if not await self._available():
+                self.metrics.lookups.labels("none", "bypass").inc()
+                return CacheLookup(status=CacheStatus.BYPASS, reason=_DOWN)
+            if not decision.serve:
+                self.metrics.lookups.labels("none", "bypass").inc()
+                return CacheLookup(status=CacheStatus.BYPASS, reason=decision.reason, state=state)
+            hit = await self._exact(req, keys)
+            if hit is not None:
+                return hit
+            if decision.semantic and self.embedder is not None:
+                return await self._semantic(req, keys, state)
+            return CacheLookup(status=CacheStatus.MISS, reason="no exact match", state=state)
+        except Exception as exc:
+            self._failed(exc, op="lookup")
+            self.metrics.lookups.labels("none", "error").inc()
+            return CacheLookup(status=CacheStatus.BYPASS, reason=_DOWN)
+
+    def _owned(self, req: CacheRequest, keys: CacheKeys, record: Mapping[str, Any]) -> bool:
+        return record.get("tenant") == req.tenant and record.get("partition") == keys.partition
+
+    def _served(self, record: Mapping[str, Any], req: CacheRequest) -> dict[str, Any]:
+        response = dict(record["response"])
+        response["id"] = ("chatcmpl-" if req.kind == "chat" else "cmpl-") + "fgc" + uuid.uuid4().hex
+        response["created"] = int(time.time())
+        return response
+
+    async def _exact(self, req: CacheRequest, keys: CacheKeys) -> CacheLookup | None:
+        start = time.perf_counter()
+        raw = await self.kv.get(self._key(keys.exact))
+        self.metrics.lookup_seconds.labels("exact").observe(time.perf_counter() - start)
+        record = orjson.loads(raw) if raw else None
+        if record is None or not self._owned(req, keys, record):
+            self.metrics.lookups.labels("exact", "miss").inc()
+            return None
+        self.metrics.lookups.labels("exact", "hit").inc()
+        return CacheLookup(status=CacheStatus.HIT_EXACT, response=self._served(record, req), similarity=1.0)
+
+    async def embed(self, text: str) -> np.ndarray:
+        assert self.embedder is not None
+        start = time.perf_counter()
+        vector = (await asyncio.to_thread(self.embedder.embed, [text]))[0]
+        self.metrics.stage_seconds.labels("embed").observe(time.perf_counter() - start)
+        return vector
+
+    async def _semantic(self, req: CacheRequest, keys: CacheKeys, state: dict[str, Any]) -> CacheLookup:
+        sem = self.config.semantic
+        assert keys.semantic_text is not None
+        start = time.perf_counter()
+        vector = await self.embed(keys.semantic_text)
+        state["vector"] = vector
+        t = time.perf_counter()
+        await self.sync()
+        t, t_prev = time.perf_counter(), t
+        self.metrics.stage_seconds.labels("sync").observe(t - t_prev)
+        found = [c for c in self.index.vectors.search(partition=keys.partition, vector=vector, k=sem.top_k)
+                 if c[1] >= sem.threshold]
+        t, t_prev = time.perf_counter(), t
+        self.metrics.stage_seconds.labels("search").observe(t - t_prev)
+        raws = await self.kv.mget([self._key(key) for key, _ in found]) if found else []
+        t, t_prev = time.perf_counter(), t
+        self.metrics.stage_seconds.labels("fetch").observe(t - t_prev)
+        result = CacheLookup(status=CacheStatus.MISS, reason="no similar entry", state=state, embedding=vector)
+        for (key, score), raw in zip(found, raws, strict=True):
+            if raw is None:
+                self.index.remove(key)  # expired or evicted elsewhere
+                continue
+            record = orjson.loads(raw)
+            if not self._owned(req, keys, record):
+                continue
+            verdict = verify(str(record.get("text", "")), keys.semantic_text) if sem.verify else None
+            if verdict is not None and not verdict.ok:
+                self.metrics.rejections.labels(verdict.reason).inc()
+                result.reason = f"near miss rejected ({verdict.reason}, similarity {score:.3f})"
+                continue
+            result = CacheLookup(status=CacheStatus.HIT_SEMANTIC, response=self._served(record, req),
+                                 similarity=round(score, 4), state=state, embedding=vector)
+            break
+        self.metrics.stage_seconds.labels("verify").observe(time.perf_counter() - t)
+        self.metrics.lookup_seconds.labels("semantic").observe(time.perf_counter() - start)
+        outcome = {CacheStatus.HIT_SEMANTIC: "hit"}.get(result.status, "rejected" if found else "miss")
+        self.metrics.lookups.labels("semantic", outcome).inc()
+        return result
+
+    # -- store ----------------------------------------------------------------------------------------
+    async def store(self, req: CacheRequest, lookup: CacheLookup, response: Mapping[str, Any]) -> None:
+        keys: CacheKeys | None = lookup.state.get("keys")
+        decision: Decision | None = lookup.state.get("decision")
+        if keys is None or decision is None or not decision.store or not self._up:
+            self.metrics.stores.labels("not allowed").inc()
+            return
+        why = storable(response, self.config)
+        if why:
+            self.metrics.stores.labels(why.split(" ")[0]).inc()
+            return
+        record = orjson.dumps({"tenant": req.tenant, "partition": keys.partition, "text": keys.semantic_text,
+                               "response": response, "stored_at": time.time()})
+        if len(record) > self.config.max_response_bytes:
+            self.metrics.stores.labels("too large").inc()
+            return
+        try:
+            vector: np.ndarray | None = None
+            if decision.semantic and self.embedder is not None and keys.semantic_text is not None:
+                vector = lookup.state.get("vector")
+                if vector is None:
+                    vector = await self.embed(keys.semantic_text)
+            entry = LogEntry(key=keys.exact, partition=keys.partition,
+                             expires_at=time.time() + self.config.ttl_s, vector=vector)
+            await self.kv.set(self._key(keys.exact), record, ttl_s=self.config.ttl_s)
+            await self.kv.log_append(self._log, entry.encode(), max_len=self._log_max_len)
+            for key in self.index.apply(entry):
+                await self.kv.delete(self._key(key))
+                self.metrics.evictions.inc()
+            self._update_gauges()
+            self.metrics.stores.labels("stored").inc()
+        except Exception as exc:
+            self._failed(exc, op="store")
