@@ -1,0 +1,37 @@
+{{/*
+Invalid combinations of values, checked before anything is rendered. Each message says what is wrong
+and how to fix it; values.schema.json catches wrong types and unknown keys before this runs.
+*/}}
+{{- define "fleetgate.validate" -}}
+{{- $v := .Values }}
+{{- if and $v.redis.enabled $v.redis.externalUrl }}
+{{- fail "redis.enabled=true and redis.externalUrl are both set: use the bundled Redis (clear redis.externalUrl) or an external one (set redis.enabled=false)" }}
+{{- end }}
+{{- if $v.gateway.enabled }}
+{{- $hasRedis := or $v.redis.enabled $v.redis.externalUrl }}
+{{- $as := $v.gateway.autoscaling }}
+{{- if and $as.enabled (gt (int $as.minReplicas) (int $as.maxReplicas)) }}
+{{- fail (printf "gateway.autoscaling.minReplicas (%d) is greater than gateway.autoscaling.maxReplicas (%d)" (int $as.minReplicas) (int $as.maxReplicas)) }}
+{{- end }}
+{{- $most := ternary (int $as.maxReplicas) (int $v.gateway.replicas) $as.enabled }}
+{{- if and (gt $most 1) (not $hasRedis) }}
+{{- fail (printf "the gateway can run %d replicas but no Redis is configured: replicas must share caches, rate limits and budgets; set redis.enabled=true or redis.externalUrl, or run one replica (gateway.replicas=1, autoscaling off)" $most) }}
+{{- end }}
+{{- $keys := $v.gateway.apiKeys }}
+{{- if and $keys.existingSecret (or $keys.adminKeyHashes $keys.tenants) }}
+{{- fail "gateway.apiKeys.existingSecret is set together with gateway.apiKeys.adminKeyHashes/tenants: keep the hashes in the existing Secret, or let the chart create one from the values" }}
+{{- end }}
+{{- $known := list }}
+{{- range (default list ($v.gateway.config.tenancy).tenants) }}
+{{- $known = append $known .id }}
+{{- end }}
+{{- range $tenant, $_ := $keys.tenants }}
+{{- if not (has $tenant $known) }}
+{{- fail (printf "gateway.apiKeys.tenants has keys for tenant %q, which is not in gateway.config.tenancy.tenants (known: %s)" $tenant (join ", " $known | default "none")) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and $v.operator.watchAllNamespaces $v.operator.watchNamespaces }}
+{{- fail "operator.watchAllNamespaces=true and operator.watchNamespaces are both set: pick one" }}
+{{- end }}
+{{- end }}
