@@ -1,0 +1,124 @@
+"""The `Accountant` stage: the exact cost of every finished request, in the ledger, metrics and a usage log.
+
+For a `RequestRecord` (the engine's own usage, streamed or not, also for failed or cancelled requests):
+- engine-served (cache miss/bypass): cost = cost_micros(usage, rates(model)); tokens count as `engine`.
+- cache hit: cost 0; saved_cache = what the engine would have cost for the cached usage; tokens count as
+  `cache`.
+- tiering: with `savings_baseline_model` set, saved_tier = max(0, cost at the baseline's rates - cost at
+  the serving model's rates) for every request not served by the baseline (hits included, so that
+  cost + saved_cache + saved_tier is what the baseline model would have charged).
+The row of (UTC day, tenant, model, tier) in the ledger gets the integer fields; Prometheus counters get
+the same figures; one structured log line per request (logger `fleetgate.usage`) keeps the endpoint.
+A ledger outage is logged and counted, never turned into a failed request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from fleetgate.core.kvstore import StoreUnavailableError
+from fleetgate.gateway.stages import RequestRecord
+from fleetgate.gateway.tenancy.ledger import UsageLedger
+from fleetgate.gateway.tenancy.metrics import TenancyMetrics
+from fleetgate.gateway.tenancy.pricing import MICROS_PER_USD, PriceBook, cost_micros
+
+log = logging.getLogger("fleetgate.usage")
+
+
+def utc_day(now_s: float) -> str:
+    return datetime.fromtimestamp(now_s, UTC).strftime("%Y-%m-%d")
+
+
+class TenancyAccountant:
+    def __init__(
+        self,
+        *,
+        ledger: UsageLedger,
+        prices: PriceBook,
+        metrics: TenancyMetrics | None = None,
+        savings_baseline_model: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ledger = ledger
+        self._prices = prices
+        self._metrics = metrics
+        self._baseline = savings_baseline_model
+        self._clock = clock
+
+    @property
+    def ledger(self) -> UsageLedger:
+        return self._ledger
+
+    def figures(self, record: RequestRecord) -> dict[str, int]:
+        """The ledger fields one request adds (pure; exposed for tests and audits)."""
+        usage = record.usage
+        hit = record.cache_status.startswith("hit")
+        at_model = cost_micros(usage, self._prices.rates(record.model))
+        saved_tier = 0
+        if self._baseline is not None and record.model != self._baseline:
+            saved_tier = max(0, cost_micros(usage, self._prices.rates(self._baseline)) - at_model)
+        values = {
+            "requests": 1,
+            "errors": int(record.status >= 400),
+            "cache_hits": int(hit),
+            "saved_tier_micros": saved_tier,
+        }
+        if hit:
+            values |= {
+                "cache_prompt_tokens": usage.prompt_tokens,
+                "cache_completion_tokens": usage.completion_tokens,
+                "saved_cache_micros": at_model,
+            }
+        else:
+            values |= {
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "cached_tokens": usage.cached_tokens,
+                "cost_micros": at_model,
+            }
+        return values
+
+    async def record(self, record: RequestRecord) -> None:
+        await self._prices.refresh_if_stale(record.model)
+        values = self.figures(record)
+        tier = record.tier or "none"
+        hit = bool(values["cache_hits"])
+        self._observe_metrics(record, tier=tier, values=values)
+        log.info(
+            "usage",
+            extra={
+                "request_id": record.request_id, "tenant": record.tenant.id, "model": record.model, "tier": tier,
+                "endpoint": record.endpoint, "cache": record.cache_status, "status": record.status,
+                "stream": record.stream, "prompt_tokens": record.usage.prompt_tokens,
+                "completion_tokens": record.usage.completion_tokens, "cached_tokens": record.usage.cached_tokens,
+                "cost_micros": values.get("cost_micros", 0), "saved_cache_micros": values.get("saved_cache_micros", 0),
+            },
+        )
+        try:
+            await self._ledger.add(day=utc_day(self._clock()), tenant=record.tenant.id, model=record.model,
+                                   tier=tier, values=values)
+            if not hit:
+                await self._prices.observe(record.model, record.usage)
+        except StoreUnavailableError as exc:
+            if self._metrics is not None:
+                self._metrics.store_errors.labels(op="record").inc()
+            log.warning("usage ledger unavailable; request not recorded in the ledger",
+                        extra={"request_id": record.request_id, "error": str(exc)})
+
+    def _observe_metrics(self, record: RequestRecord, *, tier: str, values: dict[str, int]) -> None:
+        m = self._metrics
+        if m is None:
+            return
+        labels = {"tenant": record.tenant.id, "model": record.model, "tier": tier}
+        m.requests.labels(**labels, cache=record.cache_status, code=str(record.status)).inc()
+        source = "cache" if values["cache_hits"] else "engine"
+        u = record.usage
+        for kind, amount in (("prompt", u.prompt_tokens), ("completion", u.completion_tokens),
+                             ("cached", u.cached_tokens)):
+            m.tokens.labels(**labels, kind=kind, source=source).inc(amount)
+        m.cost.labels(**labels).inc(values.get("cost_micros", 0) / MICROS_PER_USD)
+        m.savings.labels(**labels, source="cache").inc(values.get("saved_cache_micros", 0) / MICROS_PER_USD)
+        m.savings.labels(**labels, source="tiering").inc(values["saved_tier_micros"] / MICROS_PER_USD)

@@ -1,0 +1,50 @@
+"""Limit counters in process memory, with the same semantics as the Redis scripts.
+
+Used when no Redis is configured (one gateway process). Check-and-add runs without an `await` in
+between, so on the event loop it is as atomic as the Lua script is in Redis. Counters expire after their
+TTL, checked lazily on access.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from fleetgate.gateway.tenancy.limiter_windows import Check, window_load
+
+
+class MemoryCounters:
+    """`CounterBackend` in memory."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, tuple[int, float]] = {}  # key -> (value, monotonic expiry)
+
+    def _get(self, key: str) -> int | None:
+        item = self._values.get(key)
+        if item is None:
+            return None
+        if item[1] <= time.monotonic():
+            del self._values[key]
+            return None
+        return item[0]
+
+    async def reserve(self, checks: Sequence[Check], *, now_ms: int) -> tuple[int, int, int]:
+        for i, c in enumerate(checks, start=1):
+            cur = self._get(c.key) or 0
+            prev = (self._get(c.prev_key) or 0) if c.sliding else 0
+            if window_load(check=c, cur=cur, prev=prev, now_ms=now_ms) + c.amount > c.limit:
+                return i, cur, prev
+        expires_base = time.monotonic()
+        for c in checks:
+            cur = self._get(c.key) or 0
+            self._values[c.key] = (cur + c.amount, expires_base + c.ttl_ms / 1000)
+        return 0, 0, 0
+
+    async def adjust(self, deltas: Sequence[tuple[str, int]]) -> None:
+        for key, delta in deltas:
+            if delta and self._get(key) is not None:
+                value, expires = self._values[key]
+                self._values[key] = (value + delta, expires)
+
+    async def read(self, keys: Sequence[str]) -> list[int]:
+        return [self._get(k) or 0 for k in keys]

@@ -1,0 +1,30 @@
+"""Redis plumbing shared by the tenancy backends: one client per app and failure mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar
+
+from fleetgate.core.kvstore import StoreUnavailableError
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+T = TypeVar("T")
+
+
+async def guarded(awaitable: Awaitable[T], *, url: str) -> T:
+    """Turn connection-level Redis failures into `StoreUnavailableError` (the caller's fail-open policy)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    try:
+        return await awaitable
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise StoreUnavailableError(f"redis at {url} unavailable: {exc}") from exc
+
+
+def redis_client(url: str, *, timeout_s: float = 0.5) -> Redis:
+    from redis.asyncio import Redis
+
+    return Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)

@@ -1,0 +1,87 @@
+"""Usage reports from ledger rows: totals by day, tenant, model and tier, as JSON-ready dicts or CSV.
+
+Sums are over integers (tokens, micro-dollars); dollars appear beside them as display values computed
+once from the integer total (`*_usd`), so a report's totals equal the sum of its rows exactly.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Sequence
+from datetime import date, timedelta
+from typing import Any
+
+from fleetgate.core.errors import InvalidRequestError
+from fleetgate.gateway.tenancy.ledger import FIELDS, UsageRow
+from fleetgate.gateway.tenancy.pricing import MICROS_PER_USD, micros_to_usd
+
+MAX_DAYS = 400
+KEY_COLUMNS = ("date", "tenant", "model", "tier")
+MICRO_FIELDS = ("cost_micros", "saved_cache_micros", "saved_tier_micros")
+
+
+def day_range(*, start: str | None, end: str | None, today: date) -> list[str]:
+    try:
+        last = date.fromisoformat(end) if end else today
+        first = date.fromisoformat(start) if start else last - timedelta(days=29)
+    except ValueError as exc:
+        raise InvalidRequestError(f"dates must be YYYY-MM-DD: {exc}", param="start" if start else "end") from exc
+    if first > last:
+        raise InvalidRequestError("start is after end", param="start")
+    n = (last - first).days + 1
+    if n > MAX_DAYS:
+        raise InvalidRequestError(f"at most {MAX_DAYS} days per query, asked for {n}", param="start")
+    return [(first + timedelta(days=i)).isoformat() for i in range(n)]
+
+
+def _with_usd(values: dict[str, int]) -> dict[str, Any]:
+    out: dict[str, Any] = dict(values)
+    for name in MICRO_FIELDS:
+        out[name.replace("_micros", "_usd")] = values.get(name, 0) / MICROS_PER_USD
+    return out
+
+
+def _sum(rows: Iterable[UsageRow]) -> dict[str, int]:
+    total = dict.fromkeys(FIELDS, 0)
+    for r in rows:
+        for name in FIELDS:
+            total[name] += r.values.get(name, 0)
+    return total
+
+
+def _group(rows: Sequence[UsageRow], attr: str) -> list[dict[str, Any]]:
+    groups: dict[str, list[UsageRow]] = {}
+    for r in rows:
+        groups.setdefault(getattr(r, attr), []).append(r)
+    name = "date" if attr == "day" else attr
+    return [{name: k, **_with_usd(_sum(v))} for k, v in sorted(groups.items())]
+
+
+def usage_json(rows: Sequence[UsageRow], *, days: Sequence[str], scope: str) -> dict[str, Any]:
+    return {
+        "object": "usage.report",
+        "scope": scope,  # a tenant id, or "all" for the admin
+        "start": days[0],
+        "end": days[-1],
+        "totals": _with_usd(_sum(rows)),
+        "by_day": _group(rows, "day"),
+        "by_tenant": _group(rows, "tenant"),
+        "by_model": _group(rows, "model"),
+        "by_tier": _group(rows, "tier"),
+        "data": [
+            {"date": r.day, "tenant": r.tenant, "model": r.model, "tier": r.tier, **_with_usd(r.values)}
+            for r in rows
+        ],
+    }
+
+
+def usage_csv(rows: Sequence[UsageRow]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    usd_cols = [n.replace("_micros", "_usd") for n in MICRO_FIELDS]
+    writer.writerow([*KEY_COLUMNS, *FIELDS, *usd_cols])
+    for r in rows:
+        writer.writerow([r.day, r.tenant, r.model, r.tier, *(r.values.get(n, 0) for n in FIELDS),
+                         *(micros_to_usd(r.values.get(n, 0)) for n in MICRO_FIELDS)])
+    return buf.getvalue()

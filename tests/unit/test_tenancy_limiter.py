@@ -1,0 +1,181 @@
+"""The limiter on both backends (memory, and real Redis running the Lua scripts): windows, refunds on
+settle, Retry-After, messages that name the limit, fail-open/closed on a store outage."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from decimal import Decimal
+
+import pytest
+
+from fleetgate.core.errors import RateLimitError, UpstreamUnavailableError
+from fleetgate.core.kvstore import MemoryKVStore, StoreUnavailableError
+from fleetgate.core.types import Usage
+from fleetgate.gateway.stages import Tenant
+from fleetgate.gateway.tenancy.config import TenancyConfig
+from fleetgate.gateway.tenancy.limiter import CounterBackend, TenancyLimiter
+from fleetgate.gateway.tenancy.limiter_memory import MemoryCounters
+from fleetgate.gateway.tenancy.limiter_redis import RedisCounters
+from fleetgate.gateway.tenancy.limiter_windows import Check
+from fleetgate.gateway.tenancy.meter import TokenMeter
+from fleetgate.gateway.tenancy.pricing import PriceBook
+from fleetgate.gateway.tenancy.redis_client import redis_client
+
+T0 = 1_800_000_000.0 - (1_800_000_000.0 % 86400) + 3600  # 01:00:00 UTC on some day, minute-aligned
+ACME = Tenant(id="acme")
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def counters(request: pytest.FixtureRequest) -> AsyncIterator[CounterBackend]:
+    if request.param == "memory":
+        yield MemoryCounters()
+        return
+    url = request.getfixturevalue("redis_url")
+    client = redis_client(url)
+    yield RedisCounters(client, url=url)
+    await client.aclose()
+
+
+def make(counters: CounterBackend, clock: Clock, *, sliding: bool = True, **tenant: object) -> TenancyLimiter:
+    config = TenancyConfig.model_validate({
+        "tenants": [{"id": "acme", **tenant}],
+        "prices": {"m": {"input_usd_per_1m": "10", "output_usd_per_1m": "30"}},
+        "sliding_minute_windows": sliding,
+    })
+    prices = PriceBook(config, meter=TokenMeter(MemoryKVStore()))
+    return TenancyLimiter(config, counters=counters, prices=prices, clock=clock)
+
+
+async def test_rpm_refuses_the_request_over_the_limit_with_retry_after(counters: CounterBackend) -> None:
+    clock = Clock(T0 + 15)
+    lim = make(counters, clock, rpm=3, sliding=False)
+    for _ in range(3):
+        await lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
+    with pytest.raises(RateLimitError) as err:
+        await lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
+    assert err.value.status == 429 and "rpm=3" in err.value.message and "requests-per-minute" in err.value.message
+    assert err.value.headers["Retry-After"] == "45"  # fixed window: until the minute ends
+    clock.t = T0 + 60
+    await lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)  # a new minute
+
+
+async def test_sliding_minute_counts_the_previous_minute_by_its_remaining_weight(counters: CounterBackend) -> None:
+    clock = Clock(T0 + 50)
+    lim = make(counters, clock, rpm=4)
+    for _ in range(4):
+        await lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
+    clock.t = T0 + 60 + 30  # halfway into the next minute: load = 0 + 4 * 0.5 = 2
+    await lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
+    await lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)  # 2 + 1 + 1 = 4 <= 4
+    with pytest.raises(RateLimitError) as err:
+        await lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
+    # cur=2, prev=4: needs prev weight <= (4 - 2 - 1) / 4 = 0.25, i.e. 45 s into the minute: 15 s from now.
+    assert err.value.retry_after_s == pytest.approx(15.0)
+    assert err.value.headers["Retry-After"] == "15"
+
+
+async def test_tpm_reserves_prompt_plus_max_tokens_and_settle_refunds(counters: CounterBackend) -> None:
+    clock = Clock(T0)
+    lim = make(counters, clock, tpm=1000)
+    first = await lim.reserve(ACME, "m", prompt_tokens=100, max_tokens=500)
+    assert first.estimated_tokens == 600
+    with pytest.raises(RateLimitError) as err:
+        await lim.reserve(ACME, "m", prompt_tokens=100, max_tokens=400)  # 600 + 500 > 1000
+    assert "tpm=1000" in err.value.message and "600" in err.value.message
+    await lim.settle(first, Usage(prompt_tokens=100, completion_tokens=50))  # 150 real tokens
+    second = await lim.reserve(ACME, "m", prompt_tokens=100, max_tokens=400)  # 150 + 500 <= 1000
+    await lim.settle(second, Usage(prompt_tokens=100, completion_tokens=400))
+    assert (await lim.status("acme"))["tpm"]["used"] == 650
+
+
+async def test_request_without_max_tokens_reserves_the_configured_default(counters: CounterBackend) -> None:
+    lim = make(counters, Clock(T0), tpm=5000)
+    r = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=0)
+    assert r.estimated_tokens == 10 + 1024
+
+
+async def test_daily_budget_reserves_dollars_and_retry_after_is_midnight(counters: CounterBackend) -> None:
+    clock = Clock(T0)  # 01:00 UTC
+    # $10/1M in, $30/1M out: 1000 in + 1000 out = 10_000 + 30_000 micro-dollars = $0.04 estimated.
+    lim = make(counters, clock, daily_budget_usd=Decimal("0.10"))
+    held = [await lim.reserve(ACME, "m", prompt_tokens=1000, max_tokens=1000) for _ in range(2)]
+    assert held[0].estimated_micros == 40_000
+    with pytest.raises(RateLimitError) as err:
+        await lim.reserve(ACME, "m", prompt_tokens=1000, max_tokens=1000)  # 0.08 + 0.04 > 0.10
+    assert err.value.code == "insufficient_quota" and "daily budget" in err.value.message
+    assert err.value.headers["Retry-After"] == str(23 * 3600)
+    for r in held:  # each used only 1000 prompt + 100 completion tokens = 13_000 µ$
+        await lim.settle(r, Usage(prompt_tokens=1000, completion_tokens=100))
+    assert (await lim.status("acme"))["daily_budget"]["used"] == 26_000
+    await lim.reserve(ACME, "m", prompt_tokens=1000, max_tokens=1000)  # fits again after refunds
+
+
+async def test_monthly_budget_is_checked_with_the_others(counters: CounterBackend) -> None:
+    lim = make(counters, Clock(T0), rpm=100, daily_budget_usd=Decimal("1"), monthly_budget_usd=Decimal("0.05"))
+    await lim.reserve(ACME, "m", prompt_tokens=1000, max_tokens=1000)
+    with pytest.raises(RateLimitError) as err:
+        await lim.reserve(ACME, "m", prompt_tokens=1000, max_tokens=1000)
+    assert "monthly budget" in err.value.message
+    status = await lim.status("acme")
+    assert status["rpm"]["used"] == 1  # the refused request reserved nothing anywhere
+    assert status["daily_budget"]["used"] == 40_000 and status["monthly_budget"]["used"] == 40_000
+
+
+async def test_a_request_larger_than_the_limit_says_so(counters: CounterBackend) -> None:
+    lim = make(counters, Clock(T0), tpm=100)
+    with pytest.raises(RateLimitError, match="alone exceeds"):
+        await lim.reserve(ACME, "m", prompt_tokens=50, max_tokens=100)
+
+
+async def test_settle_is_idempotent_and_tenants_without_limits_pass(counters: CounterBackend) -> None:
+    lim = make(counters, Clock(T0), tpm=1000)
+    r = await lim.reserve(ACME, "m", prompt_tokens=100, max_tokens=100)
+    await lim.settle(r, Usage(prompt_tokens=100, completion_tokens=10))
+    await lim.settle(r, Usage(prompt_tokens=100, completion_tokens=10))
+    assert (await lim.status("acme"))["tpm"]["used"] == 110
+    other = await lim.reserve(Tenant(id="unlisted"), "m", prompt_tokens=10**9, max_tokens=10**9)
+    assert other.token == ""
+
+
+async def test_settle_never_resurrects_an_expired_window(counters: CounterBackend) -> None:
+    await counters.adjust([("fg:tenancy:lim:{acme}:tpm:1", -500)])
+    assert await counters.read(["fg:tenancy:lim:{acme}:tpm:1"]) == [0]
+
+
+class DownCounters:
+    async def reserve(self, checks: Sequence[Check], *, now_ms: int) -> tuple[int, int, int]:
+        raise StoreUnavailableError("down")
+
+    async def adjust(self, deltas: Sequence[tuple[str, int]]) -> None:
+        raise StoreUnavailableError("down")
+
+    async def read(self, keys: Sequence[str]) -> list[int]:
+        raise StoreUnavailableError("down")
+
+
+async def test_store_outage_fails_open_by_default_and_closed_when_configured() -> None:
+    config = TenancyConfig.model_validate({"tenants": [{"id": "acme", "rpm": 1}]})
+    prices = PriceBook(config, meter=TokenMeter(MemoryKVStore()))
+    open_lim = TenancyLimiter(config, counters=DownCounters(), prices=prices)
+    for _ in range(3):  # over rpm=1, but the store is down: let through
+        r = await open_lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
+        await open_lim.settle(r, Usage(prompt_tokens=1))
+    closed = TenancyLimiter(config.model_copy(update={"on_store_error": "closed"}), counters=DownCounters(),
+                            prices=prices)
+    with pytest.raises(UpstreamUnavailableError):
+        await closed.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
+
+
+async def test_redis_counters_report_an_unreachable_server_as_unavailable() -> None:
+    client = redis_client("redis://127.0.0.1:1/0", timeout_s=0.2)
+    with pytest.raises(StoreUnavailableError):
+        await RedisCounters(client, url="redis://127.0.0.1:1/0").read(["k"])
+    await client.aclose()
