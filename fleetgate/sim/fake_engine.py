@@ -1,0 +1,237 @@
+"""A fast in-process fake OpenAI engine (aiohttp.web) for tests and the gateway benchmark.
+
+Not a simulation of an LLM: it answers `/v1/chat/completions` and `/v1/completions` in vLLM's
+shapes with deterministic text (`"t0 t1 ..."`, one token per chunk, `max_tokens` tokens, default
+16) and exact usage (prompt tokens = whitespace-separated words of the prompt), including vLLM's
+`stream_options.continuous_usage_stats`. It can be slow (prefill and inter-token delays), fail
+(an HTTP status), drop the connection or go silent mid-stream, and it records what it received
+and how many streams were cancelled by the client. `/health`, `/v1/models` and `/metrics` (a few
+vLLM metric names) are served too.
+
+Standalone: `python -m fleetgate.sim.fake_engine --port 8100 [--model NAME] [--itl-ms 1]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+@dataclass(slots=True)
+class FakeEngineConfig:
+    model: str = "fake-model"
+    prefill_delay_s: float = 0.0  # before the first token (and before a non-streaming answer)
+    inter_token_delay_s: float = 0.0  # between stream chunks
+    default_max_tokens: int = 16
+    fail_status: int | None = None  # answer every completion with this status
+    fail_message: str = "fake engine failure"
+    drop_after_chunks: int | None = None  # close the connection after this many content chunks
+    hang_after_chunks: int | None = None  # go silent (connection open) after this many content chunks
+
+
+@dataclass(slots=True)
+class Received:
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+@dataclass(slots=True)
+class FakeEngineStats:
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    running: int = 0
+    received: deque[Received] = field(default_factory=lambda: deque(maxlen=1000))
+
+
+def _words(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.split())
+    if isinstance(value, list):
+        return sum(_words(v.get("text") if isinstance(v, dict) else v) for v in value)
+    return 0
+
+
+def prompt_tokens_of(body: dict[str, Any]) -> int:
+    if "messages" in body:
+        return sum(_words(m.get("content")) for m in body.get("messages") or [] if isinstance(m, dict))
+    return _words(body.get("prompt"))
+
+
+class FakeEngine:
+    def __init__(self, config: FakeEngineConfig | None = None, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.config = config or FakeEngineConfig()
+        self.stats = FakeEngineStats()
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def received(self) -> deque[Received]:
+        return self.stats.received
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._completion)
+        app.router.add_post("/v1/completions", self._completion)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def start(self) -> FakeEngine:
+        # handler_cancellation: a client that leaves cancels the handler, as in vLLM (request aborted).
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        if self.port == 0:
+            self.port = int(self._runner.addresses[0][1])
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ---- handlers ---------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        data = {"object": "list", "data": [{"id": self.config.model, "object": "model", "owned_by": "fake"}]}
+        return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        m = self.config.model
+        lines = [
+            f'vllm:num_requests_running{{model_name="{m}"}} {self.stats.running}',
+            f'vllm:num_requests_waiting{{model_name="{m}"}} 0',
+            f'vllm:kv_cache_usage_perc{{model_name="{m}"}} 0.0',
+            f'vllm:prefix_cache_queries_total{{model_name="{m}"}} 0',
+            f'vllm:prefix_cache_hits_total{{model_name="{m}"}} 0',
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        cfg = self.config
+        raw = await request.read()
+        body = orjson.loads(raw)
+        self.stats.requests += 1
+        self.stats.received.append(Received(request.path, body, {k.lower(): v for k, v in request.headers.items()}))
+        if cfg.fail_status is not None:
+            error = {"error": {"message": cfg.fail_message, "type": "BadRequestError" if cfg.fail_status < 500
+                               else "InternalServerError", "param": None, "code": cfg.fail_status}}
+            return web.Response(status=cfg.fail_status, body=orjson.dumps(error), content_type="application/json")
+        chat = request.path.endswith("/chat/completions")
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or cfg.default_max_tokens)
+        usage = {"prompt_tokens": prompt_tokens_of(body), "completion_tokens": n}
+        usage["total_tokens"] = usage["prompt_tokens"] + n
+        self.stats.running += 1
+        try:
+            if body.get("stream"):
+                response = await self._stream(request, body, chat=chat, n=n, usage=usage)
+            else:
+                if cfg.prefill_delay_s:
+                    await asyncio.sleep(cfg.prefill_delay_s)
+                response = self._complete(body, chat=chat, n=n, usage=usage)
+            self.stats.completed += 1
+            return response
+        except asyncio.CancelledError:
+            self.stats.cancelled += 1
+            raise
+        finally:
+            self.stats.running -= 1
+
+    def _complete(self, body: dict[str, Any], *, chat: bool, n: int, usage: dict[str, int]) -> web.Response:
+        text = "".join(f"t{i} " for i in range(n))
+        created = int(time.time())
+        if chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "logprobs": None, "finish_reason": "length"}
+            obj = {"id": "chatcmpl-fake", "object": "chat.completion", "created": created}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            obj = {"id": "cmpl-fake", "object": "text_completion", "created": created}
+        obj.update({"model": body.get("model"), "choices": [choice], "usage": usage})
+        return web.Response(body=orjson.dumps(obj), content_type="application/json")
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], *, chat: bool, n: int, usage: dict[str, int]
+    ) -> web.StreamResponse:
+        cfg = self.config
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage"))
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        base = {"id": "chatcmpl-fake" if chat else "cmpl-fake",
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": body.get("model")}
+        prompt = usage["prompt_tokens"]
+
+        def event(choice: dict[str, Any], done: int) -> bytes:
+            obj = {**base, "choices": [choice]}
+            if continuous:
+                obj["usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+        if cfg.prefill_delay_s:
+            await asyncio.sleep(cfg.prefill_delay_s)
+        if chat:
+            await response.write(event({"index": 0, "delta": {"role": "assistant", "content": ""},
+                                        "logprobs": None, "finish_reason": None}, 0))
+        for i in range(n):
+            if cfg.drop_after_chunks is not None and i >= cfg.drop_after_chunks:
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            if cfg.hang_after_chunks is not None and i >= cfg.hang_after_chunks:
+                await asyncio.sleep(3600)
+            if i and cfg.inter_token_delay_s:
+                await asyncio.sleep(cfg.inter_token_delay_s)
+            finish = "length" if i == n - 1 else None
+            choice = ({"index": 0, "delta": {"content": f"t{i} "}, "logprobs": None, "finish_reason": finish}
+                      if chat else {"index": 0, "text": f"t{i} ", "logprobs": None, "finish_reason": finish})
+            await response.write(event(choice, i + 1))
+        if include_usage:
+            await response.write(b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fleetgate.sim.fake_engine", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--model", default="fake-model")
+    parser.add_argument("--prefill-ms", type=float, default=0.0)
+    parser.add_argument("--itl-ms", type=float, default=0.0, help="inter-token delay")
+    parser.add_argument("--max-tokens", type=int, default=16, help="tokens when the request sets none")
+    args = parser.parse_args(argv)
+    config = FakeEngineConfig(model=args.model, prefill_delay_s=args.prefill_ms / 1000,
+                              inter_token_delay_s=args.itl_ms / 1000, default_max_tokens=args.max_tokens)
+    engine = FakeEngine(config, host=args.host, port=args.port)
+    import uvloop
+
+    web.run_app(engine.app(), host=args.host, port=args.port, access_log=None, print=None,
+                handler_cancellation=True, loop=uvloop.new_event_loop())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""`create_app`: one gateway application with its stages, engine client, metrics and routes.
+
+Everything is built here per app (no module-level singletons), so tests and benchmarks can run
+several gateways in one process. The lifespan owns the aiohttp session and starts and stops every
+stage that has `start()` / `aclose()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from fleetgate.cache.types import ResponseCache
+from fleetgate.core.errors import FleetGateError, InvalidRequestError, UpstreamUnavailableError
+from fleetgate.core.kvstore import KVStore, make_kvstore
+from fleetgate.gateway.context import request_id_from
+from fleetgate.gateway.discovery import EndpointSource
+from fleetgate.gateway.errors import error_body
+from fleetgate.gateway.metrics import GatewayMetrics
+from fleetgate.gateway.pipeline import Pipeline
+from fleetgate.gateway.routes import JSON, install_routes
+from fleetgate.gateway.settings import GatewaySettings
+from fleetgate.gateway.stages import Accountant, Authenticator, Limiter
+from fleetgate.gateway.upstream import make_session
+from fleetgate.gateway.wiring import build_routers, build_stages
+from fleetgate.router.tiers.types import TierResolver
+from fleetgate.router.types import Scheduler
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+log = logging.getLogger("fleetgate.gateway")
+
+
+class _Runtime:
+    """What the lifespan creates and the pipeline uses."""
+
+    def __init__(self) -> None:
+        self.session: aiohttp.ClientSession | None = None
+        self.ready = False
+
+    def get_session(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            raise UpstreamUnavailableError("the gateway is not started (no engine client yet)")
+        return self.session
+
+
+def _error_response(request: Request, exc: FleetGateError) -> Response:
+    headers = {"x-request-id": request_id_from(request.headers), **exc.headers}
+    return Response(error_body(exc), status_code=exc.status, headers=headers, media_type=JSON)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def on_fleetgate(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, FleetGateError)
+        return _error_response(request, exc)
+
+    async def on_validation(request: Request, exc: Exception) -> Response:
+        return _error_response(request, InvalidRequestError(f"invalid request: {exc}"))
+
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        error = FleetGateError(str(exc.detail), code=f"http_{exc.status_code}", headers=dict(exc.headers or {}))
+        error.status = exc.status_code
+        error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _error_response(request, error)
+
+    app.add_exception_handler(FleetGateError, on_fleetgate)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(HTTPException, on_http)
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    scheduler: Scheduler | None = None,
+    cache: ResponseCache | None = None,
+    tiers: TierResolver | None = None,
+    auth: Authenticator | None = None,
+    limiter: Limiter | None = None,
+    accountant: Accountant | None = None,
+    endpoint_source: EndpointSource | None = None,
+    registry: CollectorRegistry | None = None,
+    kvstore: KVStore | None = None,
+    routers: Sequence[APIRouter] = (),
+) -> FastAPI:
+    """Build a gateway app; explicit stages replace the configured ones, `routers` are mounted too."""
+    registry = registry if registry is not None else CollectorRegistry()
+    store = kvstore if kvstore is not None else make_kvstore(settings.redis_url)
+    stages = build_stages(
+        settings, registry=registry, kvstore=store, scheduler=scheduler, cache=cache, tiers=tiers, auth=auth,
+        limiter=limiter, accountant=accountant, endpoint_source=endpoint_source,
+    )
+    runtime = _Runtime()
+    metrics = GatewayMetrics(registry)
+    pipeline = Pipeline(settings=settings, stages=stages, metrics=metrics, session=runtime.get_session)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime.session = make_session(settings.server)
+        started: list[Any] = []
+        try:
+            for stage in stages.unique():
+                start = getattr(stage, "start", None)
+                if start is not None:
+                    await start()
+                started.append(stage)
+            runtime.ready = True
+            yield
+        finally:
+            runtime.ready = False
+            await pipeline.drain()
+            for stage in reversed(started):
+                close = getattr(stage, "aclose", None)
+                if close is not None:
+                    try:
+                        await close()
+                    except Exception:
+                        log.exception("stopping stage %s failed", type(stage).__name__)
+            await runtime.session.close()
+            runtime.session = None
+            await store.close()
+
+    def readiness() -> str | None:
+        if not runtime.ready:
+            return "starting"
+        source = stages.endpoint_source
+        if not any(source.endpoints(m) for m in source.models()):
+            return "no engine endpoints"
+        return None
+
+    app = FastAPI(title="FleetGate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    _install_error_handlers(app)
+    install_routes(
+        app, pipeline=pipeline, registry=registry, max_body_bytes=settings.server.max_body_bytes, readiness=readiness
+    )
+    for router in [*build_routers(settings, stages=stages, registry=registry, kvstore=store), *routers]:
+        app.include_router(router)
+    app.state.settings = settings
+    app.state.stages = stages
+    app.state.pipeline = pipeline
+    app.state.metrics = metrics
+    app.state.registry = registry
+    app.state.kvstore = store
+    return app

@@ -1,0 +1,109 @@
+"""Choosing an engine and opening the call: tier fallbacks, endpoint picking, one connect retry.
+
+For each (model, tier) in order — the tier's model first, then `TierDecision.fallbacks` — the
+scheduler picks an endpoint among the model's endpoints. A connect failure (nothing reached the
+engine) is reported with `scheduler.on_connect_error` and retried once on `Decision.fallbacks[0]`;
+if that fails too, or the model has no usable endpoint, the next fallback model is tried. Nothing
+is retried once the engine answered: the first response (any status) is returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+
+from fleetgate.core.errors import FleetGateError, UpstreamUnavailableError
+from fleetgate.core.types import Endpoint
+from fleetgate.gateway.context import Attempt, RequestContext
+from fleetgate.gateway.discovery import EndpointSource
+from fleetgate.gateway.metrics import GatewayMetrics
+from fleetgate.gateway.settings import ServerSettings
+from fleetgate.gateway.upstream import ConnectFailed, send
+from fleetgate.router.types import RoutingRequest, Scheduler
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+FORCED_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
+
+def upstream_body(body: dict[str, Any], *, served_name: str, stream: bool) -> bytes:
+    """The client's body for the engine: its served model name and, when streaming, usage on every chunk."""
+    out = dict(body)
+    out["model"] = served_name
+    if stream:
+        out["stream_options"] = FORCED_STREAM_OPTIONS
+    return orjson.dumps(out)
+
+
+class Forwarder:
+    def __init__(
+        self,
+        *,
+        server: ServerSettings,
+        endpoint_source: EndpointSource,
+        scheduler: Scheduler,
+        metrics: GatewayMetrics,
+        session: Callable[[], aiohttp.ClientSession],
+    ) -> None:
+        self._server = server
+        self._source = endpoint_source
+        self._scheduler = scheduler
+        self._metrics = metrics
+        self._session = session
+
+    async def open(
+        self, ctx: RequestContext, targets: list[tuple[str, str | None]], *, stream: bool
+    ) -> tuple[Attempt, aiohttp.ClientResponse]:
+        parsed = ctx.parsed
+        assert parsed is not None
+        path = PATHS[parsed.kind]
+        timeout = self._server.first_byte_timeout_s if stream else self._server.request_timeout_s
+        problems: list[str] = []
+        for index, (model, tier) in enumerate(targets):
+            if index:
+                self._metrics.retries.labels(model).inc()
+            endpoints = self._source.endpoints(model)
+            if not endpoints:
+                problems.append(f"no endpoint serves model {model!r}")
+                continue
+            routing = RoutingRequest(
+                request_id=ctx.request_id,
+                model=model,
+                prompt_text=parsed.prompt_text,
+                tenant=ctx.tenant.id,
+                session_key=parsed.session_key,
+                max_tokens=parsed.max_tokens,
+            )
+            try:
+                decision = await self._scheduler.pick(routing, endpoints)
+            except UpstreamUnavailableError as exc:
+                problems.append(exc.message)
+                continue
+            tries: list[Endpoint] = [decision.endpoint, *decision.fallbacks[:1]]
+            for attempt_no, endpoint in enumerate(tries):
+                if attempt_no:
+                    self._metrics.retries.labels(model).inc()
+                body = upstream_body(parsed.body, served_name=endpoint.model, stream=stream)
+                # on_start before sending and on_complete on every failure keep in-flight counts balanced.
+                self._scheduler.on_start(routing, endpoint)
+                try:
+                    response = await send(
+                        self._session(), endpoint, path, body, request_id=ctx.request_id, headers_timeout_s=timeout
+                    )
+                except ConnectFailed as exc:
+                    self._scheduler.on_complete(routing, endpoint, ok=False, usage=None)
+                    self._scheduler.on_connect_error(endpoint)
+                    self._metrics.upstream_errors.labels(model, endpoint.id, "connect").inc()
+                    problems.append(str(exc))
+                    continue
+                except FleetGateError as exc:
+                    kind = "timeout" if exc.status == 504 else "bad_response"
+                    self._metrics.upstream_errors.labels(model, endpoint.id, kind).inc()
+                    self._scheduler.on_complete(routing, endpoint, ok=False, usage=None)
+                    raise
+                attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)
+                ctx.attempts.append(attempt)
+                return attempt, response
+        raise UpstreamUnavailableError("no engine could be reached: " + "; ".join(problems))

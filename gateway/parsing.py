@@ -1,0 +1,120 @@
+"""Parsing and validating an OpenAI request body into a `ParsedRequest`.
+
+Only what the gateway needs is checked (model, messages or prompt, stream flags, token limits);
+everything else is passed to the engine untouched, so engine-specific fields keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from fleetgate.core.errors import InvalidRequestError
+
+Kind = Literal["chat", "completions"]
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    kind: Kind
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    include_usage: bool  # the client asked for the final usage chunk
+    continuous_usage: bool  # the client asked for usage on every chunk (vLLM extension)
+    max_tokens: int | None
+    prompt_text: str  # stable serialisation of the prompt (prefix hashing, cache, tier scoring)
+    session_key: str | None
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: keep the text ones
+        return "".join(
+            str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text"
+        )
+    return "" if content is None else str(content)
+
+
+def chat_prompt_text(messages: list[Any]) -> str:
+    return "".join(f"<|{m.get('role', '')}|>{_text_of(m.get('content'))}\n" for m in messages)
+
+
+def _prompt_text(kind: Kind, body: Mapping[str, Any]) -> str:
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise InvalidRequestError("'messages' must be a non-empty list", param="messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+                raise InvalidRequestError(f"messages[{i}] must be an object with a string 'role'", param="messages")
+        return chat_prompt_text(messages)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return "\n".join(prompt)
+        if all(isinstance(p, int) for p in prompt):
+            return " ".join(str(p) for p in prompt)
+    raise InvalidRequestError("'prompt' must be a string, a list of strings or a list of token ids", param="prompt")
+
+
+def _int_or_none(body: Mapping[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequestError(f"'{name}' must be a positive integer", param=name)
+    return value
+
+
+def parse_request(kind: Kind, raw: bytes, *, session_header: str | None = None) -> ParsedRequest:
+    """Raise `InvalidRequestError` (400) for anything the gateway cannot forward."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequestError("'model' is required and must be a non-empty string", param="model")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise InvalidRequestError("'stream' must be a boolean", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidRequestError("'stream_options' must be an object", param="stream_options")
+    options = options or {}
+    if options and not stream:
+        raise InvalidRequestError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    max_tokens = _int_or_none(body, "max_completion_tokens") if kind == "chat" else None
+    if max_tokens is None:
+        max_tokens = _int_or_none(body, "max_tokens")
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise InvalidRequestError("'n' must be a positive integer", param="n")
+    user = body.get("user")
+    return ParsedRequest(
+        kind=kind,
+        body=body,
+        model=model,
+        stream=stream,
+        include_usage=bool(options.get("include_usage")),
+        continuous_usage=bool(options.get("continuous_usage_stats")),
+        max_tokens=max_tokens,
+        prompt_text=_prompt_text(kind, body),
+        session_key=session_header or (user if isinstance(user, str) and user else None),
+    )
+
+
+def estimate_prompt_tokens(prompt_text: str) -> int:
+    """A rough count for rate-limit reservations (about 4 characters per token); settled exactly later."""
+    return max(1, len(prompt_text) // 4)

@@ -1,0 +1,382 @@
+"""The request pipeline: everything between the HTTP layer and the engines, with no web framework.
+
+Order: parse + validate (400) -> authenticate (401) -> authorize the requested model or alias (403)
+-> known model or alias (404) -> reserve against limits (429) -> cache lookup (hit: answer, settle
+zero engine usage) -> tier resolution -> endpoint picking and forwarding (fallbacks, one connect
+retry) -> optional cascade escalation (non-streaming) -> relay -> settle, record, cache store.
+Settling, recording and storing run after the response, in tasks the pipeline tracks (`drain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import Any
+
+import aiohttp
+import orjson
+
+from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
+from fleetgate.core.errors import FleetGateError, NotFoundError, UpstreamBadResponseError
+from fleetgate.core.types import Usage
+from fleetgate.gateway.assembly import StreamAssembler
+from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
+from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
+from fleetgate.gateway.forwarding import Forwarder
+from fleetgate.gateway.metrics import GatewayMetrics
+from fleetgate.gateway.parsing import Kind, ParsedRequest, estimate_prompt_tokens, parse_request
+from fleetgate.gateway.replay import replay_chunks
+from fleetgate.gateway.settings import GatewaySettings
+from fleetgate.gateway.stages import RequestRecord
+from fleetgate.gateway.stageset import Stages
+from fleetgate.gateway.streaming import RelayStream, ReplayStream, StreamOutcome
+from fleetgate.gateway.upstream import read_body
+
+SAMPLED_OPT_IN = "x-fleetgate-cache-sampled"
+HITS = (CacheStatus.HIT_EXACT, CacheStatus.HIT_SEMANTIC)
+
+
+def _add(a: Usage, b: Usage) -> Usage:
+    return Usage(
+        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
+        completion_tokens=a.completion_tokens + b.completion_tokens,
+        cached_tokens=a.cached_tokens + b.cached_tokens,
+    )
+
+
+class Pipeline:
+    def __init__(
+        self,
+        *,
+        settings: GatewaySettings,
+        stages: Stages,
+        metrics: GatewayMetrics,
+        session: Callable[[], aiohttp.ClientSession],
+    ) -> None:
+        self._server = settings.server
+        self._s = stages
+        self._m = metrics
+        self._forwarder = Forwarder(
+            server=settings.server,
+            endpoint_source=stages.endpoint_source,
+            scheduler=stages.scheduler,
+            metrics=metrics,
+            session=session,
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._log = logging.getLogger("fleetgate.gateway.requests")
+
+    # ---- public -------------------------------------------------------------------------------
+
+    async def handle(self, *, kind: Kind, raw: bytes, headers: Mapping[str, str]) -> GatewayResponse:
+        """`headers` must have lower-case names. Never raises: every failure becomes a response."""
+        ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
+        self._m.in_flight.inc()
+        try:
+            response = await self._run(ctx, kind, raw, headers)
+        except FleetGateError as exc:
+            response = self._error(ctx, exc)
+        except Exception:
+            self._log.exception("unexpected error", extra={"request_id": ctx.request_id})
+            response = GatewayResponse(500, self._headers(ctx), internal_error_body(ctx.request_id))
+            self._finish(ctx, status=500, usage=Usage(), records=[])
+        if response.stream is None:
+            self._m.in_flight.dec()
+        return response
+
+    def known_models(self) -> list[str]:
+        return [*self._s.endpoint_source.models(), *self._s.tiers.aliases()]
+
+    async def list_models(self, *, headers: Mapping[str, str]) -> GatewayResponse:
+        ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
+        try:
+            tenant = await self._s.auth.authenticate(headers.get("authorization"))
+        except FleetGateError as exc:
+            return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
+        allowed = tenant.allowed_models
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "fleetgate"}
+            for name in self.known_models()
+            if allowed is None or name in allowed
+        ]
+        return GatewayResponse(200, self._headers(ctx), orjson.dumps({"object": "list", "data": data}))
+
+    async def drain(self) -> None:
+        """Wait for the settle/record/store work of finished requests."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # ---- the pipeline -------------------------------------------------------------------------
+
+    async def _run(self, ctx: RequestContext, kind: Kind, raw: bytes, headers: Mapping[str, str]) -> GatewayResponse:
+        parsed = parse_request(kind, raw, session_header=headers.get("x-session-id"))
+        ctx.parsed = parsed
+        ctx.tenant = await self._s.auth.authenticate(headers.get("authorization"))
+        ctx.authenticated = True
+        self._s.auth.authorize(ctx.tenant, parsed.model)
+        if parsed.model not in self._s.endpoint_source.models() and parsed.model not in self._s.tiers.aliases():
+            names = ", ".join(self.known_models()) or "(none configured)"
+            raise NotFoundError(f"model {parsed.model!r} does not exist; available models: {names}", param="model")
+        ctx.reservation = await self._s.limiter.reserve(
+            ctx.tenant,
+            parsed.model,
+            prompt_tokens=estimate_prompt_tokens(parsed.prompt_text),
+            max_tokens=parsed.max_tokens or self._server.default_max_tokens,
+        )
+        lookup = await self._lookup(ctx, parsed, headers)
+        if lookup.status in HITS and lookup.response is not None:
+            return self._serve_hit(ctx, parsed, lookup)
+        decision = await self._s.tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding)
+        ctx.tier = decision
+        targets = [(decision.model, decision.tier), *decision.fallbacks]
+        if parsed.stream:
+            return await self._stream(ctx, parsed, targets)
+        return await self._complete(ctx, parsed, targets)
+
+    async def _lookup(self, ctx: RequestContext, parsed: ParsedRequest, headers: Mapping[str, str]) -> CacheLookup:
+        directives = {d.strip().lower() for d in headers.get("cache-control", "").split(",")}
+        req = CacheRequest(
+            tenant=ctx.tenant.id,
+            model=parsed.model,  # the requested name: an alias is its own cache partition
+            kind=parsed.kind,
+            body=parsed.body,
+            no_cache="no-cache" in directives,
+            no_store="no-store" in directives,
+            allow_sampled=headers.get(SAMPLED_OPT_IN, "").lower() in ("1", "true", "yes"),
+        )
+        ctx.cache_request = req
+        try:
+            lookup = await self._s.cache.lookup(req)
+        except Exception:  # the cache fails open: a broken cache must not fail requests
+            self._log.exception("cache lookup failed", extra={"request_id": ctx.request_id})
+            lookup = CacheLookup(status=CacheStatus.BYPASS, reason="cache error")
+        ctx.lookup = lookup
+        return lookup
+
+    def _serve_hit(self, ctx: RequestContext, parsed: ParsedRequest, lookup: CacheLookup) -> GatewayResponse:
+        assert lookup.response is not None
+        response = lookup.response
+        ctx.served_model = str(response.get("model") or parsed.model)
+        record = self._record(ctx, model=ctx.served_model, tier=None, endpoint=None,
+                              usage=Usage.from_openai(response.get("usage")), status=200)
+        headers = self._headers(ctx)
+        if not parsed.stream:
+            self._finish(ctx, status=200, usage=Usage(), records=[record])
+            return GatewayResponse(200, headers, orjson.dumps(response))
+
+        def done(ok: bool) -> None:
+            self._m.in_flight.dec()
+            self._finish(ctx, status=200 if ok else 499, usage=Usage(), records=[record])
+
+        chunks = replay_chunks(response, include_usage=parsed.include_usage)
+        return GatewayResponse(200, headers, stream=ReplayStream(chunks, on_done=done), media_type="text/event-stream")
+
+    async def _call(
+        self, ctx: RequestContext, targets: list[tuple[str, str | None]]
+    ) -> tuple[Attempt, dict[str, Any], Usage]:
+        """One non-streaming engine call; engine errors are raised as OpenAI-shaped errors."""
+        attempt, resp = await self._forwarder.open(ctx, targets, stream=False)
+        ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
+        ep = attempt.endpoint
+        try:
+            raw = await read_body(resp, endpoint=ep, timeout_s=self._server.request_timeout_s)
+            if resp.status != 200:
+                self._m.upstream_errors.labels(attempt.model, ep.id, "status").inc()
+                raise from_engine(resp.status, raw, endpoint=ep.id)
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                obj = None
+            if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
+                self._m.upstream_errors.labels(attempt.model, ep.id, "bad_response").inc()
+                raise UpstreamBadResponseError(f"engine {ep.id} returned a response that is not an OpenAI completion")
+        except FleetGateError:
+            self._s.scheduler.on_complete(attempt.routing, ep, ok=False, usage=None)
+            raise
+        usage = Usage.from_openai(obj.get("usage"))
+        self._s.scheduler.on_complete(attempt.routing, ep, ok=True, usage=usage)
+        if ep.model != attempt.model:
+            obj["model"] = attempt.model
+        return attempt, obj, usage
+
+    async def _complete(
+        self, ctx: RequestContext, parsed: ParsedRequest, targets: list[tuple[str, str | None]]
+    ) -> GatewayResponse:
+        attempt, obj, usage = await self._call(ctx, targets)
+        records = [self._record(ctx, model=attempt.model, tier=attempt.tier,
+                                endpoint=attempt.endpoint.id, usage=usage, status=200)]
+        total = usage
+        decision = ctx.tier
+        reason = None
+        if decision is not None and decision.escalate_to:
+            reason = self._s.tiers.should_escalate(obj)
+        if reason and decision is not None and decision.escalate_to:
+            self._m.escalations.labels(attempt.model, decision.escalate_to).inc()
+            records[0].extra["cascade"] = f"escalated: {reason}"
+            try:
+                attempt2, obj2, usage2 = await self._call(ctx, [(decision.escalate_to, decision.escalate_tier)])
+            except FleetGateError as exc:  # the cheap answer still serves the client
+                records[0].extra["escalation_failed"] = exc.message
+                ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
+            else:
+                attempt, obj = attempt2, obj2
+                total = _add(total, usage2)
+                records.append(self._record(ctx, model=attempt2.model, tier=attempt2.tier,
+                                            endpoint=attempt2.endpoint.id, usage=usage2, status=200))
+                records[-1].extra["cascade"] = f"escalation of {records[0].model}: {reason}"
+        store = obj if ctx.lookup is not None and ctx.lookup.status == CacheStatus.MISS else None
+        self._finish(ctx, status=200, usage=total, records=records, store=store)
+        return GatewayResponse(200, self._headers(ctx, attempt), orjson.dumps(obj))
+
+    async def _stream(
+        self, ctx: RequestContext, parsed: ParsedRequest, targets: list[tuple[str, str | None]]
+    ) -> GatewayResponse:
+        attempt, resp = await self._forwarder.open(ctx, targets, stream=True)
+        ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
+        ep = attempt.endpoint
+        if resp.status != 200:
+            try:
+                raw = await read_body(resp, endpoint=ep, timeout_s=self._server.first_byte_timeout_s)
+            finally:
+                self._s.scheduler.on_complete(attempt.routing, ep, ok=False, usage=None)
+            self._m.upstream_errors.labels(attempt.model, ep.id, "status").inc()
+            raise from_engine(resp.status, raw, endpoint=ep.id)
+        assemble = ctx.lookup is not None and ctx.lookup.status == CacheStatus.MISS
+        relay = RelayStream(
+            response=resp,
+            endpoint_id=ep.id,
+            first_byte_timeout_s=self._server.first_byte_timeout_s,
+            inter_chunk_timeout_s=self._server.inter_chunk_timeout_s,
+            include_usage=parsed.include_usage,
+            continuous_usage=parsed.continuous_usage,
+            model_name=attempt.model if ep.model != attempt.model else None,
+            assembler=StreamAssembler(parsed.kind) if assemble else None,
+            on_done=partial(self._stream_done, ctx, attempt),
+        )
+        return GatewayResponse(200, self._headers(ctx, attempt), stream=relay, media_type="text/event-stream")
+
+    def _stream_done(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> None:
+        self._m.in_flight.dec()
+        usage = Usage.from_openai(out.usage)
+        ep = attempt.endpoint
+        self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok, usage=usage)
+        if out.error_kind:
+            self._m.upstream_errors.labels(attempt.model, ep.id, out.error_kind).inc()
+        status = 200 if out.ok else 499 if out.cancelled else 504 if out.error_kind == "timeout" else 502
+        record = self._record(ctx, model=attempt.model, tier=attempt.tier, endpoint=ep.id, usage=usage, status=status)
+        record.stream = True
+        if out.first_token_at is not None:
+            record.ttft_s = out.first_token_at - ctx.received_at
+        if out.cancelled:
+            record.extra["cancelled"] = "client disconnected"
+        self._finish(ctx, status=status, usage=usage, records=[record], store=out.assembled, outcome=out)
+
+    # ---- responses, records, finishing --------------------------------------------------------
+
+    def _error(self, ctx: RequestContext, exc: FleetGateError) -> GatewayResponse:
+        records = []
+        if ctx.authenticated and ctx.parsed is not None:
+            model = ctx.served_model or ctx.parsed.model
+            records.append(self._record(ctx, model=model, tier=ctx.served_tier, endpoint=None,
+                                        usage=Usage(), status=exc.status))
+        self._finish(ctx, status=exc.status, usage=Usage(), records=records)
+        return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
+
+    def _headers(self, ctx: RequestContext, attempt: Attempt | None = None) -> dict[str, str]:
+        headers = {"x-request-id": ctx.request_id}
+        if ctx.served_model:
+            headers["x-fleetgate-model"] = ctx.served_model
+        if ctx.served_tier:
+            headers["x-fleetgate-tier"] = ctx.served_tier
+        if ctx.lookup is not None:
+            cache = ctx.lookup.status.value
+            if ctx.lookup.similarity is not None:
+                cache += f"; similarity={ctx.lookup.similarity:.4f}"
+            headers["x-fleetgate-cache"] = cache
+        if self._server.debug_headers and attempt is not None:
+            headers["x-fleetgate-endpoint"] = attempt.endpoint.id
+            reasons = attempt.decision.reasons
+            headers["x-fleetgate-route-reasons"] = (
+                ",".join(f"{k}={v:.3f}" for k, v in reasons.items()) or attempt.decision.profile
+            )
+        return headers
+
+    def _record(
+        self, ctx: RequestContext, *, model: str, tier: str | None, endpoint: str | None, usage: Usage, status: int
+    ) -> RequestRecord:
+        parsed = ctx.parsed
+        return RequestRecord(
+            request_id=ctx.request_id,
+            tenant=ctx.tenant,
+            model=model,
+            tier=tier,
+            endpoint=endpoint,
+            usage=usage,
+            status=status,
+            stream=bool(parsed and parsed.stream),
+            cache_status=ctx.lookup.status.value if ctx.lookup is not None else CacheStatus.BYPASS.value,
+            duration_s=time.perf_counter() - ctx.received_at,
+        )
+
+    def _finish(
+        self,
+        ctx: RequestContext,
+        *,
+        status: int,
+        usage: Usage,
+        records: list[RequestRecord],
+        store: dict[str, Any] | None = None,
+        outcome: StreamOutcome | None = None,
+    ) -> None:
+        """Metrics and the log line now; settle, record and cache store in a tracked task."""
+        if ctx.finished:
+            return
+        ctx.finished = True
+        now = time.perf_counter()
+        model = ctx.served_model or ""
+        tier = ctx.served_tier or ""
+        tenant = ctx.tenant.id
+        cache = ctx.lookup.status.value if ctx.lookup is not None else "none"
+        self._m.requests.labels(model, tier, tenant, str(status), cache).inc()
+        self._m.duration.labels(model, tier, tenant).observe(now - ctx.received_at)
+        if outcome is not None and outcome.first_token_at is not None:
+            self._m.ttft.labels(model, tier, tenant).observe(outcome.first_token_at - ctx.received_at)
+            if outcome.last_token_at is not None and usage.completion_tokens > 1:
+                tpot = (outcome.last_token_at - outcome.first_token_at) / (usage.completion_tokens - 1)
+                self._m.tpot.labels(model, tier, tenant).observe(tpot)
+        for record in records:
+            record.duration_s = now - ctx.received_at
+        if self._server.log_requests:
+            self._log.info("request", extra={
+                "request_id": ctx.request_id, "tenant": tenant, "model": model, "tier": tier, "status": status,
+                "cache": cache, "stream": bool(ctx.parsed and ctx.parsed.stream),
+                "duration_ms": round((now - ctx.received_at) * 1000, 3),
+                "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                "endpoint": ctx.attempts[-1].endpoint.id if ctx.attempts else None,
+            })
+        if ctx.reservation is None and not records and store is None:
+            return
+        self._spawn(self._settle(ctx, usage, records, store))
+
+    async def _settle(
+        self, ctx: RequestContext, usage: Usage, records: list[RequestRecord], store: dict[str, Any] | None
+    ) -> None:
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if ctx.reservation is not None:
+            steps.append(("settle", partial(self._s.limiter.settle, ctx.reservation, usage)))
+        steps.extend(("record", partial(self._s.accountant.record, r)) for r in records)
+        if store is not None and ctx.cache_request is not None and ctx.lookup is not None:
+            steps.append(("cache store", partial(self._s.cache.store, ctx.cache_request, ctx.lookup, store)))
+        for name, step in steps:
+            try:
+                await step()
+            except Exception:
+                self._log.exception(f"{name} failed", extra={"request_id": ctx.request_id})
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

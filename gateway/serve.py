@@ -1,0 +1,58 @@
+"""`fleetgate gateway --config FILE`: run the gateway alone; `build_server` for in-process use.
+
+The server is uvicorn with uvloop and httptools, access log off (the pipeline writes one
+structured line per request). `fleetgate up` calls `build_server(...)` and awaits `serve()`
+next to its engine management.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import uvicorn
+
+from fleetgate.core.config import load_model
+from fleetgate.core.telemetry import configure_logging
+from fleetgate.gateway.settings import GatewaySettings
+
+
+def build_server(
+    settings: GatewaySettings, *, host: str | None = None, port: int | None = None, **stage_overrides: Any
+) -> uvicorn.Server:
+    """A uvicorn server for `create_app(settings, **stage_overrides)`; `host`/`port` override the settings.
+
+    Run it with `await server.serve()` (in a running loop) or `server.run()`; `server.should_exit =
+    True` stops it gracefully; `server.started` turns true once it listens.
+    """
+    from fleetgate.gateway.app import create_app
+
+    app = create_app(settings, **stage_overrides)
+    config = uvicorn.Config(
+        app,
+        host=host or settings.server.host,
+        port=settings.server.port if port is None else port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        timeout_keep_alive=30,
+        backlog=2048,
+    )
+    return uvicorn.Server(config)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="gateway YAML file (default: embedded defaults)")
+    parser.add_argument("--host", help="listen address (default: server.host)")
+    parser.add_argument("--port", type=int, help="listen port (default: server.port)")
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load_model(GatewaySettings, args.config)
+    configure_logging(level=settings.server.log_level)
+    server = build_server(settings, host=args.host, port=args.port)
+    server.run()
+    return 0

@@ -1,0 +1,87 @@
+"""The gateway's configuration: one YAML file loaded into `GatewaySettings`.
+
+Load it with `fleetgate.core.config.load_model(GatewaySettings, path)`; with no file the embedded
+defaults below apply (a gateway on 127.0.0.1:8080 with no models, auth off, caching off).
+
+The `routing`, `cache`, `tiers` and `tenancy` sections belong to the stages that read them; they are
+plain mappings here until those stages replace them with their own typed configs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, description="413 above this request size")
+    connect_timeout_s: float = Field(default=3.0, gt=0, description="TCP connect to an engine")
+    first_byte_timeout_s: float = Field(
+        default=300.0, gt=0, description="request sent -> response headers and, when streaming, the first chunk"
+    )
+    inter_chunk_timeout_s: float = Field(default=60.0, gt=0, description="longest silence between two stream chunks")
+    request_timeout_s: float = Field(default=600.0, gt=0, description="whole non-streaming engine call")
+    keepalive_timeout_s: float = Field(default=30.0, gt=0, description="idle pooled engine connections are closed")
+    max_upstream_connections: int = Field(default=0, ge=0, description="pool size over all engines; 0: unlimited")
+    debug_headers: bool = Field(default=False, description="add x-fleetgate-endpoint and x-fleetgate-route-reasons")
+    auth: Literal["open", "api_key"] = Field(
+        default="open", description="open: no keys (local mode); api_key: tenants from the tenancy section"
+    )
+    default_max_tokens: int = Field(default=256, gt=0, description="estimate for rate limits when unset")
+    log_requests: bool = Field(default=True, description="one structured JSON log line per request")
+    log_level: str = "info"
+
+
+class ModelRoute(_Strict):
+    """A model the gateway serves and the engines that serve it (static discovery)."""
+
+    name: str = Field(min_length=1, description="the name clients ask for")
+    endpoints: list[str] = Field(default_factory=list, description="engine base URLs, e.g. http://127.0.0.1:8100")
+    served_name: str | None = Field(default=None, description="the engine's own model name, if it differs")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        out = []
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoint {url!r} must start with http:// or https://")
+            url = url.rstrip("/")
+            if url.endswith("/v1"):
+                url = url[: -len("/v1")]
+            out.append(url)
+        return out
+
+
+class DiscoverySettings(_Strict):
+    kind: Literal["static", "kubernetes"] = "static"
+    namespace: str | None = Field(default=None, description="kubernetes: namespace to watch (None: the pod's own)")
+    label_selector: str = "app.kubernetes.io/managed-by=fleetgate"
+    resync_s: float = Field(default=30.0, gt=0)
+
+
+class GatewaySettings(_Strict):
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    models: list[ModelRoute] = Field(default_factory=list)
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    redis_url: str | None = Field(default=None, description="shared state for several replicas; None: in memory")
+    routing: dict[str, Any] = Field(default_factory=dict)
+    cache: dict[str, Any] = Field(default_factory=dict)
+    tiers: dict[str, Any] = Field(default_factory=dict)
+    tenancy: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("models")
+    @classmethod
+    def _unique(cls, value: list[ModelRoute]) -> list[ModelRoute]:
+        names = [m.name for m in value]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"model names must be unique, repeated: {', '.join(dupes)}")
+        return value

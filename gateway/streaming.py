@@ -1,0 +1,208 @@
+"""Relaying an engine's server-sent events to the client, chunk by chunk, as they arrive.
+
+Upstream the gateway always asks for `include_usage` + `continuous_usage_stats`, so every engine
+chunk carries the usage so far: accounting is exact even when the client leaves mid-stream.
+Each chunk is rewritten for the client: usage is removed unless the client asked for it (then
+`usage: null` on content chunks and the final usage-only chunk, as OpenAI does; every chunk's usage
+if it also asked for continuous stats), and `model` names what the gateway served.
+
+A silent engine (no chunk within the first-byte / inter-chunk timeout), a broken connection or an
+end without `[DONE]` ends the client stream with an OpenAI-shaped error event and `[DONE]`.
+`close()` is called exactly once by the web layer (end, error or client disconnect): it closes
+the upstream connection if the stream did not finish (the engine aborts the request) and hands a
+`StreamOutcome` to the pipeline's callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from fleetgate.gateway.assembly import StreamAssembler
+
+DONE = b"data: [DONE]\n\n"
+
+
+def error_event(message: str, *, code: str, type_: str = "server_error") -> bytes:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+@dataclass(slots=True)
+class StreamOutcome:
+    ok: bool = False  # ended with [DONE] and no error event
+    cancelled: bool = False  # the client went away first
+    error_kind: str | None = None  # timeout | midstream | engine_error
+    usage: dict[str, Any] | None = None  # the last usage the engine reported
+    first_token_at: float | None = None  # perf_counter of the first chunk with generated output
+    last_token_at: float | None = None
+    chunks: int = 0
+    assembled: dict[str, Any] | None = None  # the complete response (when assembling and ok)
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _has_output(choices: list[Any]) -> bool:
+    for c in choices:
+        if not isinstance(c, dict):
+            continue
+        if c.get("text"):
+            return True
+        delta = c.get("delta")
+        if isinstance(delta, dict) and (
+            delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")
+        ):
+            return True
+    return False
+
+
+class RelayStream:
+    """Async iterator of the client's SSE bytes for one engine response."""
+
+    def __init__(
+        self,
+        *,
+        response: aiohttp.ClientResponse,
+        endpoint_id: str,
+        first_byte_timeout_s: float,
+        inter_chunk_timeout_s: float,
+        include_usage: bool,
+        continuous_usage: bool,
+        model_name: str | None,
+        assembler: StreamAssembler | None,
+        on_done: Callable[[StreamOutcome], None],
+    ) -> None:
+        self._resp = response
+        self._endpoint_id = endpoint_id
+        self._first_timeout = first_byte_timeout_s
+        self._inter_timeout = inter_chunk_timeout_s
+        self._include_usage = include_usage
+        self._continuous = include_usage and continuous_usage
+        self._model_name = model_name
+        self._assembler = assembler
+        self._on_done = on_done
+        self._outcome = StreamOutcome()
+        self._ended = False  # [DONE] (ours or the engine's) was produced
+        self._closed = False
+
+    def __aiter__(self) -> RelayStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._ended:
+            raise StopAsyncIteration
+        out = self._outcome
+        content = self._resp.content
+        while True:
+            timeout = self._inter_timeout if out.chunks else self._first_timeout
+            try:
+                async with asyncio.timeout(timeout):
+                    line = await content.readline()
+            except TimeoutError:
+                return self._fail(
+                    "timeout", f"engine {self._endpoint_id} sent nothing for {timeout:g}s", "upstream_timeout"
+                )
+            except aiohttp.ClientError as exc:
+                message = f"engine {self._endpoint_id} broke off the stream: {exc or type(exc).__name__}"
+                return self._fail("midstream", message, "upstream_error")
+            if not line:
+                return self._fail(
+                    "midstream", f"engine {self._endpoint_id} closed the stream before it finished", "upstream_error"
+                )
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments, event names
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self._ended = True
+                out.ok = out.error_kind is None
+                return DONE
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                return self._fail("midstream", f"engine {self._endpoint_id} sent an invalid chunk", "bad_gateway")
+            if not isinstance(chunk, dict):
+                continue
+            if "error" in chunk or chunk.get("object") == "error":
+                out.error_kind = "engine_error"
+                return b"data: " + payload + b"\n\n"
+            rewritten = self._rewrite(chunk)
+            if rewritten is not None:
+                return rewritten
+
+    def _rewrite(self, chunk: dict[str, Any]) -> bytes | None:
+        out = self._outcome
+        usage = chunk.get("usage")
+        if usage:
+            out.usage = usage
+        choices = chunk.get("choices")
+        if not choices:
+            if not (usage and self._include_usage):
+                return None  # the usage-only chunk the client did not ask for
+        else:
+            now = time.perf_counter()
+            out.chunks += 1
+            if _has_output(choices):
+                if out.first_token_at is None:
+                    out.first_token_at = now
+                out.last_token_at = now
+            if self._assembler is not None:
+                self._assembler.add(chunk)
+            if "usage" in chunk and not self._continuous:
+                if self._include_usage:
+                    chunk["usage"] = None
+                else:
+                    del chunk["usage"]
+        if self._model_name is not None:
+            chunk["model"] = self._model_name
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    def _fail(self, kind: str, message: str, code: str) -> bytes:
+        self._outcome.error_kind = kind
+        self._ended = True
+        return error_event(message, code=code) + DONE
+
+    def close(self, *, cancelled: bool = False) -> None:
+        """Release the engine connection and report the outcome; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        out = self._outcome
+        if self._ended and out.ok:
+            self._resp.release()
+        else:
+            self._resp.close()  # drop the connection: vLLM aborts the request
+            out.ok = False
+            out.cancelled = cancelled and not self._ended
+        if out.ok and self._assembler is not None:
+            out.assembled = self._assembler.result(usage=out.usage)
+        self._on_done(out)
+
+
+class ReplayStream:
+    """A fixed list of SSE chunks (a cache hit replayed) behind the same interface as `RelayStream`."""
+
+    def __init__(self, chunks: list[bytes], *, on_done: Callable[[bool], None]) -> None:
+        self._chunks = iter(chunks)
+        self._on_done = on_done
+        self._finished = False
+        self._closed = False
+
+    def __aiter__(self) -> ReplayStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return next(self._chunks)
+        except StopIteration:
+            self._finished = True
+            raise StopAsyncIteration from None
+
+    def close(self, *, cancelled: bool = False) -> None:
+        if not self._closed:
+            self._closed = True
+            self._on_done(self._finished and not cancelled)

@@ -1,0 +1,90 @@
+"""The engine client: one pooled aiohttp session per app, sending OpenAI requests to an endpoint.
+
+aiohttp was chosen by measurement (BENCHMARKS.md §1: ~6x the requests per second of httpx behind
+the same server on this hardware). Failures are classified here so the pipeline can decide:
+`ConnectFailed` (nothing reached the engine, safe to retry elsewhere), `UpstreamTimeoutError` (504),
+`UpstreamBadResponseError` (502).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from fleetgate.core.errors import UpstreamBadResponseError, UpstreamTimeoutError
+from fleetgate.core.types import Endpoint
+from fleetgate.gateway.settings import ServerSettings
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class ConnectFailed(Exception):
+    """The request never reached the engine (refused, connect timeout, stale pooled connection)."""
+
+    def __init__(self, endpoint: Endpoint, cause: BaseException) -> None:
+        super().__init__(f"cannot connect to engine {endpoint.id} ({endpoint.url}): {cause or type(cause).__name__}")
+        self.endpoint = endpoint
+        self.timeout = isinstance(cause, asyncio.TimeoutError)
+
+
+def make_session(server: ServerSettings) -> aiohttp.ClientSession:
+    """Keep-alive pool over every engine; only the connect timeout is set here, read timeouts per call."""
+    connector = aiohttp.TCPConnector(
+        limit=server.max_upstream_connections,
+        limit_per_host=0,
+        keepalive_timeout=server.keepalive_timeout_s,
+        ttl_dns_cache=60,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=server.connect_timeout_s),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+    )
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    endpoint: Endpoint,
+    path: str,
+    body: bytes,
+    *,
+    request_id: str,
+    headers_timeout_s: float,
+) -> aiohttp.ClientResponse:
+    """POST `body` to `endpoint` + `path` and return once the response headers arrived."""
+    headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+    try:
+        async with asyncio.timeout(headers_timeout_s):
+            return await session.post(endpoint.url + path, data=body, headers=headers)
+    except aiohttp.ClientConnectorError as exc:
+        raise ConnectFailed(endpoint, exc) from exc
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise ConnectFailed(endpoint, exc) from exc
+    except aiohttp.ServerDisconnectedError as exc:
+        # A pooled keep-alive connection the engine had closed, or an engine that died on accept:
+        # no response byte came back, so another endpoint may try.
+        raise ConnectFailed(endpoint, exc) from exc
+    except TimeoutError as exc:
+        raise UpstreamTimeoutError(
+            f"engine {endpoint.id} sent no response within {headers_timeout_s:g}s"
+        ) from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamBadResponseError(f"engine {endpoint.id} failed: {exc or type(exc).__name__}") from exc
+
+
+async def read_body(response: aiohttp.ClientResponse, *, endpoint: Endpoint, timeout_s: float) -> bytes:
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await response.read()
+    except TimeoutError as exc:
+        response.close()
+        raise UpstreamTimeoutError(f"engine {endpoint.id} did not finish its response within {timeout_s:g}s") from exc
+    except aiohttp.ClientError as exc:
+        response.close()
+        raise UpstreamBadResponseError(
+            f"engine {endpoint.id} broke off its response: {exc or type(exc).__name__}"
+        ) from exc
+    finally:
+        response.release()

@@ -1,0 +1,99 @@
+"""Which stage implementation each part of the configuration selects.
+
+One small function per stage, so each stage's owner changes only their own function. Imports of
+optional implementations stay inside the functions (lazy), so a gateway that does not use them
+never loads them. Extra HTTP routers (tenant usage API, cost page) are added in `build_routers`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+
+from fleetgate.cache.types import NoCache, ResponseCache
+from fleetgate.core.errors import ConfigError
+from fleetgate.core.kvstore import KVStore
+from fleetgate.gateway.discovery import EndpointSource, StaticEndpointSource
+from fleetgate.gateway.settings import GatewaySettings
+from fleetgate.gateway.stages import Accountant, Authenticator, Limiter, NoAccounting, NoLimits, OpenAuth
+from fleetgate.gateway.stageset import Stages
+from fleetgate.router.roundrobin import RoundRobinScheduler
+from fleetgate.router.tiers.types import PassThroughTiers, TierResolver
+from fleetgate.router.types import Scheduler
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+
+def build_endpoint_source(
+    settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore
+) -> EndpointSource:
+    if settings.discovery.kind == "kubernetes":
+        kubernetes = importlib.import_module("fleetgate.gateway.discovery.kubernetes")
+        source: EndpointSource = kubernetes.build_source(settings, registry=registry)
+        return source
+    return StaticEndpointSource(settings.models)
+
+
+def build_scheduler(
+    settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore, endpoint_source: EndpointSource
+) -> Scheduler:
+    return RoundRobinScheduler()
+
+
+def build_cache(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> ResponseCache:
+    return NoCache()
+
+
+def build_tiers(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> TierResolver:
+    return PassThroughTiers()
+
+
+def build_auth(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> Authenticator:
+    if settings.server.auth == "open":
+        return OpenAuth()
+    raise ConfigError("server.auth: api_key needs the tenancy stage, which this build does not provide yet")
+
+
+def build_limiter(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> Limiter:
+    return NoLimits()
+
+
+def build_accountant(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> Accountant:
+    return NoAccounting()
+
+
+def build_stages(
+    settings: GatewaySettings,
+    *,
+    registry: CollectorRegistry,
+    kvstore: KVStore,
+    scheduler: Scheduler | None = None,
+    cache: ResponseCache | None = None,
+    tiers: TierResolver | None = None,
+    auth: Authenticator | None = None,
+    limiter: Limiter | None = None,
+    accountant: Accountant | None = None,
+    endpoint_source: EndpointSource | None = None,
+) -> Stages:
+    """The configured stages; a stage given explicitly replaces the configured one (never built)."""
+    r, kv = registry, kvstore
+    source = endpoint_source or build_endpoint_source(settings, registry=r, kvstore=kv)
+    return Stages(
+        scheduler=scheduler or build_scheduler(settings, registry=r, kvstore=kv, endpoint_source=source),
+        cache=cache or build_cache(settings, registry=r, kvstore=kv),
+        tiers=tiers or build_tiers(settings, registry=r, kvstore=kv),
+        auth=auth or build_auth(settings, registry=r, kvstore=kv),
+        limiter=limiter or build_limiter(settings, registry=r, kvstore=kv),
+        accountant=accountant or build_accountant(settings, registry=r, kvstore=kv),
+        endpoint_source=source,
+    )
+
+
+def build_routers(
+    settings: GatewaySettings, *, stages: Stages, registry: CollectorRegistry, kvstore: KVStore
+) -> list[APIRouter]:
+    """Extra FastAPI routers mounted on the app (e.g. the tenant usage API, the cost page)."""
+    return []

@@ -1,0 +1,73 @@
+"""Chat, completions, models, health and request ids through a gateway on a real uvicorn server."""
+
+from __future__ import annotations
+
+import httpx
+
+from fleetgate.gateway.settings import ModelRoute
+from fleetgate.sim.fake_engine import FakeEngine
+
+from .conftest import RunningGateway, settings_for
+
+CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hello there friend"}], "max_tokens": 3}
+
+
+async def test_chat_completion_is_relayed_with_usage_and_headers(gateway: RunningGateway, engine: FakeEngine) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await client.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == "t0 t1 t2 "
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert body["model"] == "m1"
+    assert r.headers["x-fleetgate-model"] == "m1"
+    assert r.headers["x-fleetgate-cache"] == "bypass"
+    assert len(r.headers["x-request-id"]) >= 16
+    assert "x-fleetgate-endpoint" not in r.headers  # debug headers are off by default
+    assert engine.received[-1].path == "/v1/chat/completions"
+
+
+async def test_completions_endpoint(gateway: RunningGateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await client.post("/v1/completions", json={"model": "m1", "prompt": "one two", "max_tokens": 2})
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["text"] == "t0 t1 "
+    assert r.json()["usage"]["prompt_tokens"] == 2
+
+
+async def test_client_request_id_is_echoed(gateway: RunningGateway, engine: FakeEngine) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        r = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "my-id-42"})
+        bad = await client.post("/v1/chat/completions", content=b"{", headers={"x-request-id": "err-id"})
+    assert r.headers["x-request-id"] == "my-id-42"
+    assert engine.received[-1].headers["x-request-id"] == "my-id-42"
+    assert bad.status_code == 400 and bad.headers["x-request-id"] == "err-id"
+
+
+async def test_models_lists_configured_models(start_gateway, engine: FakeEngine) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(settings_for({"m1": [engine.url], "m2": [engine.url]}))
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        r = await client.get("/v1/models")
+    assert r.status_code == 200
+    assert [m["id"] for m in r.json()["data"]] == ["m1", "m2"]
+
+
+async def test_health_and_readiness(start_gateway, gateway: RunningGateway) -> None:  # type: ignore[no-untyped-def]
+    empty = await start_gateway(settings_for({}))
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(gateway.url + "/healthz")).status_code == 200
+        assert (await client.get(gateway.url + "/readyz")).status_code == 200
+        not_ready = await client.get(empty.url + "/readyz")
+    assert not_ready.status_code == 503
+    assert not_ready.json()["reason"] == "no engine endpoints"
+
+
+async def test_served_name_differs_from_public_name(start_gateway, engine: FakeEngine) -> None:  # type: ignore[no-untyped-def]
+    settings = settings_for({})
+    settings.models.append(ModelRoute(name="public", endpoints=[engine.url], served_name="engine-name"))
+    gw = await start_gateway(settings)
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        r = await client.post("/v1/chat/completions", json={**CHAT, "model": "public"})
+    assert r.status_code == 200
+    assert engine.received[-1].body["model"] == "engine-name"
+    assert r.json()["model"] == "public"
