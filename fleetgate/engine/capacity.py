@@ -12,7 +12,8 @@ literature does it (all sizes in bytes; GB = 10**9 bytes as in those worked exam
 - usable per GPU     = GPU memory x gpu_memory_utilization - weights per GPU - overhead
                        (overhead: activations, CUDA graphs, NCCL buffers; a flat per-GPU allowance)
 - max sequences      = floor(usable per GPU / KV per sequence per GPU)
-- fits               = usable >= KV needed per GPU for the target concurrency (or >= one full sequence)
+- fits               = usable >= KV of one sequence at max length (else vLLM refuses to start)
+- meets_target       = usable >= KV needed per GPU for the target concurrency (max_num_seqs) at max length
 
 A speculative-decoding draft model adds its own weights and its own KV per token to the same GPUs.
 Inputs: `ModelArch` (parameters, layers, kv_heads, head_dim) and `CapacityInputs`; output: `CapacityPlan`.
@@ -112,7 +113,8 @@ class CapacityPlan:
     target_concurrency: int | None
     kv_bytes_needed_per_gpu: int
     headroom_bytes_per_gpu: int
-    fits: bool
+    fits: bool  # weights and one sequence at max length fit: vLLM can start
+    meets_target: bool  # the target concurrency at max length fits too
     reason: str
 
     def to_status(self) -> dict[str, object]:
@@ -179,7 +181,8 @@ def plan_capacity(*, inputs: CapacityInputs) -> CapacityPlan:
     wanted = inputs.target_concurrency if inputs.target_concurrency is not None else 1
     needed = wanted * kv_seq_gpu
     headroom = usable - needed
-    fits = headroom >= 0
+    fits = usable >= kv_seq_gpu
+    meets_target = headroom >= 0
     budget = (
         f"{inputs.gpu_memory_bytes / GB:.1f} GB x {inputs.gpu_memory_utilization:g} - "
         f"{weights_gpu / GB:.2f} GB weights - {inputs.overhead_bytes / GB:.2f} GB overhead = "
@@ -187,15 +190,21 @@ def plan_capacity(*, inputs: CapacityInputs) -> CapacityPlan:
     )
     if usable <= 0:
         reason = f"weights do not fit: {budget} per GPU (TP={tp})"
-    elif fits:
+    elif not fits:
+        reason = (
+            f"KV cache does not fit one sequence: {inputs.max_model_len} tokens need {kv_seq_gpu / GB:.2f} GB "
+            f"per GPU but {budget}"
+        )
+    elif meets_target:
         reason = (
             f"fits: {budget} per GPU; {wanted} x {inputs.max_model_len} tokens need {needed / GB:.2f} GB; "
             f"up to {max_seqs} sequences at max length"
         )
     else:
         reason = (
-            f"KV cache does not fit: {wanted} x {inputs.max_model_len} tokens need {needed / GB:.2f} GB per GPU "
-            f"but {budget}; at most {max_seqs} sequences at max length"
+            f"fits, but not the target concurrency: {wanted} x {inputs.max_model_len} tokens need "
+            f"{needed / GB:.2f} GB per GPU and {budget}; at most {max_seqs} sequences at max length "
+            "(vLLM will queue or preempt the rest)"
         )
     return CapacityPlan(
         weight_bytes=weights,
@@ -210,5 +219,6 @@ def plan_capacity(*, inputs: CapacityInputs) -> CapacityPlan:
         kv_bytes_needed_per_gpu=needed,
         headroom_bytes_per_gpu=headroom,
         fits=fits,
+        meets_target=meets_target,
         reason=reason,
     )

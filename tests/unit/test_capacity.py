@@ -76,7 +76,7 @@ def test_llama3_70b_on_4x80gb_tp4_64x8k_barely_fits() -> None:
     assert plan.usable_bytes_per_gpu == 43 * GB
     assert plan.kv_bytes_needed_per_gpu == 64 * plan.kv_bytes_per_sequence // 4
     assert _floor1(plan.kv_bytes_needed_per_gpu / GB) == 42.9
-    assert plan.fits
+    assert plan.fits and plan.meets_target
     assert 0 < plan.headroom_bytes_per_gpu <= 0.1 * GB  # "barely fits, about 0.1 GB of headroom"
     assert plan.max_concurrent_sequences == 64
 
@@ -144,9 +144,26 @@ def test_kv_that_does_not_fit_gives_numbers() -> None:
             target_concurrency=65,
         )
     )
-    assert not plan.fits
+    assert plan.fits  # vLLM starts and queues the 65th sequence
+    assert not plan.meets_target
     assert plan.headroom_bytes_per_gpu < 0
-    assert "KV cache does not fit" in plan.reason and "at most 64 sequences" in plan.reason
+    assert "not the target concurrency" in plan.reason and "at most 64 sequences" in plan.reason
+
+
+def test_one_sequence_that_does_not_fit_is_not_a_fit() -> None:
+    plan = plan_capacity(
+        inputs=CapacityInputs(
+            arch=LLAMA_70B,
+            tensor_parallel_size=4,
+            gpu_memory_bytes=80 * GB,
+            gpu_memory_utilization=1.0,
+            max_model_len=2_000_000,
+        )
+    )
+    assert plan.usable_bytes_per_gpu > 0
+    assert not plan.fits and not plan.meets_target
+    assert plan.max_concurrent_sequences == 0
+    assert "does not fit one sequence" in plan.reason
 
 
 def test_fewer_kv_heads_than_gpus_replicates_heads() -> None:

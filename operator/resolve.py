@@ -1,0 +1,142 @@
+"""From a validated spec to what will run: engine args, model location, accelerator and capacity plan.
+
+Pure: no API calls. The model source decides what vLLM's `--model` receives and which volume holds it:
+`hf://org/name` -> `org/name` (downloaded into the model cache volume, `HF_HOME`), `pvc://claim/path` ->
+`/models/claim/path` on the claim mounted read-only, `s3://bucket/path` -> streamed by vLLM's Run:ai model
+streamer (`--load-format runai_streamer`), an absolute path -> used as is (baked into the image). Weight
+bytes for the plan come from the quantization method, else from the dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetgate.core.errors import ConfigError
+from fleetgate.engine.args import EngineArgs
+from fleetgate.engine.capacity import CapacityInputs, CapacityPlan, ModelArch, plan_capacity
+from fleetgate.engine.catalog import lookup
+from fleetgate.operator.profiles import AcceleratorProfile, Profiles
+from fleetgate.operator.spec import Architecture, InferenceServiceSpec, served_name
+
+ENGINE_PORT = 8000
+MODELS_MOUNT = "/models"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelLocation:
+    model_arg: str
+    pvc_claim: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resolved:
+    name: str
+    served_model: str
+    location: ModelLocation
+    engine_args: EngineArgs
+    profile: AcceleratorProfile
+    plan: CapacityPlan | None
+    plan_note: str  # why there is no plan, or the plan's own reason
+
+
+def locate_model(*, source: str) -> ModelLocation:
+    if source.startswith("hf://"):
+        return ModelLocation(model_arg=source.removeprefix("hf://"))
+    if source.startswith("pvc://"):
+        claim, _, path = source.removeprefix("pvc://").partition("/")
+        return ModelLocation(model_arg=f"{MODELS_MOUNT}/{claim}/{path}".rstrip("/"), pvc_claim=claim)
+    if source.startswith("s3://"):
+        return ModelLocation(model_arg=source, extra_args=("--load-format", "runai_streamer"))
+    if source.startswith("/"):
+        return ModelLocation(model_arg=source)
+    raise ConfigError(f"model source {source!r}: expected hf://, s3://, pvc:// or an absolute path")
+
+
+def _arch(facts: Architecture | None, reference: str | None) -> ModelArch | None:
+    if facts is not None:
+        return ModelArch(
+            parameters=facts.parameters_billions * 1e9,
+            layers=facts.layers,
+            kv_heads=facts.kv_heads,
+            head_dim=facts.head_dim,
+            hidden_size=facts.hidden_size,
+        )
+    return lookup(reference) if reference else None
+
+
+def engine_args_for(*, spec: InferenceServiceSpec, name: str) -> EngineArgs:
+    engine = spec.engine
+    location = locate_model(source=spec.model.source)
+    spec_args = engine.speculative
+    return EngineArgs(
+        model=location.model_arg,
+        served_model_name=served_name(spec=spec, name=name),
+        host="0.0.0.0",  # in a pod: the kubelet's probes and the Service reach the pod IP
+        port=ENGINE_PORT,
+        dtype=engine.dtype,
+        quantization=None if engine.quantization == "none" else engine.quantization,
+        kv_cache_dtype=engine.kv_cache_dtype,
+        max_model_len=engine.max_model_len,
+        enable_prefix_caching=engine.prefix_caching,
+        enable_chunked_prefill=engine.chunked_prefill,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        speculative_method=spec_args.method if spec_args else None,
+        speculative_model=spec_args.draft_model if spec_args else None,
+        num_speculative_tokens=spec_args.num_tokens if spec_args else None,
+        enforce_eager=engine.enforce_eager,
+        extra_args=(*location.extra_args, *engine.extra_args),
+    )
+
+
+def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Resolved:
+    """Everything the builders and the status need; raises ConfigError for an unusable spec."""
+    profile = profiles.resolve(name=spec.resources.accelerator)
+    if profile.is_gpu and spec.resources.gpus == 0:
+        raise ConfigError(f"accelerator {profile.name!r} is a GPU profile but resources.gpus is 0")
+    if not profile.is_gpu and spec.resources.gpus > 0:
+        raise ConfigError(f"accelerator {profile.name!r} has no GPUs; set resources.gpus to 0")
+    args = engine_args_for(spec=spec, name=name)
+    arch = _arch(spec.model.architecture, spec.model.source)
+    plan: CapacityPlan | None = None
+    if not profile.is_gpu:
+        note = "no GPU capacity plan for a CPU profile"
+    elif arch is None:
+        note = (
+            f"model {spec.model.source!r} is not in the built-in catalog: set spec.model.architecture "
+            "(parametersBillions, layers, kvHeads, headDim) for a capacity plan"
+        )
+    else:
+        draft_arch = None
+        speculative = spec.engine.speculative
+        if speculative is not None and speculative.draft_model:
+            draft_arch = _arch(speculative.draft_architecture, speculative.draft_model)
+        plan = plan_capacity(
+            inputs=CapacityInputs(
+                arch=arch,
+                weight_dtype=spec.engine.quantization if spec.engine.quantization != "none" else spec.engine.dtype,
+                kv_cache_dtype=spec.engine.kv_cache_dtype,
+                tensor_parallel_size=spec.engine.tensor_parallel_size,
+                gpu_memory_bytes=profile.gpu_memory_bytes,
+                gpu_memory_utilization=spec.engine.gpu_memory_utilization,
+                overhead_bytes=profile.overhead_bytes,
+                max_model_len=spec.engine.max_model_len,
+                target_concurrency=spec.engine.max_num_seqs,
+                draft=draft_arch,
+            )
+        )
+        note = plan.reason
+        if speculative is not None and speculative.draft_model and draft_arch is None:
+            note += "; draft model not in the catalog: its memory is not counted (set draftArchitecture)"
+    return Resolved(
+        name=name,
+        served_model=served_name(spec=spec, name=name),
+        location=locate_model(source=spec.model.source),
+        engine_args=args,
+        profile=profile,
+        plan=plan,
+        plan_note=note,
+    )

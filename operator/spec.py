@@ -1,0 +1,192 @@
+"""The typed `InferenceService` spec (fleetgate.io/v1alpha1): validated here and rendered into the CRD.
+
+One set of pydantic models serves three purposes: the operator validates every CR with them, `crd.py`
+derives the CRD's structural OpenAPI schema from them (defaults, enums, bounds and the CEL rules given in
+`x-kubernetes-validations`), and `fleetgate plan` reads spec files with them. Field names are camelCase
+on the wire (Kubernetes convention), snake_case in Python. Every CEL rule has a twin `model_validator`
+here, so the operator rejects what the API server would reject even where CEL is not enforced.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "fleetgate.io"
+VERSION = "v1alpha1"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SINGULAR = "inferenceservice"
+SHORT_NAMES = ("fgis", "fgisvc")  # not `isvc`: KServe owns that short name for its own InferenceService
+
+Quantization = Literal["none", "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors", "bitsandbytes"]
+Dtype = Literal["auto", "float16", "bfloat16", "float32"]
+KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+SpeculativeMethod = Literal["ngram", "suffix", "mtp", "draft_model", "eagle", "eagle3", "medusa"]
+MODEL_SOURCE_PATTERN = (
+    r"^(hf://[^/\s]+/[^\s]+|s3://[^/\s]+/[^\s]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]+)$"
+)
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"
+
+
+def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+def _empty_default(schema: dict[str, Any]) -> None:
+    """The API server fills nested defaults only inside objects that exist; `default: {}` makes them exist."""
+    schema["default"] = {}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class Architecture(_Model):
+    """Model architecture facts for the capacity plan (from the model's config.json)."""
+
+    parameters_billions: float = Field(gt=0, le=10000, description="Parameter count in billions.")
+    layers: int = Field(ge=1, le=1000, description="num_hidden_layers")
+    kv_heads: int = Field(ge=1, le=1024, description="num_key_value_heads")
+    head_dim: int = Field(ge=1, le=4096, description="Attention head dimension.")
+    hidden_size: int | None = Field(default=None, ge=1, description="hidden_size (informational).")
+
+
+class ModelSource(_Model):
+    source: str = Field(
+        pattern=MODEL_SOURCE_PATTERN,
+        max_length=1024,
+        description="hf://org/name, s3://bucket/path, pvc://claim/path, or a path inside the engine image.",
+    )
+    served_name: str | None = Field(
+        default=None, max_length=253, description="Model name clients send; defaults to the resource name."
+    )
+    revision: str | None = Field(default=None, max_length=128, description="Hugging Face revision (hf:// only).")
+    cache_size: str = Field(default="100Gi", pattern=QUANTITY_PATTERN, description="Size limit of the model cache.")
+    architecture: Architecture | None = Field(
+        default=None, description="Architecture facts; the built-in catalog is used when omitted."
+    )
+
+
+class Speculative(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "!(self.method in ['draft_model', 'eagle', 'eagle3', 'medusa']) || has(self.draftModel)",
+                "this speculative method needs draftModel",
+            ),
+            (
+                "!(self.method in ['ngram', 'suffix', 'mtp']) || !has(self.draftModel)",
+                "this speculative method takes no draftModel",
+            ),
+        )
+    )
+    method: SpeculativeMethod = Field(description="vLLM speculative method.")
+    draft_model: str | None = Field(default=None, max_length=1024, description="Draft or head model reference.")
+    num_tokens: int = Field(default=4, ge=1, le=16, description="Tokens proposed per step.")
+    draft_architecture: Architecture | None = Field(default=None, description="Draft model facts for the plan.")
+
+    @model_validator(mode="after")
+    def _draft_matches_method(self) -> Speculative:
+        needs = self.method in ("draft_model", "eagle", "eagle3", "medusa")
+        if needs and not self.draft_model:
+            raise ValueError(f"speculative method {self.method!r} needs draftModel")
+        if not needs and self.draft_model:
+            raise ValueError(f"speculative method {self.method!r} takes no draftModel")
+        return self
+
+
+class Engine(_Model):
+    image: str | None = Field(default=None, max_length=512, description="Engine image; the operator default if unset.")
+    dtype: Dtype = "auto"
+    quantization: Quantization = Field(default="none", description="Weight quantization of the checkpoint.")
+    kv_cache_dtype: KvCacheDtype = "auto"
+    max_model_len: int = Field(default=8192, ge=16, le=10_000_000, description="Always set, so the plan is exact.")
+    prefix_caching: bool = True
+    chunked_prefill: bool | None = Field(default=None, description="Unset: vLLM's default for the model.")
+    max_num_seqs: int | None = Field(default=None, ge=1, le=65536, description="Concurrency the plan must fit.")
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    speculative: Speculative | None = None
+    enforce_eager: bool = False
+    extra_args: list[str] = Field(default_factory=list, max_length=64, description="Raw vLLM flags, appended.")
+
+
+class Resources(_Model):
+    accelerator: str | None = Field(
+        default=None, max_length=63, description="Accelerator profile name; the operator's default when unset."
+    )
+    gpus: int = Field(default=1, ge=0, le=64, description="GPUs per replica (>= tensorParallelSize).")
+    cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
+    memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
+
+
+class Autoscaling(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas"),
+            ("self.minReplicas > 0 || self.scaleToZero", "minReplicas 0 requires scaleToZero"),
+        )
+    )
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    max_replicas: int = Field(ge=1, le=1000)
+    metric: Literal["queueDepth", "kvCacheUsage"] = "queueDepth"
+    target_queue_depth: float = Field(default=4, gt=0, description="Waiting requests per pod (queueDepth).")
+    target_kv_cache_usage: float = Field(default=0.8, gt=0, le=1, description="KV-cache use per pod (kvCacheUsage).")
+    scale_to_zero: bool = False
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("minReplicas must be <= maxReplicas")
+        if self.min_replicas == 0 and not self.scale_to_zero:
+            raise ValueError("minReplicas 0 requires scaleToZero")
+        return self
+
+
+class Pricing(_Model):
+    input_per_million_tokens: float = Field(ge=0)
+    output_per_million_tokens: float = Field(ge=0)
+    cached_input_per_million_tokens: float | None = Field(default=None, ge=0)
+
+
+class Gateway(_Model):
+    tier: str | None = Field(default=None, max_length=63, description="Tier name for the gateway's tier router.")
+    pricing: Pricing | None = None
+
+
+class InferenceServiceSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("self.resources.gpus == 0 || self.resources.gpus >= self.engine.tensorParallelSize",
+             "resources.gpus must be >= engine.tensorParallelSize"),
+            ("!has(self.autoscaling) || !has(self.replicas) || self.autoscaling.minReplicas <= self.replicas",
+             "replicas must be >= autoscaling.minReplicas"),
+        )
+    )  # fmt: skip
+    model: ModelSource
+    engine: Engine = Field(default_factory=Engine, json_schema_extra=_empty_default)
+    resources: Resources = Field(default_factory=Resources, json_schema_extra=_empty_default)
+    replicas: int = Field(default=1, ge=0, le=1000)
+    autoscaling: Autoscaling | None = None
+    gateway: Gateway = Field(default_factory=Gateway, json_schema_extra=_empty_default)
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> InferenceServiceSpec:
+        if self.resources.gpus and self.resources.gpus < self.engine.tensor_parallel_size:
+            raise ValueError("resources.gpus must be >= engine.tensorParallelSize")
+        if self.autoscaling is not None and self.replicas < self.autoscaling.min_replicas:
+            raise ValueError("replicas must be >= autoscaling.minReplicas")
+        return self
+
+
+def parse_spec(data: Any) -> InferenceServiceSpec:
+    """Validate a CR's `spec` mapping; raises pydantic.ValidationError with field paths."""
+    return InferenceServiceSpec.model_validate(data)
+
+
+def served_name(*, spec: InferenceServiceSpec, name: str) -> str:
+    return spec.model.served_name or name
