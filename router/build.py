@@ -1,0 +1,96 @@
+"""Assemble a `PluginScheduler` from a `RoutingConfig`: instantiate plugins by type, sort them into
+roles by the methods they have, attach weights from the profile."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from fleetgate.core.errors import ConfigError
+from fleetgate.core.kvstore import KVStore
+from fleetgate.router.config import RoutingConfig
+from fleetgate.router.fleet_state import FleetState
+from fleetgate.router.health import HealthTracker
+from fleetgate.router.metrics import RouterMetrics
+from fleetgate.router.plugins.base import Closable, Filter, Observer, Picker, PluginContext, Producer, Scorer
+from fleetgate.router.plugins.registry import PluginFactory, instantiate
+from fleetgate.router.scheduler import PluginScheduler, Profile
+
+
+def build_scheduler(
+    config: RoutingConfig | None = None,
+    *,
+    kvstore: KVStore | None = None,
+    registry: CollectorRegistry | None = None,
+    namespace: str = "default",
+    clock: Callable[[], float] | None = None,
+    seed: int | None = None,
+    scrape: bool = True,
+    extra_plugins: Mapping[str, PluginFactory] | None = None,
+) -> PluginScheduler:
+    """Build the scheduler `config` describes (the shipped default when None).
+
+    `kvstore` shares the prefix index between gateway replicas when it is not the in-memory store;
+    `registry` receives the router's metrics; `scrape=False` leaves out the `/metrics` scraper (the
+    caller then feeds `scheduler.state.stats` itself, as the in-process benchmark does).
+    """
+    cfg = config or RoutingConfig()
+    health_kw: dict[str, Any] = {"base_s": cfg.ejection.base_s, "max_s": cfg.ejection.max_s}
+    if clock is not None:
+        health_kw["clock"] = clock
+    try:
+        health = HealthTracker(**health_kw)
+    except ValueError as exc:
+        raise ConfigError(f"routing ejection settings: {exc}") from exc
+    state = FleetState(health=health, **({"clock": clock} if clock is not None else {}))
+    ctx = PluginContext(state=state, kvstore=kvstore, namespace=namespace, rng=random.Random(seed))
+    specs = {p.ref: p for p in cfg.plugins}
+    chosen = cfg.profile()
+    instances: dict[str, Any] = {}
+    profile: Profile | None = None
+    pickers: list[Picker] = []
+    producers: list[Producer] = []
+    filters: list[Filter] = []
+    scorers: list[tuple[Scorer, float]] = []
+    observers: list[Observer] = []
+    closables: list[Closable] = []
+    for ref in chosen.plugins:
+        spec = specs[ref.plugin_ref]
+        plugin = instances.get(spec.ref)
+        if plugin is None:
+            plugin = instances[spec.ref] = instantiate(
+                spec.type, name=spec.ref, parameters=spec.parameters, ctx=ctx, extra=extra_plugins
+            )
+        roles = 0
+        if isinstance(plugin, Producer):
+            producers.append(plugin)
+            roles += 1
+        if isinstance(plugin, Filter):
+            filters.append(plugin)
+            roles += 1
+        if isinstance(plugin, Scorer):
+            scorers.append((plugin, ref.weight))
+            roles += 1
+        if isinstance(plugin, Picker):
+            pickers.append(plugin)
+            roles += 1
+        if isinstance(plugin, Observer):
+            observers.append(plugin)
+        if isinstance(plugin, Closable):
+            closables.append(plugin)
+        if roles == 0 and not isinstance(plugin, Observer):
+            raise ConfigError(f"routing plugin {spec.ref!r} ({spec.type}) has no scheduling role")
+    if len(pickers) != 1:
+        raise ConfigError(f"routing profile {chosen.name!r} needs exactly one picker, found {len(pickers)}")
+    profile = Profile(name=chosen.name, picker=pickers[0], producers=producers, filters=filters,
+                      scorers=scorers, observers=observers, closables=closables)
+    metrics = RouterMetrics(registry)
+    scraper = None
+    if scrape:
+        from fleetgate.router.scraping import EndpointScraper
+
+        scraper = EndpointScraper(state=state, metrics=metrics, config=cfg.scrape)
+    return PluginScheduler(profile=profile, state=state, metrics=metrics, scraper=scraper)

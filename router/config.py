@@ -1,0 +1,132 @@
+"""The routing configuration: plugins and scheduling profiles, versioned, with embedded defaults.
+
+YAML shape (the Gateway API Inference Extension's EndpointPickerConfig, camelCase keys):
+
+    apiVersion: fleetgate.io/v1alpha1
+    kind: RoutingConfig
+    plugins:                       # instances: a type from the registry, a name, parameters
+      - {type: prefix-affinity-scorer, name: prefix, parameters: {blockChars: 512}}
+    schedulingProfiles:            # the first profile (or the one named `default`) is used
+      - name: default
+        plugins: [{pluginRef: prefix, weight: 3}, ...]
+    scrape: {intervalS: 0.5, timeoutS: 1.0, healthIntervalS: 2.0}
+    ejection: {baseS: 1.0, maxS: 30.0}
+
+`RoutingConfig()` is the shipped default; `preset(name)` gives the benchmark's comparison policies.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+API_VERSION: Literal["fleetgate.io/v1alpha1"] = "fleetgate.io/v1alpha1"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class PluginSpec(_Model):
+    type: str
+    name: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def ref(self) -> str:
+        return self.name or self.type
+
+
+class PluginRef(_Model):
+    plugin_ref: str
+    weight: float = Field(default=1.0, ge=0.0)
+
+
+class SchedulingProfile(_Model):
+    name: str
+    plugins: list[PluginRef]
+
+
+class ScrapeConfig(_Model):
+    interval_s: float = Field(default=0.5, gt=0)
+    timeout_s: float = Field(default=1.0, gt=0)
+    health_interval_s: float = Field(default=2.0, gt=0)
+
+
+class EjectionConfig(_Model):
+    base_s: float = Field(default=1.0, gt=0)
+    max_s: float = Field(default=30.0, gt=0)
+
+
+def _default_plugins() -> list[PluginSpec]:
+    return [
+        PluginSpec(type="healthy-filter", name="healthy"),
+        PluginSpec(type="serves-model-filter", name="serves-model"),
+        PluginSpec(type="prefix-affinity-scorer", name="prefix"),
+        PluginSpec(type="inflight-scorer", name="inflight"),
+        PluginSpec(type="queue-depth-scorer", name="queue"),
+        PluginSpec(type="kv-cache-usage-scorer", name="kv-usage"),
+        PluginSpec(type="session-affinity-scorer", name="session"),
+        PluginSpec(type="max-score-picker", name="max-score"),
+    ]
+
+
+def _default_profiles() -> list[SchedulingProfile]:
+    refs = [("healthy", 1.0), ("serves-model", 1.0), ("prefix", 3.0), ("inflight", 1.0), ("queue", 1.0),
+            ("kv-usage", 0.5), ("session", 1.0), ("max-score", 1.0)]
+    return [SchedulingProfile(name="default", plugins=[PluginRef(plugin_ref=r, weight=w) for r, w in refs])]
+
+
+class RoutingConfig(_Model):
+    api_version: Literal["fleetgate.io/v1alpha1"] = API_VERSION
+    kind: Literal["RoutingConfig"] = "RoutingConfig"
+    plugins: list[PluginSpec] = Field(default_factory=_default_plugins)
+    scheduling_profiles: list[SchedulingProfile] = Field(default_factory=_default_profiles, min_length=1)
+    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    ejection: EjectionConfig = Field(default_factory=EjectionConfig)
+
+    @model_validator(mode="after")
+    def _check_refs(self) -> RoutingConfig:
+        names = [p.ref for p in self.plugins]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate plugin names: {', '.join(dupes)}")
+        for profile in self.scheduling_profiles:
+            for ref in profile.plugins:
+                if ref.plugin_ref not in names:
+                    raise ValueError(
+                        f"profile {profile.name!r} refers to plugin {ref.plugin_ref!r}, which is not declared"
+                    )
+        return self
+
+    def profile(self) -> SchedulingProfile:
+        for p in self.scheduling_profiles:
+            if p.name == "default":
+                return p
+        return self.scheduling_profiles[0]
+
+
+def _policy(name: str, plugins: list[PluginSpec], weights: dict[str, float]) -> RoutingConfig:
+    refs = [PluginRef(plugin_ref=p.ref, weight=weights.get(p.ref, 1.0)) for p in plugins]
+    return RoutingConfig(plugins=plugins, scheduling_profiles=[SchedulingProfile(name=name, plugins=refs)])
+
+
+def preset(name: str) -> RoutingConfig:
+    """Named policies: `default` (shipped), `least-loaded`, `prefix-only`, `random`."""
+    base = [
+        PluginSpec(type="healthy-filter", name="healthy"),
+        PluginSpec(type="serves-model-filter", name="serves-model"),
+    ]
+    if name == "default":
+        return RoutingConfig()
+    if name == "least-loaded":
+        return _policy(name, [*base, PluginSpec(type="inflight-scorer", name="inflight"),
+                              PluginSpec(type="max-score-picker", name="max-score")], {})
+    if name == "prefix-only":
+        prefix = PluginSpec(type="prefix-affinity-scorer", name="prefix", parameters={"hotspotMargin": None})
+        return _policy(name, [*base, prefix, PluginSpec(type="max-score-picker", name="max-score")], {})
+    if name == "random":
+        return _policy(name, [*base, PluginSpec(type="weighted-random-picker", name="random")], {})
+    raise ValueError(f"unknown routing preset {name!r}; known: default, least-loaded, prefix-only, random")

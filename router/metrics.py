@@ -1,0 +1,40 @@
+"""The router's Prometheus metrics, registered in the registry the caller owns (one per app)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from fleetgate.core.telemetry import DECISION_BUCKETS
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.plugin_seconds = Histogram(
+            "fleetgate_router_plugin_seconds", "Time spent in one routing plugin call.",
+            ["plugin", "stage"], buckets=DECISION_BUCKETS, registry=r,
+        )
+        self.decision_seconds = Histogram(
+            "fleetgate_router_decision_seconds", "Time to pick an endpoint, all plugins included.",
+            ["profile"], buckets=DECISION_BUCKETS, registry=r,
+        )
+        self.picks = Counter("fleetgate_router_picks", "Requests routed, by endpoint.", ["endpoint"], registry=r)
+        self.plugin_errors = Counter(
+            "fleetgate_router_plugin_errors", "Producer failures (the request was still routed).", ["plugin"],
+            registry=r,
+        )
+        self.ejections = Counter(
+            "fleetgate_router_ejections", "Endpoints ejected after a connect error, timeout or failed health poll.",
+            ["endpoint", "reason"], registry=r,
+        )
+        self.metrics_age = Gauge(
+            "fleetgate_router_endpoint_metrics_age_seconds",
+            "Seconds since the endpoint's /metrics were last scraped successfully (+Inf: never).",
+            ["endpoint"], registry=r,
+        )
+        self.scrape_errors = Counter(
+            "fleetgate_router_scrape_errors", "Failed /metrics scrapes.", ["endpoint"], registry=r
+        )
+        self.ejected = Gauge("fleetgate_router_endpoint_ejected", "1 while the endpoint is ejected.", ["endpoint"],
+                             registry=r)

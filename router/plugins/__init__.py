@@ -1,0 +1,1 @@
+"""Scheduling plugins: filters, scorers, pickers, producers and observers, one per module."""

@@ -1,0 +1,99 @@
+"""The plugin interfaces of the scheduler (the Endpoint Picker shape) and what plugins are given.
+
+A plugin is one object; its role(s) follow from the methods it has, as in the Gateway API
+Inference Extension: a prefix-affinity plugin is at once producer (hashes the prompt), scorer and
+observer (records where the prompt went). Scores are aligned with the endpoint list.
+
+- `Producer.produce(req, cycle, endpoints)`: async I/O before scheduling; failures are logged and
+  ignored (fail open).
+- `Filter.filter(req, cycle, endpoints) -> endpoints`.
+- `Scorer.score(req, cycle, endpoints) -> [score]`, one per endpoint in [0, 1]; the profile clamps
+  and multiplies by the scorer's weight.
+- `Picker.pick(endpoints, totals) -> [index]`: endpoint indices, best first (the first is used, the
+  next is the fallback for one connect-failure retry).
+- `Observer.on_start / on_complete`: update plugin state after routing and at completion.
+`cycle` is a per-request scratch dict that lives from `pick` until `on_complete`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from fleetgate.core.kvstore import KVStore
+from fleetgate.core.types import Endpoint, Usage
+from fleetgate.router.fleet_state import FleetState
+from fleetgate.router.types import RoutingRequest
+
+CycleState = dict[str, Any]
+
+
+@runtime_checkable
+class Producer(Protocol):
+    name: str
+
+    async def produce(self, req: RoutingRequest, cycle: CycleState, endpoints: Sequence[Endpoint]) -> None: ...
+
+
+@runtime_checkable
+class Filter(Protocol):
+    name: str
+
+    def filter(self, req: RoutingRequest, cycle: CycleState, endpoints: list[Endpoint]) -> list[Endpoint]: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    name: str
+
+    def score(self, req: RoutingRequest, cycle: CycleState, endpoints: Sequence[Endpoint]) -> list[float]: ...
+
+
+@runtime_checkable
+class Picker(Protocol):
+    name: str
+
+    def pick(self, endpoints: Sequence[Endpoint], totals: Sequence[float]) -> list[int]: ...
+
+
+@runtime_checkable
+class Observer(Protocol):
+    name: str
+
+    def on_start(self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint) -> None: ...
+
+    def on_complete(
+        self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint, *, ok: bool, usage: Usage | None
+    ) -> None: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+@dataclass(slots=True)
+class PluginContext:
+    """What a plugin factory is given besides its parameters."""
+
+    state: FleetState
+    kvstore: KVStore | None = None
+    namespace: str = "default"
+    rng: random.Random = field(default_factory=random.Random)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.state.clock
+
+
+def param(params: dict[str, Any], key: str, default: Any, kind: type) -> Any:
+    """Read one plugin parameter with a clear error naming it."""
+    value = params.get(key, default)
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"parameter {key!r} must be a {kind.__name__}, got {value!r}") from None

@@ -1,0 +1,26 @@
+"""Filter: keep endpoints that serve the request's concrete model.
+
+Input: `Endpoint.model` and `RoutingRequest.model`. Formula: keep e if e.model == req.model.
+A safety net: the gateway already passes the model's endpoints; an empty result becomes a 503.
+Parameters: none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetgate.core.types import Endpoint
+from fleetgate.router.plugins.base import CycleState, PluginContext
+from fleetgate.router.types import RoutingRequest
+
+
+class ServesModelFilter:
+    def __init__(self, *, name: str) -> None:
+        self.name = name
+
+    def filter(self, req: RoutingRequest, cycle: CycleState, endpoints: list[Endpoint]) -> list[Endpoint]:
+        return [e for e in endpoints if e.model == req.model]
+
+
+def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> ServesModelFilter:
+    return ServesModelFilter(name=name)

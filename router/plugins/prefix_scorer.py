@@ -1,0 +1,153 @@
+"""Prefix affinity: producer + scorer + observer. Send a prompt where its prefix is likely cached.
+
+Producer: hash `req.prompt_text` into chained blocks of `blockChars` bytes (at most `maxBlocks`;
+see `fleetgate.router.hashing`) and, when the index is shared, start a background sync with the
+other gateway replicas when one is due (never awaited on the request path; fails open).
+Scorer: for each endpoint e, m_e = longest run of leading blocks e is believed to hold
+(`PrefixIndex.match`), n = number of blocks, and
+
+    score_e = (m_e / n) * g_e,   g_e = 1                                  if x_e <= margin
+                                 g_e = max(0, 1 - (x_e - margin) / margin)  otherwise
+
+where x_e = load_e - min over candidates of load (`FleetState.load`) is e's excess load. The guard
+g fades the preference out between `hotspotMargin` and twice that excess, so one hot prefix (a
+shared system prompt) cannot pile every request onto one pod; load scorers then spread it.
+Prompts shorter than one block score 0 everywhere.
+Observer: on start, record the prompt's blocks on the chosen endpoint, bounded by that engine's KV
+capacity (`vllm:cache_config_info` when scraped, else `defaultCapacityTokens`), converted to
+blocks with `charsPerToken`.
+Parameters: blockChars (512), maxBlocks (256), charsPerToken (4), defaultCapacityTokens (16384),
+hotspotMargin (4 requests; null disables the guard), shared (auto: on when the KV store is not
+the in-memory one), syncIntervalS (0.05).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from fleetgate.core.kvstore import MemoryKVStore
+from fleetgate.core.types import Endpoint, Usage
+from fleetgate.router.fleet_state import FleetState
+from fleetgate.router.hashing import chained_block_hashes
+from fleetgate.router.plugins.base import CycleState, PluginContext, param
+from fleetgate.router.prefix_index import PrefixIndex
+from fleetgate.router.prefix_sync import PrefixIndexSync
+from fleetgate.router.types import RoutingRequest
+
+HASHES = "prefix.hashes"
+
+
+class PrefixAffinityScorer:
+    def __init__(
+        self,
+        *,
+        name: str,
+        state: FleetState,
+        block_chars: int = 512,
+        max_blocks: int = 256,
+        chars_per_token: int = 4,
+        default_capacity_tokens: int = 16_384,
+        hotspot_margin: float | None = 4.0,
+        sync: PrefixIndexSync | None = None,
+        index: PrefixIndex | None = None,
+    ) -> None:
+        if block_chars <= 0 or max_blocks <= 0 or chars_per_token <= 0:
+            raise ValueError("blockChars, maxBlocks and charsPerToken must be positive")
+        if hotspot_margin is not None and hotspot_margin <= 0:
+            raise ValueError("hotspotMargin must be positive (or null to disable the guard)")
+        self.name = name
+        self.state = state
+        self.block_chars = block_chars
+        self.max_blocks = max_blocks
+        self.chars_per_token = chars_per_token
+        self.hotspot_margin = hotspot_margin
+        default_blocks = max(1, default_capacity_tokens * chars_per_token // block_chars)
+        self.index = index or (sync.index if sync else PrefixIndex(default_capacity_blocks=default_blocks))
+        self.sync = sync
+        self._sync_task: asyncio.Task[bool] | None = None
+        self._capacity_seen: dict[str, int] = {}
+
+    async def produce(self, req: RoutingRequest, cycle: CycleState, endpoints: Sequence[Endpoint]) -> None:
+        cycle[HASHES] = chained_block_hashes(req.prompt_text, block_chars=self.block_chars, max_blocks=self.max_blocks)
+        if self.sync is not None and self.sync.due() and (self._sync_task is None or self._sync_task.done()):
+            self._sync_task = asyncio.create_task(self.sync.sync(), name="prefix-index-sync")
+
+    def hashes(self, req: RoutingRequest, cycle: CycleState) -> list[int]:
+        hashes: list[int] | None = cycle.get(HASHES)
+        if hashes is None:  # produce() did not run (used as a bare scorer)
+            hashes = cycle[HASHES] = chained_block_hashes(
+                req.prompt_text, block_chars=self.block_chars, max_blocks=self.max_blocks
+            )
+        return hashes
+
+    def score(self, req: RoutingRequest, cycle: CycleState, endpoints: Sequence[Endpoint]) -> list[float]:
+        hashes = self.hashes(req, cycle)
+        if not hashes:
+            return [0.0] * len(endpoints)
+        n = len(hashes)
+        match = self.index.match
+        scores = [match(e.id, hashes) / n for e in endpoints]
+        margin = self.hotspot_margin
+        if margin is not None and any(scores):
+            loads = [self.state.load(e.id) for e in endpoints]
+            least = min(loads)
+            for i, load in enumerate(loads):
+                excess = load - least
+                if excess > margin:
+                    scores[i] *= max(0.0, 1.0 - (excess - margin) / margin)
+        cycle["prefix.matched_blocks"] = max(int(s * n + 0.5) for s in scores) if scores else 0
+        return scores
+
+    def on_start(self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint) -> None:
+        st = self.state.stats.get(endpoint.id)
+        cap_tokens = st.kv_capacity_tokens if st is not None else None
+        if cap_tokens and self._capacity_seen.get(endpoint.id) != cap_tokens:
+            self._capacity_seen[endpoint.id] = cap_tokens
+            self.index.set_capacity(endpoint.id, cap_tokens * self.chars_per_token // self.block_chars)
+        hashes = self.hashes(req, cycle)
+        if not hashes:
+            return
+        if self.sync is not None:
+            self.sync.record(endpoint.id, hashes)
+        else:
+            self.index.record(endpoint.id, hashes)
+
+    def on_complete(
+        self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint, *, ok: bool, usage: Usage | None
+    ) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        if self._sync_task is not None and not self._sync_task.done():
+            self._sync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sync_task
+
+
+def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> PrefixAffinityScorer:
+    block_chars = param(parameters, "blockChars", 512, int)
+    chars_per_token = param(parameters, "charsPerToken", 4, int)
+    capacity = param(parameters, "defaultCapacityTokens", 16_384, int)
+    shared = parameters.get("shared", "auto")
+    if shared not in ("auto", True, False):
+        raise ValueError(f"parameter 'shared' must be auto, true or false, got {shared!r}")
+    use_sync = ctx.kvstore is not None and (shared is True or (shared == "auto" and not isinstance(
+        ctx.kvstore, MemoryKVStore)))
+    sync = None
+    if use_sync and ctx.kvstore is not None:
+        index = PrefixIndex(default_capacity_blocks=max(1, capacity * chars_per_token // max(1, block_chars)))
+        sync = PrefixIndexSync(index=index, kvstore=ctx.kvstore, namespace=ctx.namespace,
+                               interval_s=param(parameters, "syncIntervalS", 0.05, float), clock=ctx.clock)
+    return PrefixAffinityScorer(
+        name=name,
+        state=ctx.state,
+        block_chars=block_chars,
+        max_blocks=param(parameters, "maxBlocks", 256, int),
+        chars_per_token=chars_per_token,
+        default_capacity_tokens=capacity,
+        hotspot_margin=param(parameters, "hotspotMargin", 4.0, float),
+        sync=sync,
+    )

@@ -1,0 +1,142 @@
+"""The plugin scheduler: producers -> filters -> weighted scorers -> picker, then observers.
+
+For each request: every producer runs (async; an exception is logged, counted and ignored), the
+filters narrow the candidates, each scorer's per-endpoint score is clamped to [0, 1] and multiplied
+by its weight, the totals are summed and the picker orders the endpoints. The first is the
+decision, the second the fallback for the gateway's single connect-failure retry. `reasons` holds
+each scorer's weighted score for the chosen endpoint (the gateway's debug header). Every plugin
+call and the whole decision are timed in histograms.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any
+
+from fleetgate.core.errors import UpstreamUnavailableError
+from fleetgate.core.types import Endpoint, Usage
+from fleetgate.router.fleet_state import FleetState
+from fleetgate.router.metrics import RouterMetrics
+from fleetgate.router.plugins.base import Closable, CycleState, Filter, Observer, Picker, Producer, Scorer
+from fleetgate.router.types import Decision, RoutingRequest
+
+log = logging.getLogger(__name__)
+
+MAX_OPEN_CYCLES = 10_000
+
+
+@dataclass(slots=True)
+class Profile:
+    name: str
+    picker: Picker
+    producers: list[Producer] = field(default_factory=list)
+    filters: list[Filter] = field(default_factory=list)
+    scorers: list[tuple[Scorer, float]] = field(default_factory=list)
+    observers: list[Observer] = field(default_factory=list)
+    closables: list[Closable] = field(default_factory=list)
+
+
+class PluginScheduler:
+    """Implements `fleetgate.router.types.Scheduler`; built by `fleetgate.router.build`."""
+
+    def __init__(self, *, profile: Profile, state: FleetState, metrics: RouterMetrics, scraper: Any = None) -> None:
+        self.profile = profile
+        self.state = state
+        self.metrics = metrics
+        self.scraper = scraper
+        self._cycles: OrderedDict[str, CycleState] = OrderedDict()
+        hist = metrics.plugin_seconds
+        self._t_prod = [hist.labels(p.name, "produce") for p in profile.producers]
+        self._t_filter = [hist.labels(f.name, "filter") for f in profile.filters]
+        self._t_score = [hist.labels(s.name, "score") for s, _ in profile.scorers]
+        self._t_pick = hist.labels(profile.picker.name, "pick")
+        self._t_decision = metrics.decision_seconds.labels(profile.name)
+
+    async def pick(self, req: RoutingRequest, candidates: Sequence[Endpoint]) -> Decision:
+        t_start = perf_counter()
+        cycle: CycleState = {}
+        endpoints = list(candidates)
+        for producer, timer in zip(self.profile.producers, self._t_prod, strict=True):
+            t0 = perf_counter()
+            try:
+                await producer.produce(req, cycle, endpoints)
+            except Exception:
+                self.metrics.plugin_errors.labels(producer.name).inc()
+                log.warning("routing producer failed; routing without it", exc_info=True,
+                            extra={"plugin": producer.name, "request_id": req.request_id})
+            timer.observe(perf_counter() - t0)
+        for flt, timer in zip(self.profile.filters, self._t_filter, strict=True):
+            t0 = perf_counter()
+            endpoints = flt.filter(req, cycle, endpoints)
+            timer.observe(perf_counter() - t0)
+        if not endpoints:
+            raise UpstreamUnavailableError(f"no usable endpoint serves model {req.model!r}")
+        n = len(endpoints)
+        totals = [0.0] * n
+        per_scorer: list[tuple[str, list[float]]] = []
+        for (scorer, weight), timer in zip(self.profile.scorers, self._t_score, strict=True):
+            t0 = perf_counter()
+            raw = scorer.score(req, cycle, endpoints)
+            timer.observe(perf_counter() - t0)
+            weighted = [weight * (1.0 if s > 1.0 else 0.0 if s < 0.0 or s != s else s) for s in raw]
+            for i in range(n):
+                totals[i] += weighted[i]
+            per_scorer.append((scorer.name, weighted))
+        t0 = perf_counter()
+        order = self.profile.picker.pick(endpoints, totals) if n > 1 else [0]
+        self._t_pick.observe(perf_counter() - t0)
+        best = order[0]
+        reasons = {name: round(w[best], 4) for name, w in per_scorer}
+        if per_scorer:
+            reasons["total"] = round(totals[best], 4)
+        decision = Decision(
+            endpoint=endpoints[best],
+            fallbacks=[endpoints[i] for i in order[1:2]],
+            reasons=reasons,
+            profile=self.profile.name,
+        )
+        self._cycles[req.request_id] = cycle
+        if len(self._cycles) > MAX_OPEN_CYCLES:
+            self._cycles.popitem(last=False)
+        self._t_decision.observe(perf_counter() - t_start)
+        return decision
+
+    def on_start(self, req: RoutingRequest, endpoint: Endpoint) -> None:
+        self.state.started(endpoint.id)
+        self.metrics.picks.labels(endpoint.id).inc()
+        cycle = self._cycles.get(req.request_id)
+        if cycle is None:
+            cycle = self._cycles[req.request_id] = {}
+        for obs in self.profile.observers:
+            obs.on_start(req, cycle, endpoint)
+
+    def on_complete(self, req: RoutingRequest, endpoint: Endpoint, *, ok: bool, usage: Usage | None) -> None:
+        self.state.finished(endpoint.id)
+        if ok:
+            self.state.health.record_success(endpoint.id)
+            self.metrics.ejected.labels(endpoint.id).set(0)
+        cycle = self._cycles.pop(req.request_id, {})
+        for obs in self.profile.observers:
+            obs.on_complete(req, cycle, endpoint, ok=ok, usage=usage)
+
+    def on_connect_error(self, endpoint: Endpoint) -> None:
+        backoff = self.state.health.record_failure(endpoint.id)
+        self.metrics.ejections.labels(endpoint.id, "connect").inc()
+        self.metrics.ejected.labels(endpoint.id).set(1)
+        log.warning("endpoint ejected after a connect error",
+                    extra={"endpoint": endpoint.id, "url": endpoint.url, "backoff_s": backoff})
+
+    async def start(self, source: Any) -> None:
+        """Begin scraping `/metrics` and polling `/health` of the endpoints `source` lists."""
+        if self.scraper is not None:
+            await self.scraper.start(source)
+
+    async def aclose(self) -> None:
+        if self.scraper is not None:
+            await self.scraper.aclose()
+        for c in self.profile.closables:
+            await c.aclose()

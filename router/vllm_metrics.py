@@ -1,0 +1,47 @@
+"""Parse the few vLLM `/metrics` series the router uses into `EndpointStats` fields.
+
+Only lines of the wanted families are handed to prometheus_client's parser (a vLLM exposition
+holds hundreds of series). Series are summed over `engine` labels (data-parallel engines in one
+server), except KV usage, which is averaged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+WANTED = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+          "vllm:gpu_cache_usage_perc", "vllm:cache_config_info")
+
+
+@dataclass(slots=True)
+class ParsedMetrics:
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+    kv_capacity_tokens: int | None = None
+
+
+def parse_vllm_metrics(text: str) -> ParsedMetrics:
+    lines = [ln for ln in text.splitlines() if ln.startswith(WANTED) or ln.startswith(tuple(f"# TYPE {w}"
+                                                                                             for w in WANTED))]
+    out = ParsedMetrics()
+    usage: list[float] = []
+    capacity = 0
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for s in family.samples:
+            if s.name == "vllm:num_requests_waiting":
+                out.waiting += s.value
+            elif s.name == "vllm:num_requests_running":
+                out.running += s.value
+            elif s.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+                usage.append(s.value)
+            elif s.name == "vllm:cache_config_info":
+                with contextlib.suppress(KeyError, ValueError):
+                    capacity += int(s.labels["num_gpu_blocks"]) * int(s.labels["block_size"])
+    if usage:
+        out.kv_usage = sum(usage) / len(usage)
+    out.kv_capacity_tokens = capacity or None
+    return out
