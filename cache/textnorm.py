@@ -1,16 +1,18 @@
-"""Text normalisation for the near-miss verifier: tokens, numbers, stems, lexicons.
+"""Text normalisation for the near-miss verifier.
 
 `analyse(text)` -> `Analysis`:
 - `quoted`: quoted strings ('…', "…", `…`, code fences) and every line after the first (a pasted payload),
-  whitespace-collapsed, in order — compared exactly by the verifier;
-- `numbers`: numeric values in order (digits with separators removed, `%` -> percent, number words
-  "zero".."ninety", "hundred", "thousand", "dozen" folded to digits);
-- `idents`: tokens mixing letters and digits or carrying code punctuation (x200, k2, ec2, c++, node.js);
-- `words`: content-word stems in order: lower-cased, contractions expanded ("n't" -> not), Snowball
-  (Porter2) stems, synonyms folded to one representative (`SYNONYMS`), stop words, politeness and request
-  framing ("could you please tell me …") dropped (`STOPWORDS`).
+  whitespace-collapsed, in order;
+- `numbers`: numeric values in order (digit groups joined, number words "zero".."million" folded);
+- `idents`: tokens mixing letters and digits or code punctuation (x200, ec2, node.js, c++) and arithmetic
+  operators (`op+`, `op-`, ...);
+- `words`: content stems in order — lower-cased, courtesy clauses dropped, contractions and `ALIASES`
+  expanded, Snowball (Porter2) stems, `SYNONYMS` folded to one representative, `STOPWORDS` dropped (and
+  tokens one typo away from a framing word such as "waht");
+- `pairs`: (verb stem, particle) for "turn on", "log out", ...;
+- `markers`: marker -> (first content token after it, first non-number content token after it).
 
-Parameters are the lexicons below: small, general English lists, not rows of the evaluation set.
+The word lists live in `fleetgate.cache.lexicon`.
 """
 
 from __future__ import annotations
@@ -19,48 +21,23 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
-_STOP_TEXT = (
-    """
-    a an the this that these those it its i me my mine we us our you your yours he she they them their
-    his her is am are was were be been being do does did doing done have has had having will would shall
-    should can could may might must of in on at by for with about as into onto upon from to up down out
-    over off than then so and or but if because while also just really actually even very quite pretty
-    some any all each every both either neither there here what which who whom whose when where why how
-    please thanks thank thx ty kindly hi hello hey yo ok okay oh well sorry apologies apology excuse
-    appreciate appreciated grateful gratitude much many lot bunch moment mind trouble bother wonder
-    wondering curious question basic silly dumb obvious quick simple like lol tho though ugh um uh hmm
-    tell explain describe show give let know want wish need help assist let's kind kindly advise
-    inquire understand wondering someone team guys folks anyone somebody one ones thing stuff deal
-    way ways possible able sure maybe perhaps go going get got gonna wanna gimme pls plz u ur im
-    """
+from fleetgate.cache import lexicon
+
+_SMALL_NUMBERS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty"
 )
-STOPWORDS = frozenset(_STOP_TEXT.split())
-# Each line: words that ask for the same thing in a cache question; all map to the first word's stem.
-SYNONYMS = """
-change update modify edit alter switch
-delete remove erase
-create make build generate
-start begin initiate
-buy purchase
-write compose draft
-find locate
-see view check
-big large huge
-small little tiny
-fast quick rapid speedy
-package parcel shipment
-ship deliver delivery shipping
-colleague coworker
-boss manager
-job position role
-error mistake
-cost price fee charge
-use utilize employ
-undo revert
-purpose use
-""".strip().splitlines()
-
+_NUMBER_WORDS = {w: i for i, w in enumerate(_SMALL_NUMBERS.split())} | {
+    "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
+    "hundred": 100, "thousand": 1000, "million": 1_000_000, "dozen": 12,
+}
+_COURTESY = re.compile(
+    r"\bif (?:it is|it's|its) not (?:too much )?(?:trouble|a problem|too much to ask)\b"
+    r"|\bif you (?:do not|don't|dont) mind\b|\bno worries\b|\bnot sure if\b|\bthanks? (?:you )?in advance\b"
+    r"|\bwalk (?:me|us) through\b"
+)
 _CONTRACTIONS = (
     (re.compile(r"\bcan't\b|\bcannot\b"), "can not"),
     (re.compile(r"\bwon't\b"), "will not"),
@@ -69,26 +46,16 @@ _CONTRACTIONS = (
     (re.compile(r"'ll\b"), " will"),
     (re.compile(r"'ve\b"), " have"),
     (re.compile(r"'m\b"), " am"),
+    (re.compile(r"'d\b"), " would"),
     (re.compile(r"\b(it|what|that|there|here|who|where|how|when|he|she)'s\b"), r"\1 is"),
     (re.compile(r"'s\b"), ""),
     (re.compile(r"\ba\.m\.?"), "am"),
     (re.compile(r"\bp\.m\.?"), "pm"),
 )
-_UNITS_TEXT = (
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-    "sixteen seventeen eighteen nineteen twenty"
-)
-_NUMBER_WORDS = {
-    w: i
-    for i, w in enumerate(_UNITS_TEXT.split())
-}
-_NUMBER_WORDS.update({"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80,
-                      "ninety": 90, "hundred": 100, "thousand": 1000, "million": 1_000_000, "dozen": 12})
-_QUOTED = re.compile(
-    r"```.*?```|`[^`]+`|\"[^\"]+\"|“[^”]+”|(?<![\w])'(?=\S)[^'\n]*[^'\s]'(?![\w])", re.DOTALL
-)
-_TOKEN = re.compile(r"[a-z0-9]+(?:[.+#\-/][a-z0-9]+)*(?:\+\+|#)?|%|\$|€|£")
+_QUOTED = re.compile(r"```.*?```|`[^`]+`|\"[^\"]+\"|“[^”]+”|(?<![\w])'(?=\S)[^'\n]*[^'\s]'(?![\w])", re.DOTALL)
+_TOKEN = re.compile(r"op[-+*/^=<>]|w/o?|[a-z0-9µ]+(?:[.+#\-/'][a-z0-9]+)*(?:\+\+|#)?|%|\$|€|£")
 _NUMERIC = re.compile(r"^\d+(?:[.,/]\d+)*$")
+NEGATION = "<not>"  # every negation word ("not", "no", "never", "without", ...) becomes this one word
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,31 +64,44 @@ class Analysis:
     numbers: tuple[str, ...]
     idents: tuple[str, ...]
     words: tuple[str, ...]
+    pairs: frozenset[tuple[str, str]]
+    markers: dict[str, tuple[str, str]]
 
 
 @lru_cache(maxsize=1)
-def _stemmer():  # type: ignore[no-untyped-def]
+def _stemmer() -> Any:
     import snowballstemmer
 
     return snowballstemmer.stemmer("english")
 
 
+@lru_cache(maxsize=65536)
 def stem(word: str) -> str:
     return str(_stemmer().stemWord(word))
 
 
 @lru_cache(maxsize=1)
-def _synonym_map() -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in SYNONYMS:
-        words = line.split()
-        for w in words:
-            out[stem(w)] = stem(words[0])
-    return out
+def _tables() -> tuple[dict[str, str], frozenset[str], dict[str, str]]:
+    """(synonym stem -> representative stem, stop stems, critical stem -> kind)."""
+    synonyms: dict[str, str] = {}
+    for line in lexicon.SYNONYMS:
+        group = line.split()
+        for w in group:
+            synonyms[stem(w)] = stem(group[0])
+    stops = frozenset(stem(w) for w in lexicon.STOPWORDS) | lexicon.STOPWORDS
+    critical: dict[str, str] = {}
+    for kind, text in lexicon.CRITICAL_LISTS:
+        for w in text.split():
+            critical.setdefault(synonyms.get(stem(w), stem(w)), kind)
+    return synonyms, stops, critical
+
+
+def critical_kind(word_stem: str) -> str | None:
+    return _tables()[2].get(word_stem)
 
 
 def _squash(text: str) -> str:
-    return " ".join(text.split()).strip(" .")
+    return " ".join(text.split()).strip(" .:")
 
 
 def _payload(text: str) -> tuple[str, list[str]]:
@@ -135,27 +115,66 @@ def _payload(text: str) -> tuple[str, list[str]]:
     return frame, [s for s in spans if s]
 
 
-def analyse(text: str) -> Analysis:
-    text = unicodedata.normalize("NFKC", text).replace("\u2019", "'").lower()
-    frame, spans = _payload(text)
+def tokens(frame: str) -> list[str]:
+    """Lower-cased frame text -> tokens with courtesy removed and contractions/aliases expanded."""
+    frame = _COURTESY.sub(" ", frame)
     for pattern, repl in _CONTRACTIONS:
         frame = pattern.sub(repl, frame)
     frame = re.sub(r"(?<=\d),(?=\d{3}\b)", "", frame)  # 1,250,000 -> 1250000
-    frame = re.sub(r"(?<=\d)(?=[a-z%])", " ", frame)  # 6am -> 6 am, 5km -> 5 km, 15% -> 15 %
+    frame = re.sub(r"\b(\d+(?:\.\d+)?)(?=[a-z%]+\b)", r"\1 ", frame)  # 6am -> 6 am, 5km -> 5 km, 2x -> 2 x
+    frame = re.sub(r"(?<=[a-z])-(?=[a-z])", " ", frame)  # one-sentence -> one sentence
+    frame = re.sub(r"(?:(?<=[\s\d(])|^)([-+*/^=<>])(?=[\s\d(x])", r" op\1 ", frame)  # arithmetic operators
+    out: list[str] = []
+    for tok in _TOKEN.findall(frame):
+        out.extend(lexicon.ALIASES.get(tok, tok).split())
+    return out
+
+
+def _is_stop(tok: str, stops: frozenset[str]) -> bool:
+    if tok in stops or stem(tok) in stops:
+        return True
+    if len(tok) < 3:
+        return False
+    from rapidfuzz.distance import OSA
+
+    return any(OSA.distance(tok, w, score_cutoff=1) <= 1 for w in lexicon.TYPO_STOPWORDS if abs(len(w) - len(tok)) <= 1)
+
+
+def analyse(text: str) -> Analysis:
+    text = unicodedata.normalize("NFKC", text).replace("\u2019", "'").lower()
+    frame, spans = _payload(text)
+    synonyms, stops, _ = _tables()
     numbers: list[str] = []
     idents: list[str] = []
     words: list[str] = []
-    synonyms = _synonym_map()
-    for tok in _TOKEN.findall(frame):
-        if tok == "%":
-            tok = "percent"
-        if _NUMERIC.match(tok):
-            numbers.append(tok)
-        elif tok in _NUMBER_WORDS:
-            numbers.append(str(_NUMBER_WORDS[tok]))
+    pairs: set[tuple[str, str]] = set()
+    markers: dict[str, tuple[str, str]] = {}
+    toks = tokens(frame)
+    content: list[tuple[int, str]] = []  # (position, normalised token) of every non-stop token
+    for i, tok in enumerate(toks):
+        if tok.startswith("op") and len(tok) == 3:
+            idents.append(tok)
+            content.append((i, tok))
+        elif _NUMERIC.match(tok) or tok in _NUMBER_WORDS:
+            value = tok if _NUMERIC.match(tok) else str(_NUMBER_WORDS[tok])
+            numbers.append(value)
+            content.append((i, value))
         elif any(c.isdigit() for c in tok) or any(c in tok for c in ".+#/"):
             idents.append(tok)
-        elif tok not in STOPWORDS:
+            content.append((i, tok))
+        elif tok in lexicon.NEGATIONS:
+            words.append(NEGATION)
+            content.append((i, NEGATION))
+        elif not _is_stop(tok, stops):
             s = stem(tok)
             words.append(synonyms.get(s, s))
-    return Analysis(quoted=tuple(spans), numbers=tuple(numbers), idents=tuple(idents), words=tuple(words))
+            content.append((i, words[-1]))
+            if i + 1 < len(toks) and toks[i + 1] in lexicon.PARTICLES:
+                pairs.add((words[-1], toks[i + 1]))
+    for i, tok in enumerate(toks):
+        if tok in lexicon.MARKERS and tok not in markers:
+            after = [w for pos, w in content if pos > i]
+            if after:
+                markers[tok] = (after[0], next((w for w in after if not w.isdigit()), ""))
+    return Analysis(quoted=tuple(spans), numbers=tuple(numbers), idents=tuple(idents), words=tuple(words),
+                    pairs=frozenset(pairs), markers=markers)

@@ -1,24 +1,29 @@
-"""The near-miss verifier: may the cached answer to prompt `a` be served for prompt `b`?
+"""The near-miss verifier: may the answer cached for prompt `a` be served for prompt `b`?
 
 Cosine similarity cannot tell "enable 2FA" from "disable 2FA" (0.88 on MiniLM, above many true
-paraphrases), so every semantic candidate must also pass these lexical checks on the two last user
-messages (`fleetgate.cache.textnorm.analyse` gives quoted spans, numbers, identifiers and content stems):
+paraphrases), so a semantic candidate must also pass these rules on the two last user messages, in order
+(`fleetgate.cache.textnorm.analyse` gives spans, numbers, identifiers, content stems, particles, markers):
 
 1. `slot`: quoted strings, code and pasted payloads (lines after the first) are identical, in order.
-2. `number`: the multisets of numbers are equal (digits and number words; units are content words).
-3. `identifier`: the sets of identifiers (x200, ec2, node.js, c++) are equal.
-4. `content`: every content stem of each side is matched on the other side, exactly or as a typo
-   (optimal-string-alignment distance 1 for stems of >= 4 characters, 2 for >= 8; never for negation
-   words). An unmatched negation word ("not", "no", "without", ...) is reported as `negation`. Anything
-   else unmatched is a substitution or an added/removed constraint (entity, format, language, scope,
-   version, ...) and rejects: precision first; paraphrases that merely restructure keep their stems.
-5. `order`: for each relational marker ("than", "from", "to", "into", "over", "vs", "of", "per"), the
-   content word that follows it must be the same on both sides when both sides use the marker (catches
-   "X better than Y" vs "Y better than X", "A to B" vs "B to A").
+2. `number`: the same numbers in the same order ("port 8080 on host port 80" is not the swap).
+3. `identifier`: the same identifiers and arithmetic operators (x200, ec2, c++, `+` vs `-`).
+4. `negation`: the same verb particles ("turn on" vs "turn off").
+5. `order`: for a marker both prompts use ("than", "to", "from", "over", "of", "in"), the arguments
+   after it are not swapped ("X better than Y" vs "Y better than X", "A to B" vs "B to A").
+6. content stems: each side's stems are matched on the other side, exactly or as a typo (optimal string
+   alignment distance 1 for stems of >= 4 characters, 2 for >= 8, but never between two known critical
+   words; or one a prefix of the other within 4 characters, 2 for critical words, never a comparative
+   "-er"/"-est" suffix). For the unmatched stems ("the difference"):
+   - a negation or a `CRITICAL` word (polar opposite, format, natural or programming language, unit, date,
+     scope, comparative, constraint) rejects, reported by its kind;
+   - no difference accepts;
+   - words on one side only reject (`constraint`: an added requirement or detail);
+   - one word against one word rejects (`entity`: a substitution, "laptop" vs "mattress");
+   - a larger rewrite (both sides differ, at least three words in all) is accepted only when the
+     embedding similarity is >= `rewrite_min` (default 0.86): a paraphrase rather than a near miss.
 
-A check reports the first failing rule as the reason (used by metrics and by `fleetgate cache-eval`).
-Parameters: the typo distances above and the lexicons in `textnorm`; `min_overlap` (default 0.5) rejects
-pairs where fewer than half of the content stems are shared even when all differences were typos.
+Parameters: `rewrite_min`, the typo distances above, the word lists in `fleetgate.cache.lexicon`.
+`verify` is symmetric in `a` and `b`.
 """
 
 from __future__ import annotations
@@ -26,10 +31,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from fleetgate.cache.textnorm import Analysis, analyse
+from fleetgate.cache.textnorm import NEGATION, Analysis, analyse, critical_kind
 
-NEGATIONS = frozenset({"not", "no", "never", "without", "none", "noth", "neither", "nor", "except", "exclud"})
-MARKERS = ("than", "from", "to", "into", "over", "vs", "versus", "of", "per")
+REWRITE_MIN = 0.86
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +45,16 @@ class Verdict:
 def _typo(a: str, b: str) -> bool:
     from rapidfuzz.distance import OSA
 
-    shortest = min(len(a), len(b))
-    if shortest < 4 or a in NEGATIONS or b in NEGATIONS:
+    short, long_ = sorted((a, b), key=len)
+    if len(short) < 4 or NEGATION in (a, b):
         return False
-    limit = 2 if shortest >= 8 else 1
+    critical = bool(critical_kind(a)) + bool(critical_kind(b))
+    if long_.startswith(short):  # inflections the stemmer missed: "summar"/"summari", "declin"/"declind"
+        suffix = long_[len(short) :]
+        return suffix not in ("er", "r", "est", "st") and len(suffix) <= (2 if critical else 4)
+    if critical == 2:  # two different known words ("larger" / "large") are never a typo of each other
+        return False
+    limit = 2 if len(short) >= 8 else 1
     return bool(OSA.distance(a, b, score_cutoff=limit) <= limit)
 
 
@@ -63,42 +73,50 @@ def _unmatched(left: tuple[str, ...], right: tuple[str, ...]) -> list[str]:
     return out
 
 
-def _marker_args(text: str) -> dict[str, str]:
-    """marker -> first content word after it (from the raw lower-cased text)."""
-    from fleetgate.cache.textnorm import STOPWORDS, stem
-
-    tokens = text.lower().replace("?", " ").replace(",", " ").replace(".", " ").split()
-    out: dict[str, str] = {}
-    for i, tok in enumerate(tokens):
-        if tok in MARKERS and tok not in out:
-            following = [t for t in tokens[i + 1 :] if t not in STOPWORDS]
-            if following:
-                out[tok] = stem(following[0])
-    return out
+def _particle_flip(a: Analysis, b: Analysis) -> bool:
+    both = a.pairs | b.pairs
+    return any(v == verb and p != particle for verb, particle in a.pairs ^ b.pairs for v, p in both)
 
 
-def compare(a: Analysis, b: Analysis) -> Verdict:
+def _swapped(a: Analysis, b: Analysis) -> bool:
+    content_a = set(a.words) | set(a.numbers) | set(a.idents)
+    content_b = set(b.words) | set(b.numbers) | set(b.idents)
+    for marker in a.markers.keys() & b.markers.keys():
+        for arg_a, arg_b in zip(a.markers[marker], b.markers[marker], strict=True):
+            if arg_a and arg_b and arg_a != arg_b and arg_a in content_b and arg_b in content_a:
+                return True
+    return False
+
+
+def compare(a: Analysis, b: Analysis, *, similarity: float, rewrite_min: float = REWRITE_MIN) -> Verdict:
     if a.quoted != b.quoted:
         return Verdict(False, "slot")
-    if sorted(a.numbers) != sorted(b.numbers):
+    if a.numbers != b.numbers:
         return Verdict(False, "number")
     if set(a.idents) != set(b.idents):
         return Verdict(False, "identifier")
-    left, right = _unmatched(a.words, b.words), _unmatched(b.words, a.words)
-    if any(w in NEGATIONS for w in (*left, *right)):
+    if _particle_flip(a, b):
         return Verdict(False, "negation")
-    if left or right:
-        return Verdict(False, "content")
+    if _swapped(a, b):
+        return Verdict(False, "order")
+    left, right = _unmatched(a.words, b.words), _unmatched(b.words, a.words)
+    diff = [*left, *right]
+    if NEGATION in diff:
+        return Verdict(False, "negation")
+    kinds = [k for k in map(critical_kind, diff) if k]
+    if kinds:
+        return Verdict(False, kinds[0])
+    if not diff:
+        return Verdict(True)
+    if not left or not right:
+        return Verdict(False, "constraint")
+    if len(left) == 1 and len(right) == 1:
+        return Verdict(False, "entity")
+    if similarity < rewrite_min:
+        return Verdict(False, "rewrite")
     return Verdict(True)
 
 
-def verify(a: str, b: str) -> Verdict:
+def verify(a: str, b: str, *, similarity: float, rewrite_min: float = REWRITE_MIN) -> Verdict:
     """Whether an answer cached for prompt `a` may be served for prompt `b` (symmetric)."""
-    verdict = compare(analyse(a), analyse(b))
-    if not verdict.ok:
-        return verdict
-    args_a, args_b = _marker_args(a), _marker_args(b)
-    for marker in args_a.keys() & args_b.keys():
-        if args_a[marker] != args_b[marker]:
-            return Verdict(False, "order")
-    return verdict
+    return compare(analyse(a), analyse(b), similarity=similarity, rewrite_min=rewrite_min)
