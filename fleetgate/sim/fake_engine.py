@@ -34,6 +34,7 @@ class FakeEngineConfig:
     fail_message: str = "fake engine failure"
     drop_after_chunks: int | None = None  # close the connection after this many content chunks
     hang_after_chunks: int | None = None  # go silent (connection open) after this many content chunks
+    garbage: bool = False  # answer 200 with a body that is not an OpenAI response
 
 
 @dataclass(slots=True)
@@ -136,6 +137,8 @@ class FakeEngine:
             error = {"error": {"message": cfg.fail_message, "type": "BadRequestError" if cfg.fail_status < 500
                                else "InternalServerError", "param": None, "code": cfg.fail_status}}
             return web.Response(status=cfg.fail_status, body=orjson.dumps(error), content_type="application/json")
+        if cfg.garbage:
+            return web.Response(body=b"<html>oops</html>", content_type="text/html")
         chat = request.path.endswith("/chat/completions")
         n = int(body.get("max_completion_tokens") or body.get("max_tokens") or cfg.default_max_tokens)
         usage = {"prompt_tokens": prompt_tokens_of(body), "completion_tokens": n}

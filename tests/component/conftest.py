@@ -39,6 +39,15 @@ def settings_for(models: dict[str, list[str]], **server: Any) -> GatewaySettings
     )
 
 
+async def eventually(predicate: Callable[[], bool], *, timeout_s: float = 5.0) -> bool:
+    """Poll `predicate` until it holds or `timeout_s` passes; returns its last value."""
+    for _ in range(int(timeout_s / 0.02)):
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return predicate()
+
+
 @pytest.fixture
 async def start_engine() -> AsyncIterator[Callable[..., Awaitable[FakeEngine]]]:
     engines: list[FakeEngine] = []
