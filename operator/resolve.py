@@ -15,10 +15,10 @@ from fleetgate.core.errors import ConfigError
 from fleetgate.engine.args import EngineArgs
 from fleetgate.engine.capacity import CapacityInputs, CapacityPlan, ModelArch, plan_capacity
 from fleetgate.engine.catalog import lookup
+from fleetgate.engine.kube_names import ENGINE_PORT
 from fleetgate.operator.profiles import AcceleratorProfile, Profiles
 from fleetgate.operator.spec import Architecture, InferenceServiceSpec, served_name
 
-ENGINE_PORT = 8000
 MODELS_MOUNT = "/models"
 
 
@@ -40,9 +40,10 @@ class Resolved:
     plan_note: str  # why there is no plan, or the plan's own reason
 
 
-def locate_model(*, source: str) -> ModelLocation:
+def locate_model(*, source: str, revision: str | None = None) -> ModelLocation:
     if source.startswith("hf://"):
-        return ModelLocation(model_arg=source.removeprefix("hf://"))
+        extra = ("--revision", revision) if revision else ()
+        return ModelLocation(model_arg=source.removeprefix("hf://"), extra_args=extra)
     if source.startswith("pvc://"):
         claim, _, path = source.removeprefix("pvc://").partition("/")
         return ModelLocation(model_arg=f"{MODELS_MOUNT}/{claim}/{path}".rstrip("/"), pvc_claim=claim)
@@ -67,7 +68,7 @@ def _arch(facts: Architecture | None, reference: str | None) -> ModelArch | None
 
 def engine_args_for(*, spec: InferenceServiceSpec, name: str) -> EngineArgs:
     engine = spec.engine
-    location = locate_model(source=spec.model.source)
+    location = locate_model(source=spec.model.source, revision=spec.model.revision)
     spec_args = engine.speculative
     return EngineArgs(
         model=location.model_arg,
@@ -134,7 +135,7 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
     return Resolved(
         name=name,
         served_model=served_name(spec=spec, name=name),
-        location=locate_model(source=spec.model.source),
+        location=locate_model(source=spec.model.source, revision=spec.model.revision),
         engine_args=args,
         profile=profile,
         plan=plan,

@@ -14,10 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-GROUP = "fleetgate.io"
-VERSION = "v1alpha1"
-KIND = "InferenceService"
-PLURAL = "inferenceservices"
+from fleetgate.engine.kube_names import GROUP, KIND, PLURAL, VERSION
+
+__all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "InferenceServiceSpec", "parse_spec", "served_name"]
+
 SINGULAR = "inferenceservice"
 SHORT_NAMES = ("fgis", "fgisvc")  # not `isvc`: KServe owns that short name for its own InferenceService
 
@@ -64,6 +64,11 @@ class ModelSource(_Model):
         default=None, max_length=253, description="Model name clients send; defaults to the resource name."
     )
     revision: str | None = Field(default=None, max_length=128, description="Hugging Face revision (hf:// only).")
+    credentials_secret: str | None = Field(
+        default=None,
+        max_length=253,
+        description="Secret whose keys become engine env vars (HF_TOKEN for gated models, AWS_* for s3://).",
+    )
     cache_size: str = Field(default="100Gi", pattern=QUANTITY_PATTERN, description="Size limit of the model cache.")
     architecture: Architecture | None = Field(
         default=None, description="Architecture facts; the built-in catalog is used when omitted."

@@ -1,0 +1,28 @@
+"""Names shared by the operator and the gateway's Kubernetes discovery (the gateway may not import the operator).
+
+The operator stamps these labels and annotations on the engine pods it creates; the gateway reads them
+back from EndpointSlices and InferenceServices. Plain constants only.
+"""
+
+from __future__ import annotations
+
+GROUP = "fleetgate.io"
+VERSION = "v1alpha1"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+ENGINE_PORT = 8000
+ENGINE_PORT_NAME = "http"
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_ISVC = "fleetgate.io/inferenceservice"
+MANAGED_BY = "fleetgate"
+ENGINE_NAME = "fleetgate-engine"
+
+ANNOTATION_SPEC_HASH = "fleetgate.io/spec-hash"
+ANNOTATION_SERVED_MODEL = "fleetgate.io/served-model"

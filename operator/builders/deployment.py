@@ -1,0 +1,143 @@
+"""The engine Deployment: vLLM's OpenAI server with flags from `EngineArgs`, sized probes, GPU scheduling.
+
+- Command: `python3 -m vllm.entrypoints.openai.api_server` + `EngineArgs.to_argv()`, the one place flags
+  are decided (no shell, so no quoting surprises).
+- Startup probe on `/health`, sized for model loading: budget = base + weight bytes / load rate (download
+  and load into GPU memory), capped (`OperatorSettings.startup_*`); period 10 s, so
+  failureThreshold = ceil(budget / 10). Readiness on `/health` every 5 s; liveness on `/health` after start.
+- `/dev/shm` is a memory-backed emptyDir (NCCL and PyTorch workers need more than the 64 MiB default).
+- The model cache is an emptyDir capped at `spec.model.cacheSize` (`HF_HOME` points there); `pvc://` sources
+  mount their claim read-only under /models.
+- GPUs: the profile's extended resource (limits = requests = `spec.resources.gpus`), node selector and
+  tolerations. Prometheus scrape annotations on the pod template (vLLM serves `/metrics` on the API port).
+- Rollout: maxSurge 1, maxUnavailable 0: capacity never drops during a rollout; a new pod that cannot be
+  scheduled leaves the old one serving.
+- `replicas` is omitted when an autoscaler owns it, so server-side apply never fights the HPA.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fleetgate.engine.args import VLLM_MODULE
+from fleetgate.engine.kube_names import ANNOTATION_SERVED_MODEL, ENGINE_PORT, ENGINE_PORT_NAME
+from fleetgate.operator.builders.common import Owner, child, labels, selector_labels
+from fleetgate.operator.resolve import MODELS_MOUNT, Resolved
+from fleetgate.operator.settings import OperatorSettings
+from fleetgate.operator.spec import InferenceServiceSpec
+
+CACHE_MOUNT = "/model-cache"
+PROBE_PERIOD_S = 10
+
+
+def startup_failure_threshold(*, weight_bytes: int | None, settings: OperatorSettings) -> int:
+    budget = settings.startup_base_s
+    if weight_bytes is not None:
+        budget += math.ceil(weight_bytes / settings.startup_load_bytes_per_s)
+    return math.ceil(min(budget, settings.startup_max_s) / PROBE_PERIOD_S)
+
+
+def _probe(*, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": ENGINE_PORT_NAME},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _resources(*, spec: InferenceServiceSpec, resolved: Resolved) -> dict[str, Any]:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if spec.resources.cpu:
+        requests["cpu"] = spec.resources.cpu
+    if spec.resources.memory:
+        requests["memory"] = limits["memory"] = spec.resources.memory
+    if resolved.profile.is_gpu and spec.resources.gpus:
+        requests[resolved.profile.resource_name] = limits[resolved.profile.resource_name] = str(spec.resources.gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _volumes(*, spec: InferenceServiceSpec, resolved: Resolved, settings: OperatorSettings) -> tuple[list, list]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+        {"name": "model-cache", "emptyDir": {"sizeLimit": spec.model.cache_size}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "model-cache", "mountPath": CACHE_MOUNT},
+    ]
+    claim = resolved.location.pvc_claim
+    if claim is not None:
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": f"{MODELS_MOUNT}/{claim}", "readOnly": True})
+    return volumes, mounts
+
+
+def build_deployment(
+    *, owner: Owner, spec: InferenceServiceSpec, resolved: Resolved, settings: OperatorSettings
+) -> dict[str, Any]:
+    volumes, mounts = _volumes(spec=spec, resolved=resolved, settings=settings)
+    env = [
+        {"name": "HF_HOME", "value": CACHE_MOUNT},
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+    ]
+    weight_bytes = resolved.plan.weight_bytes if resolved.plan is not None else None
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": spec.engine.image or settings.engine_image,
+        "command": ["python3", "-m", VLLM_MODULE],
+        "args": resolved.engine_args.to_argv(),
+        "ports": [{"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "env": env,
+        **(
+            {"envFrom": [{"secretRef": {"name": spec.model.credentials_secret}}]}
+            if spec.model.credentials_secret
+            else {}
+        ),
+        "resources": _resources(spec=spec, resolved=resolved),
+        "volumeMounts": mounts,
+        "startupProbe": _probe(
+            period=PROBE_PERIOD_S, failures=startup_failure_threshold(weight_bytes=weight_bytes, settings=settings)
+        ),
+        "readinessProbe": _probe(period=5, failures=3),
+        "livenessProbe": _probe(period=10, failures=6),
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": 60,
+        "enableServiceLinks": False,
+    }
+    if resolved.profile.node_selector:
+        pod_spec["nodeSelector"] = dict(resolved.profile.node_selector)
+    if resolved.profile.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in resolved.profile.tolerations]
+    deployment_spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector_labels(owner)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "progressDeadlineSeconds": max(600, PROBE_PERIOD_S * container["startupProbe"]["failureThreshold"] + 120),
+        "template": {
+            "metadata": {
+                "labels": labels(owner),
+                "annotations": {
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": str(ENGINE_PORT),
+                    "prometheus.io/path": "/metrics",
+                    ANNOTATION_SERVED_MODEL: resolved.served_model,
+                },
+            },
+            "spec": pod_spec,
+        },
+    }
+    if spec.autoscaling is None:
+        deployment_spec = {"replicas": spec.replicas, **deployment_spec}
+    body = child(api_version="apps/v1", kind="Deployment", owner=owner, spec=deployment_spec)
+    body["metadata"]["annotations"][ANNOTATION_SERVED_MODEL] = resolved.served_model
+    return body

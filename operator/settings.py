@@ -1,0 +1,36 @@
+"""Operator-level settings: what platform teams configure once for every InferenceService."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetgate.operator.profiles import Profiles
+
+DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.32.0"  # the vLLM release whose flags fleetgate.engine.args renders
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """Optional APIs found in the cluster (checked at start-up)."""
+
+    keda: bool = False
+    service_monitor: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorSettings:
+    engine_image: str = DEFAULT_ENGINE_IMAGE
+    profiles: Profiles = field(default_factory=Profiles)
+    field_manager: str = "fleetgate-operator"
+    # Pods metrics as a metrics adapter (e.g. prometheus-adapter) exposes vLLM's `vllm:*` series to the HPA.
+    hpa_queue_metric: str = "vllm_num_requests_waiting"
+    hpa_kv_metric: str = "vllm_kv_cache_usage_perc"
+    # Prometheus that KEDA's prometheus scaler queries.
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    shm_size: str = "16Gi"
+    cluster_domain: str = "cluster.local"
+    # Startup probe budget: base + weights / load rate (download and load), capped.
+    startup_base_s: int = 300
+    startup_load_bytes_per_s: float = 100e6
+    startup_max_s: int = 3 * 3600
+    capabilities: Capabilities = field(default_factory=Capabilities)

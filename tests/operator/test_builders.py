@@ -1,0 +1,151 @@
+"""Builders: golden manifests for the example CRs, Kubernetes schema validity, and the behaviours that matter.
+
+Golden files live in tests/operator/golden/. A change to a builder fails here until the goldens are
+regenerated on purpose: `FLEETGATE_REGEN_GOLDEN=1 pytest tests/operator/test_builders.py`, then review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from fleetgate.engine.kube_names import ANNOTATION_SPEC_HASH
+from fleetgate.operator.builders import Owner, build_children
+from fleetgate.operator.builders.deployment import startup_failure_threshold
+from fleetgate.operator.resolve import resolve
+from fleetgate.operator.settings import Capabilities, OperatorSettings
+from fleetgate.operator.spec import parse_spec
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+K8S_VERSION = "1.33.0"
+
+
+def _children(doc: dict[str, Any], settings: OperatorSettings | None = None) -> list[dict[str, Any]]:
+    settings = settings or OperatorSettings()
+    meta = doc["metadata"]
+    owner = Owner(name=meta["name"], namespace=meta.get("namespace", "default"), uid="00000000-uid", generation=1)
+    spec = parse_spec(doc["spec"])
+    resolved = resolve(spec=spec, name=owner.name, profiles=settings.profiles)
+    return build_children(owner=owner, spec=spec, resolved=resolved, settings=settings)
+
+
+def _example(stem: str) -> dict[str, Any]:
+    doc = yaml.safe_load((REPO / "examples" / f"{stem}.yaml").read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _by_kind(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {c["kind"]: c for c in children}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_golden_manifests(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    rendered = yaml.safe_dump_all(_children(doc), sort_keys=True)
+    golden = GOLDEN / f"{path.stem}.yaml"
+    if os.environ.get("FLEETGATE_REGEN_GOLDEN") == "1":
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(rendered)
+    assert golden.exists(), f"{golden} missing: run with FLEETGATE_REGEN_GOLDEN=1 and review it"
+    assert rendered == golden.read_text(), f"{path.stem}: builders changed; regenerate goldens on purpose"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_core_kinds_pass_kubernetes_schemas(path: Path) -> None:
+    for manifest in _children(yaml.safe_load(path.read_text())):
+        if manifest["apiVersion"] in ("v1", "apps/v1", "policy/v1", "autoscaling/v2"):
+            kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def test_every_child_is_owned_labelled_and_hashed() -> None:
+    for child in _children(_example("llama-70b-h100-tp4"), OperatorSettings(capabilities=Capabilities(service_monitor=True))):
+        meta = child["metadata"]
+        (ref,) = meta["ownerReferences"]
+        assert ref["kind"] == "InferenceService" and ref["controller"] is True and ref["uid"] == "00000000-uid"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "fleetgate"
+        assert len(meta["annotations"][ANNOTATION_SPEC_HASH]) == 16
+
+
+def test_deployment_runs_vllm_with_gpu_scheduling() -> None:
+    dep = _by_kind(_children(_example("llama-70b-h100-tp4")))["Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    args = container["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "4"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert "replicas" not in dep["spec"]  # the autoscaler owns it
+
+
+def test_fixed_replicas_without_autoscaler() -> None:
+    kinds = _by_kind(_children(_example("speculative-llama-8b")))
+    assert kinds["Deployment"]["spec"]["replicas"] == 2
+    assert "HorizontalPodAutoscaler" not in kinds and "ScaledObject" not in kinds
+
+
+def test_startup_probe_grows_with_model_size() -> None:
+    settings = OperatorSettings()
+    small = startup_failure_threshold(weight_bytes=4 * 10**9, settings=settings)
+    large = startup_failure_threshold(weight_bytes=141 * 10**9, settings=settings)
+    assert small == (300 + 40) // 10
+    assert large == (300 + 1410) // 10
+    assert startup_failure_threshold(weight_bytes=10**15, settings=settings) == settings.startup_max_s // 10
+
+
+def test_hpa_or_keda_by_capability() -> None:
+    doc = _example("llama-70b-h100-tp4")
+    hpa = _by_kind(_children(doc))["HorizontalPodAutoscaler"]
+    metric = hpa["spec"]["metrics"][0]["pods"]
+    assert metric["metric"]["name"] == "vllm_num_requests_waiting"
+    assert metric["target"] == {"type": "AverageValue", "averageValue": "8"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 4)
+    doc["spec"]["autoscaling"].update({"minReplicas": 0, "scaleToZero": True})
+    doc["spec"]["replicas"] = 0
+    keda = _by_kind(_children(doc, OperatorSettings(capabilities=Capabilities(keda=True))))["ScaledObject"]
+    assert keda["spec"]["minReplicaCount"] == 0
+    assert 'model_name="llama-3.1-70b-instruct"' in keda["spec"]["triggers"][0]["metadata"]["query"]
+
+
+def test_kv_metric_target_in_milli_units() -> None:
+    doc = _example("llama-70b-h100-tp4")
+    doc["spec"]["autoscaling"].update({"metric": "kvCacheUsage", "targetKvCacheUsage": 0.75})
+    hpa = _by_kind(_children(doc))["HorizontalPodAutoscaler"]
+    assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "750m"
+
+
+def test_service_monitor_only_with_its_crd() -> None:
+    doc = _example("small-l4-awq")
+    assert "ServiceMonitor" not in _by_kind(_children(doc))
+    with_sm = _by_kind(_children(doc, OperatorSettings(capabilities=Capabilities(service_monitor=True))))
+    assert with_sm["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == "http"
+
+
+def test_pvc_source_mounts_claim_read_only() -> None:
+    doc = _example("small-l4-awq")
+    doc["spec"]["model"]["source"] = "pvc://weights/qwen"
+    pod = _by_kind(_children(doc))["Deployment"]["spec"]["template"]["spec"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in pod["volumes"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--model") + 1] == "/models/weights/qwen"
+
+
+def test_spec_change_changes_only_affected_hashes() -> None:
+    doc = _example("small-l4-awq")
+    before = {c["kind"]: c["metadata"]["annotations"][ANNOTATION_SPEC_HASH] for c in _children(doc)}
+    doc["spec"]["engine"]["maxNumSeqs"] = 16
+    after = {c["kind"]: c["metadata"]["annotations"][ANNOTATION_SPEC_HASH] for c in _children(doc)}
+    assert before["Deployment"] != after["Deployment"]
+    assert before["Service"] == after["Service"] and before["PodDisruptionBudget"] == after["PodDisruptionBudget"]
