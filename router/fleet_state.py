@@ -19,6 +19,7 @@ class EndpointStats:
     kv_usage: float = 0.0  # vllm:kv_cache_usage_perc, 0..1
     kv_capacity_tokens: int | None = None  # vllm:cache_config_info num_gpu_blocks * block_size
     scraped_at: float = 0.0  # clock time of the last successful scrape; 0 = never
+    own_at_scrape: int = 0  # this gateway's in-flight count to the endpoint when it was scraped
 
 
 class FleetState:
@@ -34,13 +35,27 @@ class FleetState:
             st = self.stats[endpoint_id] = EndpointStats()
         return st
 
+    def update(
+        self, endpoint_id: str, *, waiting: float, running: float, kv_usage: float,
+        kv_capacity_tokens: int | None = None,
+    ) -> None:
+        """Store one scrape of the engine's metrics."""
+        st = self.stats_of(endpoint_id)
+        st.waiting, st.running, st.kv_usage = waiting, running, kv_usage
+        if kv_capacity_tokens:
+            st.kv_capacity_tokens = kv_capacity_tokens
+        st.own_at_scrape = self.inflight.get(endpoint_id, 0)
+        st.scraped_at = self.clock()
+
     def load(self, endpoint_id: str) -> float:
-        """Requests the endpoint has to work through: in flight from this gateway (exact, fresh) or
-        running + waiting as the engine last reported (covers other gateway replicas), whichever
-        is larger."""
+        """Requests the endpoint has to work through: those this gateway has in flight there now
+        (exact, fresh) plus those other gateway replicas had there at the last scrape, estimated as
+        max(0, running + waiting scraped - this gateway's in-flight count at scrape time)."""
+        own = float(self.inflight.get(endpoint_id, 0))
         st = self.stats.get(endpoint_id)
-        scraped = st.waiting + st.running if st is not None else 0.0
-        return max(float(self.inflight.get(endpoint_id, 0)), scraped)
+        if st is None:
+            return own
+        return own + max(0.0, st.waiting + st.running - st.own_at_scrape)
 
     def started(self, endpoint_id: str) -> None:
         self.inflight[endpoint_id] = self.inflight.get(endpoint_id, 0) + 1

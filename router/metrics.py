@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetgate.core.telemetry import DECISION_BUCKETS
+from fleetgate.router.timing import TimingHistogram
 
 
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.plugin_seconds = Histogram(
+        self.plugin_seconds = TimingHistogram(
             "fleetgate_router_plugin_seconds", "Time spent in one routing plugin call.",
-            ["plugin", "stage"], buckets=DECISION_BUCKETS, registry=r,
+            ["plugin", "stage"], buckets=DECISION_BUCKETS,
         )
-        self.decision_seconds = Histogram(
+        self.decision_seconds = TimingHistogram(
             "fleetgate_router_decision_seconds", "Time to pick an endpoint, all plugins included.",
-            ["profile"], buckets=DECISION_BUCKETS, registry=r,
+            ["profile"], buckets=DECISION_BUCKETS,
         )
+        r.register(self.plugin_seconds)
+        r.register(self.decision_seconds)
         self.picks = Counter("fleetgate_router_picks", "Requests routed, by endpoint.", ["endpoint"], registry=r)
         self.plugin_errors = Counter(
             "fleetgate_router_plugin_errors", "Producer failures (the request was still routed).", ["plugin"],

@@ -109,11 +109,8 @@ class EndpointScraper:
             self.metrics.scrape_errors.labels(ep.id).inc()
             log.debug("metrics scrape failed", extra={"endpoint": ep.id, "error": str(exc)})
             return False
-        st = self.state.stats_of(ep.id)
-        st.waiting, st.running, st.kv_usage = parsed.waiting, parsed.running, parsed.kv_usage
-        if parsed.kv_capacity_tokens:
-            st.kv_capacity_tokens = parsed.kv_capacity_tokens
-        st.scraped_at = self.state.clock()
+        self.state.update(ep.id, waiting=parsed.waiting, running=parsed.running, kv_usage=parsed.kv_usage,
+                          kv_capacity_tokens=parsed.kv_capacity_tokens)
         return True
 
     async def poll_health(self, ep: Endpoint) -> bool:

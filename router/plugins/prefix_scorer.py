@@ -4,12 +4,15 @@ Producer: hash `req.prompt_text` into chained blocks of `blockChars` bytes (at m
 see `fleetgate.router.hashing`) and, when the index is shared, start a background sync with the
 other gateway replicas when one is due (never awaited on the request path; fails open).
 Scorer: for each endpoint e, m_e = longest run of leading blocks e is believed to hold
-(`PrefixIndex.match`), n = number of blocks, and
+(`PrefixIndex.match`), n = number of blocks, m_min = the smallest m over candidates, and
 
-    score_e = (m_e / n) * g_e,   g_e = 1                                  if x_e <= margin
+    score_e = ((m_e - m_min) / n) * g_e,
+                                 g_e = 1                                  if x_e <= margin
                                  g_e = max(0, 1 - (x_e - margin) / margin)  otherwise
 
-where x_e = load_e - min over candidates of load (`FleetState.load`) is e's excess load. The guard
+The score is the share of the prompt's prefill that e saves *over the least-cached candidate*: a
+prefix every endpoint holds (a system prompt replicated everywhere) earns nothing and leaves the
+choice to load. x_e = load_e - min over candidates of load (`FleetState.load`) is e's excess load. The guard
 g fades the preference out between `hotspotMargin` and twice that excess, so one hot prefix (a
 shared system prompt) cannot pile every request onto one pod; load scorers then spread it.
 Prompts shorter than one block score 0 everywhere.
@@ -17,7 +20,7 @@ Observer: on start, record the prompt's blocks on the chosen endpoint, bounded b
 capacity (`vllm:cache_config_info` when scraped, else `defaultCapacityTokens`), converted to
 blocks with `charsPerToken`.
 Parameters: blockChars (512), maxBlocks (256), charsPerToken (4), defaultCapacityTokens (16384),
-hotspotMargin (4 requests; null disables the guard), shared (auto: on when the KV store is not
+hotspotMargin (2 requests; null disables the guard), shared (auto: on when the KV store is not
 the in-memory one), syncIntervalS (0.05).
 """
 
@@ -50,7 +53,7 @@ class PrefixAffinityScorer:
         max_blocks: int = 256,
         chars_per_token: int = 4,
         default_capacity_tokens: int = 16_384,
-        hotspot_margin: float | None = 4.0,
+        hotspot_margin: float | None = 2.0,
         sync: PrefixIndexSync | None = None,
         index: PrefixIndex | None = None,
     ) -> None:
@@ -89,7 +92,9 @@ class PrefixAffinityScorer:
             return [0.0] * len(endpoints)
         n = len(hashes)
         match = self.index.match
-        scores = [match(e.id, hashes) / n for e in endpoints]
+        matched = [match(e.id, hashes) for e in endpoints]
+        floor = min(matched)
+        scores = [(m - floor) / n for m in matched]
         margin = self.hotspot_margin
         if margin is not None and any(scores):
             loads = [self.state.load(e.id) for e in endpoints]
@@ -98,7 +103,7 @@ class PrefixAffinityScorer:
                 excess = load - least
                 if excess > margin:
                     scores[i] *= max(0.0, 1.0 - (excess - margin) / margin)
-        cycle["prefix.matched_blocks"] = max(int(s * n + 0.5) for s in scores) if scores else 0
+        cycle["prefix.matched_blocks"] = matched
         return scores
 
     def on_start(self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint) -> None:
@@ -148,6 +153,6 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Prefi
         max_blocks=param(parameters, "maxBlocks", 256, int),
         chars_per_token=chars_per_token,
         default_capacity_tokens=capacity,
-        hotspot_margin=param(parameters, "hotspotMargin", 4.0, float),
+        hotspot_margin=param(parameters, "hotspotMargin", 2.0, float),
         sync=sync,
     )

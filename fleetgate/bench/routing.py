@@ -1,0 +1,158 @@
+"""`fleetgate bench routing`: endpoint-picking policies compared on the same seeded workloads.
+
+Default mode (in-process, virtual time): each workload of `fleetgate.sim.workloads` runs on
+`--replicas` simulated engines (`fleetgate.sim.virtual_fleet`) once per policy:
+- `round-robin`: `fleetgate.router.roundrobin.RoundRobinScheduler`, the baseline;
+- `least-loaded`, `prefix-only`: presets of `fleetgate.router.config.preset`;
+- `default`: `build_scheduler(RoutingConfig())`, the scheduler the gateway ships (or `--config`).
+Figures per policy: TTFT p50/p90 (engine seconds), prefix-cache hit rate (the engines' own
+`prefix_cache_hits / prefix_cache_queries`), output throughput, decision latency p99 (wall clock
+and CPU), and ratios against round-robin (and least-loaded for unique prompts).
+
+`--http` runs the shared-prefix workload over HTTP instead, against `--urls` (real vLLM engines)
+or an in-process simulated fleet, and reads the prefix-cache counters from each engine's /metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fleetgate.core.config import load_model
+from fleetgate.router.build import build_scheduler
+from fleetgate.router.config import RoutingConfig, preset
+from fleetgate.router.roundrobin import RoundRobinScheduler
+from fleetgate.router.types import Scheduler
+from fleetgate.sim import workloads
+from fleetgate.sim.profile import PROFILES, get_profile
+from fleetgate.sim.virtual_fleet import RunResult, VirtualClock, run_virtual_fleet
+from fleetgate.sim.workloads import WorkItem
+
+POLICIES = ("round-robin", "least-loaded", "prefix-only", "default")
+WORKLOADS = ("shared-prefix", "chat", "unique")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    parser.add_argument("--replicas", type=int, default=4, help="simulated engines (default 4)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated: " + ", ".join(POLICIES))
+    parser.add_argument("--config", default=None, help="routing YAML for the `default` policy (default: shipped)")
+    parser.add_argument("--profile", default="vllm-cpu-gemma3-270m", choices=sorted(PROFILES))
+    parser.add_argument("--rate", type=float, default=6.0, help="arrivals per second (shared-prefix, unique)")
+    parser.add_argument("--groups", type=int, default=24, help="shared-prefix groups (hot prefixes)")
+    parser.add_argument("--prompts-per-group", type=int, default=32)
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--http", action="store_true", help="run shared-prefix over HTTP (see --urls)")
+    parser.add_argument("--urls", default=None, help="with --http: comma-separated engine base URLs (real vLLM)")
+    parser.add_argument("--model", default=None, help="with --http: served model name (default: from /v1/models)")
+    parser.add_argument("--max-requests", type=int, default=48, help="with --http: requests per policy")
+
+
+def quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+@dataclass(slots=True)
+class Row:
+    policy: str
+    ttft_p50: float
+    ttft_p90: float
+    hit_rate: float
+    throughput: float
+    decision_p99_us: float
+    decision_cpu_p99_us: float
+    spread: list[int]
+
+
+def make_scheduler(policy: str, *, config: RoutingConfig | None, seed: int, clock: VirtualClock) -> Scheduler:
+    if policy == "round-robin":
+        return RoundRobinScheduler()
+    cfg = (config or RoutingConfig()) if policy == "default" else preset(policy)
+    return build_scheduler(cfg, scrape=False, seed=seed, clock=clock)
+
+
+def make_workload(name: str, args: argparse.Namespace) -> list[WorkItem]:
+    if name == "shared-prefix":
+        return workloads.shared_prefix(seed=args.seed, groups=args.groups, prompts_per_group=args.prompts_per_group,
+                                       rate_rps=args.rate)
+    if name == "chat":
+        return workloads.multi_round_chat(seed=args.seed)
+    return workloads.unique_prompts(seed=args.seed, rate_rps=args.rate)
+
+
+def to_row(policy: str, r: RunResult) -> Row:
+    return Row(
+        policy=policy,
+        ttft_p50=quantile(r.ttft_s, 0.5),
+        ttft_p90=quantile(r.ttft_s, 0.9),
+        hit_rate=r.hit_rate,
+        throughput=r.throughput_tps,
+        decision_p99_us=quantile(r.decision_s, 0.99) * 1e6,
+        decision_cpu_p99_us=quantile(r.decision_cpu_s, 0.99) * 1e6,
+        spread=sorted(r.per_endpoint.values(), reverse=True),
+    )
+
+
+def print_table(title: str, rows: list[Row], *, baseline: str) -> None:
+    base = next((r for r in rows if r.policy == baseline), None)
+    print(f"\n== {title}  (ratios: x better than {baseline}; TTFT in engine seconds)")
+    print(f"{'policy':<14}{'TTFT p50':>10}{'TTFT p90':>10}{'hit rate':>10}{'tok/s':>9}"
+          f"{'dec p99':>10}{'cpu p99':>10}   {'p50 x':>6}{'p90 x':>7}{'hit x':>7}  requests/endpoint")
+    for r in rows:
+        ratios = ["", "", ""]
+        if base is not None:
+            ratios = [f"{base.ttft_p50 / r.ttft_p50:.2f}", f"{base.ttft_p90 / r.ttft_p90:.2f}",
+                      f"{r.hit_rate / base.hit_rate:.2f}" if base.hit_rate > 0 else "-"]
+        print(f"{r.policy:<14}{r.ttft_p50:>10.3f}{r.ttft_p90:>10.3f}{r.hit_rate:>10.1%}{r.throughput:>9.1f}"
+              f"{r.decision_p99_us:>8.0f}us{r.decision_cpu_p99_us:>8.0f}us   {ratios[0]:>6}{ratios[1]:>7}{ratios[2]:>7}"
+              f"  {r.spread}")
+
+
+async def run_virtual(args: argparse.Namespace, policies: list[str], config: RoutingConfig | None) -> dict[str, Any]:
+    profile = get_profile(args.profile)
+    chosen = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    print(f"fleetgate bench routing: {args.replicas} simulated replicas, profile {profile.name} "
+          f"(KV {profile.capacity_tokens} tokens each, max {profile.max_num_seqs} running), seed {args.seed}")
+    out: dict[str, Any] = {}
+    for wl in chosen:
+        items = make_workload(wl, args)
+        rows = []
+        for policy in policies:
+            clock = VirtualClock()
+            sched = make_scheduler(policy, config=config, seed=args.seed, clock=clock)
+            result = await run_virtual_fleet(scheduler=sched, items=items, replicas=args.replicas, profile=profile,
+                                             clock=clock)
+            rows.append(to_row(policy, result))
+        print_table(f"{wl}: {len(items)} requests", rows, baseline="round-robin")
+        if wl == "unique" and "least-loaded" in policies:
+            print_table(f"{wl}: against least-loaded", rows, baseline="least-loaded")
+        out[wl] = [asdict(r) for r in rows]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        print(f"unknown policies: {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+        return 2
+    config = load_model(RoutingConfig, args.config) if args.config else None
+    if args.http:
+        from fleetgate.sim.http_run import run_http_bench
+
+        figures = asyncio.run(run_http_bench(args=args, policies=policies, config=config))
+    else:
+        figures = asyncio.run(run_virtual(args, policies, config))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(figures, fh, indent=2)
+    return 0

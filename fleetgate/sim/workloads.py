@@ -1,0 +1,196 @@
+"""Seeded routing workloads, defined in code so anyone can rerun them.
+
+Text is drawn from a fixed vocabulary with `random.Random(seed)`; at the simulator's ~4 characters
+per token, `_text(n_tokens)` yields about n tokens. Arrivals are Poisson at `rate_rps`.
+
+- `shared_prefix`: G groups x N prompts. Each group has its own long system prompt
+  (`prefix_tokens`, default 2,048) and every prompt a short unique question (`question_tokens`,
+  128). Requests of all groups are interleaved at random. Size G so that G * prefix_tokens is 2-3x
+  one replica's KV capacity: then no replica can hold every hot prefix, and where requests go decides
+  the cache hit rate.
+- `multi_round_chat`: U users x R rounds over one shared system prompt. Round r+1 of a user is sent
+  `think_s` after round r completes (closed loop), with the growing history (questions and fixed-length
+  answers) in the prompt; each user has a session key.
+- `unique_prompts`: no sharing at all, random lengths; the guard against regressions.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+_WORDS = [
+    "gpu",
+    "kernel",
+    "cache",
+    "token",
+    "batch",
+    "prefill",
+    "decode",
+    "tensor",
+    "shard",
+    "replica",
+    "gateway",
+    "tenant",
+    "budget",
+    "latency",
+    "throughput",
+    "queue",
+    "block",
+    "page",
+    "memory",
+    "model",
+    "layer",
+    "weight",
+    "router",
+    "policy",
+    "metric",
+    "health",
+    "probe",
+    "pod",
+    "node",
+    "cluster",
+    "service",
+    "stream",
+    "request",
+    "answer",
+    "prompt",
+    "context",
+    "window",
+    "vector",
+    "index",
+    "score",
+    "filter",
+    "picker",
+    "profile",
+    "config",
+    "secret",
+    "volume",
+    "quota",
+    "limit",
+    "scale",
+    "deploy",
+    "rollout",
+    "canary",
+    "trace",
+    "span",
+    "log",
+    "alert",
+]
+
+
+def _text(rng: random.Random, n_tokens: int, *, chars_per_token: int = 4) -> str:
+    target = n_tokens * chars_per_token
+    parts: list[str] = []
+    size = 0
+    while size < target:
+        w = rng.choice(_WORDS)
+        parts.append(w)
+        size += len(w) + 1
+    return " ".join(parts)[:target]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    id: str
+    prompt: str
+    max_tokens: int
+    arrival_s: float  # open-loop arrival time; for chat rounds > 0, the delay after the previous round
+    session_key: str | None = None
+    after: str | None = None  # id of the item that must complete first (closed-loop chat rounds)
+    group: str = ""
+
+
+def _arrivals(rng: random.Random, n: int, rate_rps: float) -> list[float]:
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate_rps)
+        out.append(t)
+    return out
+
+
+def shared_prefix(
+    *,
+    seed: int,
+    groups: int = 24,
+    prompts_per_group: int = 16,
+    prefix_tokens: int = 2048,
+    question_tokens: int = 128,
+    max_tokens: int = 32,
+    rate_rps: float = 6.0,
+) -> list[WorkItem]:
+    rng = random.Random(seed)
+    prefixes = [f"[group {g}] " + _text(rng, prefix_tokens) for g in range(groups)]
+    order = [g for g in range(groups) for _ in range(prompts_per_group)]
+    rng.shuffle(order)
+    times = _arrivals(rng, len(order), rate_rps)
+    return [
+        WorkItem(
+            id=f"sp-{i}",
+            prompt=f"{prefixes[g]}\nQuestion {i}: {_text(rng, question_tokens)}",
+            max_tokens=max_tokens,
+            arrival_s=times[i],
+            group=f"g{g}",
+        )
+        for i, g in enumerate(order)
+    ]
+
+
+def multi_round_chat(
+    *,
+    seed: int,
+    users: int = 32,
+    rounds: int = 6,
+    system_tokens: int = 1024,
+    turn_tokens: int = 96,
+    answer_tokens: int = 64,
+    max_tokens: int = 64,
+    think_s: float = 1.0,
+    start_rate_rps: float = 4.0,
+) -> list[WorkItem]:
+    rng = random.Random(seed)
+    system = "<system> " + _text(rng, system_tokens)
+    starts = _arrivals(rng, users, start_rate_rps)
+    items: list[WorkItem] = []
+    for u in range(users):
+        history = system
+        prev: str | None = None
+        for r in range(rounds):
+            history += f"\n<user {u}> " + _text(rng, turn_tokens)
+            item_id = f"chat-{u}-{r}"
+            items.append(
+                WorkItem(
+                    id=item_id,
+                    prompt=history,
+                    max_tokens=max_tokens,
+                    arrival_s=starts[u] if prev is None else think_s,
+                    session_key=f"user-{u}",
+                    after=prev,
+                    group=f"u{u}",
+                )
+            )
+            history += "\n<assistant> " + _text(rng, answer_tokens)
+            prev = item_id
+    return items
+
+
+def unique_prompts(
+    *,
+    seed: int,
+    n: int = 384,
+    min_tokens: int = 256,
+    max_prompt_tokens: int = 2048,
+    max_tokens: int = 32,
+    rate_rps: float = 6.0,
+) -> list[WorkItem]:
+    rng = random.Random(seed)
+    times = _arrivals(rng, n, rate_rps)
+    return [
+        WorkItem(
+            id=f"u-{i}",
+            prompt=f"{i} " + _text(rng, rng.randint(min_tokens, max_prompt_tokens)),
+            max_tokens=max_tokens,
+            arrival_s=times[i],
+        )
+        for i in range(n)
+    ]
