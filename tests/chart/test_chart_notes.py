@@ -12,7 +12,7 @@ def test_notes_show_port_forward_and_a_first_request(chart: Any) -> None:
     assert "kubectl -n fleet port-forward svc/fg-fleetgate-gateway 8080:80" in notes
     assert "curl -s http://127.0.0.1:8080/v1/chat/completions" in notes
     assert "Authorization: Bearer $FLEETGATE_API_KEY" in notes
-    assert "no API keys are configured" in notes
+    assert "No API keys are configured yet, so the gateway answers 401" in notes
     assert "kubectl apply --server-side -f charts/fleetgate/crds/" in notes
 
 
@@ -22,8 +22,25 @@ def test_notes_follow_the_values(chart: Any) -> None:
                     f"gateway.apiKeys.adminKeyHashes={{{A_HASH}}}", "operator.watchAllNamespaces=true"]
     )
     assert "port-forward svc/fg-fleetgate-gateway 8080:8000" in notes
-    assert "no API keys are configured" not in notes
-    assert "Secret\nfg-fleetgate-gateway-keys" in notes or "fg-fleetgate-gateway-keys" in notes
+    assert "No API keys are configured" not in notes
+    assert "(Secret fg-fleetgate-gateway-keys)" in notes
     assert "lost on restart" in notes
     assert "every namespace" in notes
     assert "port-forward" not in chart.notes(set_values=["gateway.enabled=false"])
+    assert 'auth is "open"' in chart.notes(set_values=["gateway.config.server.auth=open"])
+
+
+def test_the_key_recipe_in_the_notes_produces_a_hash_the_gateway_accepts(chart: Any, tmp_path: Any) -> None:
+    """Run the shell lines NOTES.txt prints and check the hash against the gateway's own hashing."""
+    import subprocess
+
+    from fleetgate.gateway.tenancy.keys import hash_key
+
+    notes = chart.notes()
+    lines = [ln.strip() for ln in notes.splitlines() if ln.strip().startswith(("KEY=", 'echo "hash'))]
+    assert len(lines) == 2, notes
+    out = subprocess.run(["bash", "-c", "; ".join(lines)],
+                         capture_output=True, text=True, check=True, timeout=10).stdout
+    fields = dict(line.split(":", 1) for line in out.splitlines())
+    key, digest = fields["key"].strip(), fields["hash"].strip()
+    assert key.startswith("fg-") and digest == hash_key(key)

@@ -1,6 +1,6 @@
 """The chart lints, renders and produces valid Kubernetes objects for every scenario (ci/*-values.yaml).
 
-Every rendered object is validated against the Kubernetes OpenAPI schemas shipped in
+Every rendered object, the CRDs in crds/ included, is validated against the Kubernetes OpenAPI schemas shipped in
 `kubernetes-validate` (strict: unknown fields fail) for the oldest Kubernetes the chart supports
 (Chart.yaml kubeVersion) and for the version of the Helm binary's client. Objects of kinds that
 Kubernetes itself does not define (ServiceMonitor) are checked structurally here instead, with the
@@ -45,8 +45,8 @@ def test_lint_strict(chart: Any, scenario: Path) -> None:
 
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_objects_match_kubernetes_schemas(chart: Any, scenario: Path, kube_version: str) -> None:
-    rendered = chart.render(values=[scenario])
-    assert rendered.objects, "nothing rendered"
+    rendered = chart.render(values=[scenario], extra=["--include-crds"])
+    assert "CustomResourceDefinition" in rendered.kinds(), "crds/ not rendered"
     for obj in rendered.objects:
         if obj["kind"] in NOT_IN_KUBERNETES:
             continue

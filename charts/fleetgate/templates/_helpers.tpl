@@ -161,6 +161,10 @@ of the mounted key file.
 {{- $_ := set $server "host" "0.0.0.0" }}
 {{- $_ := set $server "port" (int $gw.port) }}
 {{- $_ := set $server "log_level" $gw.logLevel }}
+{{- /* Secure by default in a cluster: API keys are required unless the values say auth: open. */ -}}
+{{- if not (hasKey $server "auth") }}
+{{- $_ := set $server "auth" "api_key" }}
+{{- end }}
 {{- $_ := set $cfg "server" $server }}
 {{- $_ := set $cfg "discovery" (dict "kind" "kubernetes" "namespace" (include "fleetgate.gateway.namespace" .) "label_selector" $gw.discovery.labelSelector) }}
 {{- $redis := include "fleetgate.redisUrl" . }}

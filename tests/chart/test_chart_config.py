@@ -1,0 +1,144 @@
+"""The configuration the chart renders is accepted by the real loaders, and the pods find it.
+
+For every scenario: the gateway's gateway.yaml (from its ConfigMap) goes through
+`load_model(GatewaySettings, path)`, its tenancy section through `TenancyConfig`, and the hashed key
+file the chart puts into a Secret through `load_keys_file` + `merged_with_keys_file`, exactly as the
+gateway does at start-up. The paths in the config and the command line match the volume mounts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetgate.core.config import load_model, parse_model
+from fleetgate.gateway.settings import GatewaySettings
+from fleetgate.gateway.tenancy.config import TenancyConfig, load_keys_file, merged_with_keys_file
+
+
+def _gateway(rendered: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    (deployment,) = rendered.component("Deployment", "gateway")
+    (configmap,) = rendered.component("ConfigMap", "gateway")
+    return deployment, configmap
+
+
+def _mounted_file(deployment: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:
+    """The volume and the file name inside it that a container path resolves to."""
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    target = PurePosixPath(path)
+    mounts = sorted(container["volumeMounts"], key=lambda m: len(m["mountPath"]), reverse=True)
+    for mount in mounts:
+        if target.is_relative_to(mount["mountPath"]):
+            volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+            return volume, str(target.relative_to(mount["mountPath"]))
+    raise AssertionError(f"{path} is on no volume mount")
+
+
+def _load_settings(configmap: dict[str, Any], tmp_path: Path) -> GatewaySettings:
+    (key,) = configmap["data"]
+    path = tmp_path / key
+    path.write_text(configmap["data"][key])
+    return load_model(GatewaySettings, path)
+
+
+def test_gateway_config_loads_with_the_real_settings(chart: Any, scenario: Path, tmp_path: Path) -> None:
+    rendered = chart.render(values=[scenario])
+    if not rendered.component("Deployment", "gateway"):
+        pytest.skip(f"{scenario.name} runs no gateway")
+    deployment, configmap = _gateway(rendered)
+    settings = _load_settings(configmap, tmp_path)
+
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    config_arg = next(a for a in container["args"] if a.startswith("--config="))
+    volume, filename = _mounted_file(deployment, config_arg.removeprefix("--config="))
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    assert filename in configmap["data"]
+
+    assert settings.server.host == "0.0.0.0"
+    assert settings.server.port == container["ports"][0]["containerPort"]
+    assert settings.discovery.kind == "kubernetes"
+    discovery_roles = rendered.component("Role", "gateway")
+    assert [r["metadata"]["namespace"] for r in discovery_roles] == [settings.discovery.namespace]
+
+    replicas = deployment["spec"].get("replicas")
+    hpa = rendered.component("HorizontalPodAutoscaler", "gateway")
+    most = hpa[0]["spec"]["maxReplicas"] if hpa else replicas
+    if most > 1:
+        assert settings.redis_url, "several gateway replicas without shared state"
+    redis_services = rendered.component("Service", "redis")
+    if redis_services:
+        service = next(s for s in redis_services if s["spec"].get("clusterIP") != "None")
+        name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+        assert settings.redis_url == f"redis://{name}.{namespace}.svc:{service['spec']['ports'][0]['port']}/0"
+
+    tenancy = parse_model(TenancyConfig, settings.tenancy, source="tenancy section")
+    if tenancy.keys_file is None:
+        return
+    volume, filename = _mounted_file(deployment, str(tenancy.keys_file))
+    secret_name = volume["secret"]["secretName"]
+    (item,) = volume["secret"]["items"]
+    assert item["path"] == filename
+    external = (yaml.safe_load(scenario.read_text()) or {}).get("gateway", {}).get("apiKeys", {})
+    if secret_name == external.get("existingSecret"):
+        assert item["key"] == external.get("secretKey", "keys.yaml")
+        return
+    secret = rendered.get("Secret", secret_name)
+    keys_path = tmp_path / "keys.yaml"
+    keys_path.write_text(secret["stringData"][item["key"]])
+    keys = load_keys_file(keys_path)
+    merged = merged_with_keys_file(tenancy, keys, source=str(keys_path))
+    hashes = {h for t in merged.tenants for h in t.key_hashes} | set(merged.admin_key_hashes)
+    assert hashes, "the chart created a key Secret with no keys"
+
+
+def test_api_key_hashes_reach_their_tenants(chart: Any, tmp_path: Path) -> None:
+    admin, team = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    rendered = chart.render(
+        set_json=['gateway.config.tenancy={"tenants": [{"id": "team-a", "rpm": 60}]}'],
+        set_values=[f"gateway.apiKeys.adminKeyHashes={{{admin}}}", f"gateway.apiKeys.tenants.team-a={{{team}}}"],
+    )
+    deployment, configmap = _gateway(rendered)
+    tenancy = parse_model(TenancyConfig, _load_settings(configmap, tmp_path).tenancy)
+    volume, _ = _mounted_file(deployment, str(tenancy.keys_file))
+    secret = rendered.get("Secret", volume["secret"]["secretName"])
+    path = tmp_path / "keys.yaml"
+    path.write_text(secret["stringData"]["keys.yaml"])
+    merged = merged_with_keys_file(tenancy, load_keys_file(path))
+    assert merged.admin_key_hashes == [admin]
+    tenant = merged.tenant("team-a")
+    assert tenant is not None and tenant.key_hashes == [team]
+
+
+def test_config_changes_roll_the_gateway_pods(chart: Any) -> None:
+    def checksum(*args: str) -> str:
+        deployment, _ = _gateway(chart.render(set_values=list(args)))
+        annotations: dict[str, str] = deployment["spec"]["template"]["metadata"]["annotations"]
+        return annotations["checksum/config"]
+
+    assert checksum() == checksum()
+    assert checksum() != checksum("gateway.config.server.first_byte_timeout_s=30")
+
+
+def test_probe_and_metrics_paths_are_routes_of_the_gateway_app(chart: Any, tmp_path: Path) -> None:
+    """The Deployment's probes and the ServiceMonitor hit paths that the real app serves."""
+    from fleetgate.core.kvstore import MemoryKVStore
+    from fleetgate.gateway.app import create_app
+    from fleetgate.gateway.discovery import StaticEndpointSource
+    from fleetgate.gateway.stages import OpenAuth
+
+    rendered = chart.render(set_values=["serviceMonitor.enabled=true"])
+    deployment, configmap = _gateway(rendered)
+    settings = _load_settings(configmap, tmp_path)
+    # Only what needs a cluster or Redis is replaced; routes come from the real app factory.
+    app = create_app(settings, endpoint_source=StaticEndpointSource([]), auth=OpenAuth(), kvstore=MemoryKVStore())
+    routes = {getattr(r, "path", None) for r in app.routes}
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    probed = {container[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")}
+    (monitor,) = rendered.of_kind("ServiceMonitor")
+    scraped = {e["path"] for e in monitor["spec"]["endpoints"]}
+    assert probed | scraped <= routes, f"not served by the gateway: {sorted((probed | scraped) - routes)}"
+    assert {"/v1/chat/completions", "/v1/models"} <= routes  # what NOTES.txt tells the user to call

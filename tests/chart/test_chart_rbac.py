@@ -1,0 +1,87 @@
+"""RBAC: least privilege, scoped to the watched namespaces, bound to the chart's own ServiceAccounts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "fleetgate"
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+
+
+def _crd_group_plural(chart: Any) -> tuple[str, str]:
+    (crd,) = chart.render(extra=["--include-crds"]).of_kind("CustomResourceDefinition")
+    return crd["spec"]["group"], crd["spec"]["names"]["plural"]
+
+
+def _grants(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
+    verbs: set[str] = set()
+    for rule in rules:
+        if group in rule["apiGroups"] and resource in rule["resources"]:
+            verbs |= set(rule["verbs"])
+    return verbs
+
+
+def test_no_wildcards_anywhere(chart: Any, scenario: Path) -> None:
+    rendered = chart.render(values=[scenario])
+    for role in rendered.of_kind("Role") + rendered.of_kind("ClusterRole"):
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], f"{role['metadata']['name']} grants * in {field}"
+
+
+def test_bindings_point_at_rendered_roles_and_service_accounts(chart: Any, scenario: Path) -> None:
+    rendered = chart.render(values=[scenario])
+    for binding in rendered.of_kind("RoleBinding") + rendered.of_kind("ClusterRoleBinding"):
+        ref = binding["roleRef"]
+        # A RoleBinding can only grant a Role of its own namespace.
+        rendered.get(ref["kind"], ref["name"], binding["metadata"].get("namespace"))
+        for subject in binding["subjects"]:
+            assert subject["kind"] == "ServiceAccount"
+            sa = rendered.get("ServiceAccount", subject["name"], subject["namespace"])
+            assert sa["metadata"]["labels"]["app.kubernetes.io/component"] == (
+                binding["metadata"]["labels"]["app.kubernetes.io/component"]
+            )
+
+
+def test_gateway_reads_only_what_discovery_needs(chart: Any, scenario: Path) -> None:
+    group, plural = _crd_group_plural(chart)
+    rendered = chart.render(values=[scenario])
+    assert not rendered.component("ClusterRole", "gateway"), "the gateway needs nothing cluster-wide"
+    for role in rendered.component("Role", "gateway"):
+        assert _grants(role["rules"], group, plural) == {"get", "list", "watch"}
+        assert _grants(role["rules"], "", "pods") == {"get", "list", "watch"}
+        for rule in role["rules"]:
+            assert not WRITE_VERBS & set(rule["verbs"]), "the gateway writes nothing to the API"
+            assert "secrets" not in rule["resources"]
+
+
+def test_operator_roles_follow_the_watched_namespaces(chart: Any) -> None:
+    group, plural = _crd_group_plural(chart)
+
+    def operator_roles(*args: str) -> tuple[dict[str, set[str]], list[dict[str, Any]]]:
+        rendered = chart.render(set_values=list(args))
+        roles = {r["metadata"]["namespace"]: _grants(r["rules"], group, plural)
+                 for r in rendered.component("Role", "operator")}
+        return roles, rendered.component("ClusterRole", "operator")
+
+    roles, cluster = operator_roles()
+    assert set(roles) == {"fleet"} and {"get", "list", "watch"} <= roles["fleet"]
+    assert all(not _grants(c["rules"], group, plural) for c in cluster), "CR access leaks cluster-wide"
+
+    roles, cluster = operator_roles("operator.watchNamespaces={team-a,team-b}")
+    assert set(roles) == {"team-a", "team-b"}
+    assert all(not _grants(c["rules"], group, plural) for c in cluster)
+
+    roles, cluster = operator_roles("operator.watchAllNamespaces=true")
+    assert roles == {}
+    assert any({"get", "list", "watch"} <= _grants(c["rules"], group, plural) for c in cluster)
+
+
+def test_gateway_discovery_follows_the_operator(chart: Any) -> None:
+    def namespaces(*args: str) -> list[str]:
+        return [r["metadata"]["namespace"] for r in chart.render(set_values=list(args)).component("Role", "gateway")]
+
+    assert namespaces() == ["fleet"]
+    assert namespaces("operator.watchNamespaces={team-a,team-b}") == ["team-a"]
+    assert namespaces("operator.watchNamespaces={team-a,team-b}", "gateway.discovery.namespace=team-b") == ["team-b"]
