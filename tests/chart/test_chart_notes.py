@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
+
+from fleetgate.gateway.tenancy.keys import hash_key
 
 A_HASH = "sha256:" + "cd" * 32
 
@@ -32,10 +36,6 @@ def test_notes_follow_the_values(chart: Any) -> None:
 
 def test_the_key_recipe_in_the_notes_produces_a_hash_the_gateway_accepts(chart: Any, tmp_path: Any) -> None:
     """Run the shell lines NOTES.txt prints and check the hash against the gateway's own hashing."""
-    import subprocess
-
-    from fleetgate.gateway.tenancy.keys import hash_key
-
     notes = chart.notes()
     lines = [ln.strip() for ln in notes.splitlines() if ln.strip().startswith(("KEY=", 'echo "hash'))]
     assert len(lines) == 2, notes
@@ -44,3 +44,14 @@ def test_the_key_recipe_in_the_notes_produces_a_hash_the_gateway_accepts(chart: 
     fields = dict(line.split(":", 1) for line in out.splitlines())
     key, digest = fields["key"].strip(), fields["hash"].strip()
     assert key.startswith("fg-") and digest == hash_key(key)
+
+
+def test_readme_install_commands_match_the_rendered_names(chart: Any) -> None:
+    """charts/fleetgate/README.md port-forwards to svc/fleetgate-gateway after `helm install fleetgate`."""
+    readme = (Path(__file__).resolve().parents[2] / "charts" / "fleetgate" / "README.md").read_text()
+    assert "port-forward svc/fleetgate-gateway 8080:80" in readme
+    hashes = 'gateway.apiKeys.adminKeyHashes=["sha256:' + "e" * 64 + '"]'
+    rendered = chart.render(release="fleetgate", namespace="fleetgate", set_json=[hashes])
+    (service,) = rendered.component("Service", "gateway")
+    assert service["metadata"]["name"] == "fleetgate-gateway"
+    assert service["spec"]["ports"][0]["port"] == 80

@@ -100,3 +100,23 @@ def test_combinations_that_look_close_but_are_valid(chart: Any) -> None:
         set_json=['gateway.config.tenancy={"tenants": [{"id": "ghost"}]}'],
         set_values=[f"gateway.apiKeys.tenants.ghost={{{A_HASH}}}"],
     )
+
+
+def test_every_key_in_values_yaml_has_a_comment() -> None:
+    """Each key has a comment line right above it; keys inside a value that is itself Kubernetes data
+    (resources, dashboards.labels) are covered by the comment on that value."""
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    missing = []
+    data_indent: int | None = None
+    for i, line in enumerate(lines):
+        stripped = line.lstrip()
+        if not stripped or stripped.startswith(("#", "-")) or ":" not in stripped:
+            continue
+        indent = len(line) - len(stripped)
+        if data_indent is not None and indent > data_indent:
+            continue
+        data_indent = indent if stripped in {"resources:", "labels:"} else None
+        above = lines[i - 1] if i else ""
+        if not (above.lstrip().startswith("#") and len(above) - len(above.lstrip()) == indent):
+            missing.append(f"line {i + 1}: {stripped}")
+    assert not missing, "keys without a comment right above them:\n" + "\n".join(missing)
