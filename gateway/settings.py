@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fleetgate.router.config import RoutingConfig
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -72,7 +74,7 @@ class GatewaySettings(_Strict):
     models: list[ModelRoute] = Field(default_factory=list)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     redis_url: str | None = Field(default=None, description="shared state for several replicas; None: in memory")
-    routing: dict[str, Any] = Field(default_factory=dict)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
     cache: dict[str, Any] = Field(default_factory=dict)
     tiers: dict[str, Any] = Field(default_factory=dict)
     tenancy: dict[str, Any] = Field(default_factory=dict)

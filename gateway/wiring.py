@@ -19,7 +19,6 @@ from fleetgate.gateway.discovery import EndpointSource, StaticEndpointSource
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.stages import Accountant, Authenticator, Limiter, NoAccounting, NoLimits, OpenAuth
 from fleetgate.gateway.stageset import Stages
-from fleetgate.router.roundrobin import RoundRobinScheduler
 from fleetgate.router.tiers.types import PassThroughTiers, TierResolver
 from fleetgate.router.types import Scheduler
 
@@ -40,7 +39,9 @@ def build_endpoint_source(
 def build_scheduler(
     settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore, endpoint_source: EndpointSource
 ) -> Scheduler:
-    return RoundRobinScheduler()
+    from fleetgate.router.build import build_scheduler as build_router_scheduler
+
+    return build_router_scheduler(settings.routing, kvstore=kvstore, registry=registry, source=endpoint_source)
 
 
 def build_cache(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> ResponseCache:

@@ -30,12 +30,14 @@ def build_scheduler(
     seed: int | None = None,
     scrape: bool = True,
     extra_plugins: Mapping[str, PluginFactory] | None = None,
+    source: Any = None,
 ) -> PluginScheduler:
     """Build the scheduler `config` describes (the shipped default when None).
 
     `kvstore` shares the prefix index between gateway replicas when it is not the in-memory store;
     `registry` receives the router's metrics; `scrape=False` leaves out the `/metrics` scraper (the
-    caller then feeds `scheduler.state.stats` itself, as the in-process benchmark does).
+    caller then feeds `scheduler.state` itself, as the in-process benchmark does); `source` (any object
+    with `models()` and `endpoints(model)`) is what `await scheduler.start()` scrapes.
     """
     cfg = config or RoutingConfig()
     health_kw: dict[str, Any] = {"base_s": cfg.ejection.base_s, "max_s": cfg.ejection.max_s}
@@ -93,4 +95,4 @@ def build_scheduler(
         from fleetgate.router.scraping import EndpointScraper
 
         scraper = EndpointScraper(state=state, metrics=metrics, config=cfg.scrape)
-    return PluginScheduler(profile=profile, state=state, metrics=metrics, scraper=scraper)
+    return PluginScheduler(profile=profile, state=state, metrics=metrics, scraper=scraper, source=source)

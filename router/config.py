@@ -63,7 +63,6 @@ class EjectionConfig(_Model):
 def _default_plugins() -> list[PluginSpec]:
     return [
         PluginSpec(type="healthy-filter", name="healthy"),
-        PluginSpec(type="serves-model-filter", name="serves-model"),
         PluginSpec(type="prefix-affinity-scorer", name="prefix"),
         PluginSpec(type="inflight-scorer", name="inflight"),
         PluginSpec(type="queue-depth-scorer", name="queue"),
@@ -74,7 +73,7 @@ def _default_plugins() -> list[PluginSpec]:
 
 
 def _default_profiles() -> list[SchedulingProfile]:
-    refs = [("healthy", 1.0), ("serves-model", 1.0), ("prefix", 3.0), ("inflight", 1.0), ("queue", 1.0),
+    refs = [("healthy", 1.0), ("prefix", 3.0), ("inflight", 1.0), ("queue", 1.0),
             ("kv-usage", 0.5), ("session", 1.0), ("max-score", 1.0)]
     return [SchedulingProfile(name="default", plugins=[PluginRef(plugin_ref=r, weight=w) for r, w in refs])]
 
@@ -115,10 +114,7 @@ def _policy(name: str, plugins: list[PluginSpec], weights: dict[str, float]) -> 
 
 def preset(name: str) -> RoutingConfig:
     """Named policies: `default` (shipped), `least-loaded`, `prefix-only`, `random`."""
-    base = [
-        PluginSpec(type="healthy-filter", name="healthy"),
-        PluginSpec(type="serves-model-filter", name="serves-model"),
-    ]
+    base = [PluginSpec(type="healthy-filter", name="healthy")]
     if name == "default":
         return RoutingConfig()
     if name == "least-loaded":

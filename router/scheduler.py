@@ -43,8 +43,11 @@ class Profile:
 class PluginScheduler:
     """Implements `fleetgate.router.types.Scheduler`; built by `fleetgate.router.build`."""
 
-    def __init__(self, *, profile: Profile, state: FleetState, metrics: RouterMetrics, scraper: Any = None) -> None:
+    def __init__(
+        self, *, profile: Profile, state: FleetState, metrics: RouterMetrics, scraper: Any = None, source: Any = None
+    ) -> None:
         self.profile = profile
+        self.source = source
         self.state = state
         self.metrics = metrics
         self.scraper = scraper
@@ -130,10 +133,12 @@ class PluginScheduler:
         log.warning("endpoint ejected after a connect error",
                     extra={"endpoint": endpoint.id, "url": endpoint.url, "backoff_s": backoff})
 
-    async def start(self, source: Any) -> None:
-        """Begin scraping `/metrics` and polling `/health` of the endpoints `source` lists."""
-        if self.scraper is not None:
-            await self.scraper.start(source)
+    async def start(self, source: Any = None) -> None:
+        """Begin scraping `/metrics` and polling `/health` of the endpoints `source` lists (an object
+        with `models()` and `endpoints(model)`; default: the source given to `build_scheduler`)."""
+        src = source if source is not None else self.source
+        if self.scraper is not None and src is not None:
+            await self.scraper.start(src)
 
     async def aclose(self) -> None:
         if self.scraper is not None:

@@ -1,8 +1,9 @@
 """Filter: keep endpoints that serve the request's concrete model.
 
 Input: `Endpoint.model` and `RoutingRequest.model`. Formula: keep e if e.model == req.model.
-A safety net: the gateway already passes the model's endpoints; an empty result becomes a 503.
-Parameters: none.
+Not in the default profile: the gateway already passes exactly the model's endpoints, and an
+endpoint's served name may differ from the public model name (`served_name`). Use it where one
+candidate list mixes models whose served names equal the request's model. Parameters: none.
 """
 
 from __future__ import annotations
