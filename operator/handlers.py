@@ -1,0 +1,99 @@
+"""Kopf wiring, and nothing else: the only module that imports Kopf.
+
+`register()` puts the handlers into a registry (a fresh one per operator, so tests run several):
+- login: the given function, else Kopf's own in-cluster or kubeconfig login;
+- startup: Kopf settings (progress and diff-base in annotations, not in status; peering set by the caller),
+  the API client and the optional-API check (KEDA, Prometheus Operator); cleanup closes the client;
+- resume/create/update of an InferenceService: `Reconciler.reconcile`; an invalid spec becomes
+  `kopf.PermanentError` (status and Event already written), pods still starting become
+  `kopf.TemporaryError` (retried, with the status current meanwhile);
+- events of engine Deployments: `Reconciler.refresh_status` on the owning InferenceService, so readiness
+  shows in status within a watch event, not a retry period.
+No status is returned from handlers (Kopf would write it under status.<handler>): the reconciler owns status.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+
+from fleetgate.engine.kube_names import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
+from fleetgate.operator.kube import KubeApi
+from fleetgate.operator.reconciler import Reconciler, SpecRejected
+from fleetgate.operator.settings import Capabilities, OperatorSettings
+
+WAIT_RETRY_S = 10.0
+ANNOTATION_PREFIX = "fleetgate.io"
+
+LoginFn = Callable[..., Any]
+
+
+def register(
+    *,
+    registry: kopf.OperatorRegistry,
+    settings: OperatorSettings,
+    make_api: Callable[[], KubeApi],
+    login: LoginFn | None = None,
+    detect_capabilities: bool = True,
+) -> None:
+    kopf.on.login(registry=registry)(login or kopf.login_with_service_account)
+    if login is None:
+        kopf.on.login(registry=registry)(kopf.login_with_kubeconfig)
+
+    @kopf.on.startup(registry=registry)
+    async def _startup(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING
+        api = make_api()
+        effective = operator_settings
+        if detect_capabilities:
+            caps = Capabilities(
+                keda=await api.crd_exists(name="scaledobjects.keda.sh"),
+                service_monitor=await api.crd_exists(name="servicemonitors.monitoring.coreos.com"),
+            )
+            effective = dataclasses.replace(operator_settings, capabilities=caps)
+        memo.api = api
+        memo.reconciler = Reconciler(api=api, settings=effective)
+
+    operator_settings = settings
+
+    @kopf.on.cleanup(registry=registry)
+    async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
+        api = getattr(memo, "api", None)
+        if api is not None:
+            await api.aclose()
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
+    async def _reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        reconciler: Reconciler = memo.reconciler
+        try:
+            outcome = await reconciler.reconcile(_plain(body))
+        except SpecRejected as exc:
+            raise kopf.PermanentError(f"invalid spec: {exc}") from None
+        if outcome.waiting:
+            raise kopf.TemporaryError(f"waiting for engine pods: {outcome.status['ready']} ready", delay=WAIT_RETRY_S)
+
+    @kopf.on.event("apps", "v1", "deployments", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
+    async def _deployment_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        owner = (body.get("metadata", {}).get("labels") or {}).get(LABEL_INSTANCE)
+        namespace = body.get("metadata", {}).get("namespace")
+        if not owner or not namespace or not hasattr(memo, "reconciler"):
+            return
+        api: KubeApi = memo.api
+        isvc = await api.get_inference_service(namespace=namespace, name=owner)
+        if isvc is not None:
+            await memo.reconciler.refresh_status(isvc)
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    return copy.deepcopy(dict(body))

@@ -1,0 +1,221 @@
+"""The only code in the operator that talks to the Kubernetes API.
+
+Client: lightkube (async, small, server-side apply built in, in-cluster and kubeconfig auth, watch). Kopf
+keeps its own connection for watching InferenceServices; everything the reconciler reads or writes goes
+through `KubeApi`, on plain dicts (lightkube's generic resources), so builders and tests never meet
+client types. Every method names the (group, resource, verb) it issues; `API_CALLS` is the full list,
+and `rbac.py` is tested to grant each one (least privilege, nothing more).
+
+Writes are server-side apply (`PATCH application/apply-patch+yaml`, one field manager, `force=True`: the
+operator is the sole owner of its children's fields, and an autoscaler's `replicas` is left out of the
+applied Deployment so it is never contested).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fleetgate.engine.kube_names import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+# (api group, resource, verb) -> kind; the API module issues exactly these calls.
+KINDS: Mapping[str, tuple[str, str, str]] = {
+    # kind: (group, version, plural)
+    "Deployment": ("apps", "v1", "deployments"),
+    "Service": ("", "v1", "services"),
+    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+    "HorizontalPodAutoscaler": ("autoscaling", "v2", "horizontalpodautoscalers"),
+    "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
+    "ServiceMonitor": ("monitoring.coreos.com", "v1", "servicemonitors"),
+}
+CHILD_VERBS = ("get", "list", "patch", "delete")
+API_CALLS: frozenset[tuple[str, str, str]] = frozenset(
+    {(group, plural, verb) for group, _v, plural in KINDS.values() for verb in CHILD_VERBS}
+    | {
+        (GROUP, PLURAL, "get"),
+        (GROUP, f"{PLURAL}/status", "patch"),
+        ("", "events", "create"),
+        ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
+    }
+)
+
+
+class ApiCallNotDeclared(RuntimeError):
+    """A call missing from API_CALLS: RBAC would not grant it in a cluster."""
+
+
+def status_code(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    return code if isinstance(code, int) else None
+
+
+class KubeApi:
+    """Typed-by-dict access to the API server for the reconciler."""
+
+    def __init__(self, *, client: AsyncClient, field_manager: str) -> None:
+        self._client = client
+        self._field_manager = field_manager
+        self._resources: dict[str, Any] = {}
+
+    @classmethod
+    def from_server(cls, *, url: str, field_manager: str, token: str | None = None) -> KubeApi:
+        """A client for an explicit API server URL (tests, envtest); no TLS verification settings."""
+        from lightkube import AsyncClient, KubeConfig
+        from lightkube.config.models import Cluster, User
+
+        config = KubeConfig.from_one(cluster=Cluster(server=url, insecure=True), user=User(token=token))
+        return cls(client=AsyncClient(config=config, field_manager=field_manager), field_manager=field_manager)
+
+    @classmethod
+    def from_env(cls, *, field_manager: str) -> KubeApi:
+        """In-cluster service account, else $KUBECONFIG / ~/.kube/config."""
+        from lightkube import AsyncClient, KubeConfig
+
+        return cls(
+            client=AsyncClient(config=KubeConfig.from_env(), field_manager=field_manager), field_manager=field_manager
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    def _check(self, group: str, resource: str, verb: str) -> None:
+        if (group, resource, verb) not in API_CALLS:
+            raise ApiCallNotDeclared(f"({group!r}, {resource!r}, {verb!r}) is not in kube.API_CALLS")
+
+    def _resource(self, kind: str) -> Any:
+        if kind not in self._resources:
+            from lightkube.generic_resource import create_namespaced_resource
+
+            if kind == "InferenceService":
+                self._resources[kind] = create_namespaced_resource(GROUP, VERSION, kind, PLURAL)
+            elif kind == "Event":
+                self._resources[kind] = create_namespaced_resource("", "v1", kind, "events")
+            else:
+                group, version, plural = KINDS[kind]
+                self._resources[kind] = create_namespaced_resource(group, version, kind, plural)
+        return self._resources[kind]
+
+    @staticmethod
+    def _plain(obj: Any) -> dict[str, Any]:
+        return dict(obj) if obj is not None else {}
+
+    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply one child manifest; returns the object as stored."""
+        from lightkube.types import PatchType
+
+        kind = manifest["kind"]
+        group, _version, plural = KINDS[kind]
+        self._check(group, plural, "patch")
+        meta = manifest["metadata"]
+        result = await self._client.patch(
+            self._resource(kind),
+            meta["name"],
+            manifest,
+            namespace=meta["namespace"],
+            patch_type=PatchType.APPLY,
+            field_manager=self._field_manager,
+            force=True,
+        )
+        return self._plain(result)
+
+    async def list_children(self, *, namespace: str, owner_name: str, kinds: list[str]) -> list[dict[str, Any]]:
+        """Children of one InferenceService, found by its labels (ownership is checked by the plan)."""
+        out: list[dict[str, Any]] = []
+        selector: dict[str, Any] = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_INSTANCE: owner_name}
+        for kind in kinds:
+            group, _version, plural = KINDS[kind]
+            self._check(group, plural, "list")
+            async for obj in self._client.list(self._resource(kind), namespace=namespace, labels=selector):
+                item = self._plain(obj)
+                item.setdefault("kind", kind)
+                item.setdefault("apiVersion", "/".join(p for p in KINDS[kind][:2] if p))
+                out.append(item)
+        return out
+
+    async def get_child(self, *, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        group, _version, plural = KINDS[kind]
+        self._check(group, plural, "get")
+        try:
+            return self._plain(await self._client.get(self._resource(kind), name, namespace=namespace))
+        except Exception as exc:
+            if status_code(exc) == 404:
+                return None
+            raise
+
+    async def delete_child(self, *, kind: str, namespace: str, name: str) -> None:
+        group, _version, plural = KINDS[kind]
+        self._check(group, plural, "delete")
+        try:
+            await self._client.delete(self._resource(kind), name, namespace=namespace)
+        except Exception as exc:
+            if status_code(exc) != 404:
+                raise
+
+    async def get_inference_service(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        self._check(GROUP, PLURAL, "get")
+        try:
+            return self._plain(await self._client.get(self._resource("InferenceService"), name, namespace=namespace))
+        except Exception as exc:
+            if status_code(exc) == 404:
+                return None
+            raise
+
+    async def patch_status(self, *, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch the status subresource (the whole status the reconciler computed)."""
+        from lightkube.types import PatchType
+
+        self._check(GROUP, f"{PLURAL}/status", "patch")
+        await self._client.patch(
+            self._resource("InferenceService").Status,
+            name,
+            {"status": status},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+
+    async def emit_event(
+        self, *, owner: dict[str, Any], event_type: str, reason: str, message: str, now: dt.datetime | None = None
+    ) -> None:
+        """A core/v1 Event on the InferenceService, shown by `kubectl describe`."""
+        self._check("", "events", "create")
+        meta = owner["metadata"]
+        stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event_cls = self._resource("Event")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "InferenceService",
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid", ""),
+            },
+            "type": event_type,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": self._field_manager},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await self._client.create(event_cls.from_dict(body))
+
+    async def crd_exists(self, *, name: str) -> bool:
+        """Whether an optional API (KEDA, Prometheus Operator) is installed."""
+        from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+
+        self._check("apiextensions.k8s.io", "customresourcedefinitions", "get")
+        try:
+            await self._client.get(CustomResourceDefinition, name)
+        except Exception as exc:
+            if status_code(exc) in (404, 403):
+                return False
+            raise
+        return True

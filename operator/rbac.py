@@ -1,0 +1,62 @@
+"""Least-privilege RBAC for the operator, written once as data and shared with the Helm chart.
+
+`RULES` is what the operator needs, and nothing more: the reconciler's own calls (`kube.API_CALLS`; a
+server-side apply that creates an object also needs `create`) plus Kopf's (watching InferenceServices and
+engine Deployments, progress annotations on InferenceServices, Events, peering, resource discovery). The
+chart renders `cluster_role()` (or `rules_as_yaml()`); `tests/unit/test_operator_rbac.py` checks that the
+rules grant every call the operator can make, and the kmock suite checks every call it did make.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetgate.engine.kube_names import GROUP, PLURAL
+
+_CHILD = ("get", "list", "watch", "create", "patch", "delete")
+_READ = ("get", "list", "watch")
+
+RULES: tuple[dict[str, tuple[str, ...]], ...] = (
+    {"apiGroups": (GROUP,), "resources": (PLURAL,), "verbs": ("get", "list", "watch", "patch")},
+    {"apiGroups": (GROUP,), "resources": (f"{PLURAL}/status",), "verbs": ("get", "patch")},
+    {"apiGroups": ("apps",), "resources": ("deployments",), "verbs": _CHILD},
+    {"apiGroups": ("",), "resources": ("services",), "verbs": _CHILD},
+    {"apiGroups": ("policy",), "resources": ("poddisruptionbudgets",), "verbs": _CHILD},
+    {"apiGroups": ("autoscaling",), "resources": ("horizontalpodautoscalers",), "verbs": _CHILD},
+    {"apiGroups": ("keda.sh",), "resources": ("scaledobjects",), "verbs": _CHILD},
+    {"apiGroups": ("monitoring.coreos.com",), "resources": ("servicemonitors",), "verbs": _CHILD},
+    {"apiGroups": ("",), "resources": ("events",), "verbs": ("create",)},
+    {"apiGroups": ("apiextensions.k8s.io",), "resources": ("customresourcedefinitions",), "verbs": _READ},
+    {"apiGroups": ("",), "resources": ("namespaces",), "verbs": ("list", "watch")},
+    {"apiGroups": ("kopf.dev",), "resources": ("clusterkopfpeerings", "kopfpeerings"), "verbs": (*_READ, "patch")},
+)  # fmt: skip
+
+# The gateway's Kubernetes discovery: read-only.
+GATEWAY_RULES: tuple[dict[str, tuple[str, ...]], ...] = (
+    {"apiGroups": (GROUP,), "resources": (PLURAL,), "verbs": ("get", "list", "watch")},
+    {"apiGroups": ("discovery.k8s.io",), "resources": ("endpointslices",), "verbs": ("get", "list", "watch")},
+)
+
+
+def allows(*, group: str, resource: str, verb: str, rules: tuple[dict[str, tuple[str, ...]], ...] = RULES) -> bool:
+    return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] for rule in rules)
+
+
+def _plain(rules: tuple[dict[str, tuple[str, ...]], ...]) -> list[dict[str, list[str]]]:
+    return [{key: list(values) for key, values in rule.items()} for rule in rules]
+
+
+def cluster_role(*, name: str = "fleetgate-operator", gateway: bool = False) -> dict[str, Any]:
+    """A ClusterRole manifest with the operator's (or the gateway's) rules."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "fleetgate"}},
+        "rules": _plain(GATEWAY_RULES if gateway else RULES),
+    }
+
+
+def rules_as_yaml(*, gateway: bool = False) -> str:
+    import yaml
+
+    return yaml.safe_dump(_plain(GATEWAY_RULES if gateway else RULES), sort_keys=False)

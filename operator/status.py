@@ -1,0 +1,172 @@
+"""The InferenceService status, computed level-based from what is observed now. Pure.
+
+Inputs: the CR's generation, the validated spec and its resolution (or the reason it is invalid), the
+observed engine Deployment, conflicts found by the plan, and the previous status (only to keep each
+condition's lastTransitionTime when its status did not change). Output: the whole status; keys set to
+None are removed by the merge patch, so nothing stale survives.
+
+Conditions (status True/False/Unknown, a CamelCase reason, a message with numbers):
+- CapacityPlanned: True Fits | True ConcurrencyLimited | False DoesNotFit | Unknown NoPlan | Unknown InvalidSpec
+- Ready: True when at least one engine pod is ready (AllReplicasReady / PartiallyReady), else False
+- Progressing: True while pods start or roll out (Starting / RollingOut), else False
+- Degraded: True for InvalidSpec, DoesNotFit, ProgressDeadlineExceeded (pods cannot start) or Conflict
+Phase, for `kubectl get`: Invalid, DoesNotFit, Degraded, Pending, Progressing, Ready, ScaledToZero.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from fleetgate.engine.kube_names import ENGINE_PORT
+from fleetgate.operator.builders.common import Owner, selector_labels
+from fleetgate.operator.resolve import Resolved
+from fleetgate.operator.spec import InferenceServiceSpec
+
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "CapacityPlanned")
+
+
+def _stamp(now: dt.datetime) -> str:
+    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(
+    *,
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    now: dt.datetime,
+    generation: int,
+    previous: dict[str, Any] | None,
+) -> dict[str, Any]:
+    before = next((c for c in (previous or {}).get("conditions") or [] if c.get("type") == type_), None)
+    changed = before is None or before.get("status") != status
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": _stamp(now) if changed or before is None else before.get("lastTransitionTime"),
+        "observedGeneration": generation,
+    }
+
+
+def _deployment_numbers(deployment: dict[str, Any] | None) -> tuple[int, int, int, bool, bool]:
+    """(desired, ready, updated, rolled out to its latest generation, progress deadline exceeded)."""
+    if deployment is None:
+        return 0, 0, 0, False, False
+    spec = deployment.get("spec") or {}
+    status = deployment.get("status") or {}
+    desired = int(spec.get("replicas", 1))
+    ready = int(status.get("readyReplicas") or 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    current = int(status.get("observedGeneration") or 0) >= int(deployment.get("metadata", {}).get("generation") or 0)
+    stuck = any(
+        c.get("type") == "Progressing" and c.get("status") == "False" and c.get("reason") == "ProgressDeadlineExceeded"
+        for c in status.get("conditions") or []
+    )
+    return desired, ready, updated, current, stuck
+
+
+def compute_status(
+    *,
+    owner: Owner,
+    spec: InferenceServiceSpec | None,
+    resolved: Resolved | None,
+    invalid: str | None,
+    deployment: dict[str, Any] | None,
+    previous: dict[str, Any] | None,
+    now: dt.datetime,
+    conflicts: tuple[str, ...] = (),
+    cluster_domain: str = "cluster.local",
+) -> dict[str, Any]:
+    gen = owner.generation
+
+    def cond(type_: str, status: str, reason: str, message: str) -> dict[str, Any]:
+        return condition(
+            type_=type_, status=status, reason=reason, message=message, now=now, generation=gen, previous=previous
+        )
+
+    desired, ready, updated, current, stuck = _deployment_numbers(deployment)
+    if spec is not None and spec.autoscaling is None and invalid is None:
+        desired = spec.replicas
+    plan = resolved.plan if resolved is not None else None
+    fits = plan is None or plan.fits
+
+    if invalid is not None or resolved is None:
+        message = invalid or "spec could not be resolved"
+        capacity = cond("CapacityPlanned", "Unknown", "InvalidSpec", message)
+        degraded = cond("Degraded", "True", "InvalidSpec", message)
+        progressing = cond("Progressing", "False", "InvalidSpec", "fix the spec; nothing is changed until then")
+    else:
+        if plan is None:
+            capacity = cond("CapacityPlanned", "Unknown", "NoPlan", resolved.plan_note)
+        elif not plan.fits:
+            capacity = cond("CapacityPlanned", "False", "DoesNotFit", plan.reason)
+        elif not plan.meets_target:
+            capacity = cond("CapacityPlanned", "True", "ConcurrencyLimited", plan.reason)
+        else:
+            capacity = cond("CapacityPlanned", "True", "Fits", plan.reason)
+        if not fits:
+            degraded = cond("Degraded", "True", "DoesNotFit", f"no engine pods created: {resolved.plan_note}")
+            progressing = cond("Progressing", "False", "DoesNotFit", "waiting for a spec that fits")
+        elif conflicts:
+            degraded = cond("Degraded", "True", "Conflict", f"owned by another controller: {', '.join(conflicts)}")
+            progressing = cond("Progressing", "False", "Conflict", "children cannot be applied")
+        elif stuck:
+            degraded = cond("Degraded", "True", "ProgressDeadlineExceeded", "engine pods did not become ready in time")
+            progressing = cond("Progressing", "False", "ProgressDeadlineExceeded", f"{ready}/{desired} ready")
+        else:
+            degraded = cond("Degraded", "False", "AsExpected", "")
+            busy = deployment is None or ready < desired or updated < desired or not current
+            reason = "Starting" if ready == 0 else "RollingOut"
+            progressing = (
+                cond("Progressing", "True", reason, f"{ready}/{desired} engine pods ready, {updated} updated")
+                if busy
+                else cond("Progressing", "False", "Complete", f"{ready}/{desired} engine pods ready")
+            )
+    if ready > 0:
+        why = "AllReplicasReady" if ready >= desired else "PartiallyReady"
+        ready_cond = cond("Ready", "True", why, f"{ready}/{desired} engine pods ready")
+    elif desired == 0 and fits and invalid is None:
+        ready_cond = cond("Ready", "False", "ScaledToZero", "no replicas requested")
+    else:
+        ready_cond = cond("Ready", "False", "NoReadyReplicas", f"0/{desired} engine pods ready")
+
+    if invalid is not None:
+        phase = "Invalid"
+    elif not fits:
+        phase = "DoesNotFit"
+    elif degraded["status"] == "True":
+        phase = "Degraded"
+    elif desired == 0:
+        phase = "ScaledToZero"
+    elif progressing["status"] == "True":
+        phase = "Pending" if ready == 0 else "Progressing"
+    else:
+        phase = "Ready"
+
+    served = resolved.served_model if resolved is not None else None
+    return {
+        "observedGeneration": gen,
+        "phase": phase,
+        "replicas": desired,
+        "readyReplicas": ready,
+        "ready": f"{ready}/{desired}",
+        "selector": ",".join(f"{k}={v}" for k, v in sorted(selector_labels(owner).items())),
+        "servedModel": served,
+        "endpoint": (
+            f"http://{owner.name}.{owner.namespace}.svc.{cluster_domain}:{ENGINE_PORT}"
+            if resolved is not None
+            else None
+        ),
+        "accelerator": resolved.profile.name if resolved is not None else None,
+        "engineArgs": resolved.engine_args.to_argv() if resolved is not None else None,
+        "capacityPlan": (
+            {**plan.to_status(), "note": resolved.plan_note}
+            if plan is not None and resolved is not None
+            else ({"note": resolved.plan_note} if resolved is not None else None)
+        ),
+        "conditions": [capacity, ready_cond, progressing, degraded],
+    }
