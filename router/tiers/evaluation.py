@@ -1,0 +1,115 @@
+"""Evaluation of the tier scorer on labelled prompts: threshold sweeps, honest estimates, decision latency.
+
+Three kinds of figures, because the shipped scorer is trained on the same 300 labelled rows it is judged on:
+- in-sample: the shipped model's scores on its own training rows (optimistic);
+- out-of-sample (k-fold): each row scored by a model trained without it (same hyper-parameters and seed);
+- nested: the whole procedure (fit + choose the threshold for the target recall on inner out-of-sample
+  scores) run inside each outer training fold and judged on the held-out fold; this is the honest estimate
+  of what the calibrated threshold achieves on new prompts from the same distribution.
+Costs per row: estimated prompt tokens (characters / 4) plus a fixed `output_tokens`, priced per tier.
+Latency: wall time of `TieredResolver.resolve` per prompt, with the cache's embedding passed in, without it
+(MiniLM computed in a worker thread), and with the structural-only model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetgate.router.tiers.calibration import RoutingMetrics, routing_metrics, threshold_for_recall
+from fleetgate.router.tiers.config import Alias, Tier, TierConfig
+from fleetgate.router.tiers.data import LabelledPrompt, estimate_tokens
+from fleetgate.router.tiers.resolver import Embedder, TieredResolver
+from fleetgate.router.tiers.scorer import ScorerArtifact, TierScorer
+from fleetgate.router.tiers.training import N_STRUCT, FitParams, cross_val_scores, fit_raw
+
+DEFAULT_SMALL = Tier(name="small", model="small", input_usd_per_mtok=0.10, output_usd_per_mtok=0.40)
+DEFAULT_LARGE = Tier(name="large", model="large", input_usd_per_mtok=1.00, output_usd_per_mtok=4.00)
+
+
+def row_costs(
+    rows: Sequence[LabelledPrompt], *, small: Tier, large: Tier, output_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    def cost(tier: Tier, text: str) -> float:
+        value = tier.call_cost(input_tokens=estimate_tokens(text), output_tokens=output_tokens)
+        if value is None:
+            raise ValueError(f"tier {tier.name!r} has no price; set $ per 1M tokens or relative_cost")
+        return value
+
+    return (
+        np.asarray([cost(small, r.text) for r in rows]),
+        np.asarray([cost(large, r.text) for r in rows]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NestedEstimate:
+    metrics: RoutingMetrics  # pooled over outer folds, each with its own threshold
+    thresholds: list[float]
+
+
+def nested_estimate(
+    x: np.ndarray, y: np.ndarray, *, params: FitParams, folds: int, seed: int, target_recall: float,
+    cost_small: np.ndarray, cost_large: np.ndarray,
+) -> NestedEstimate:
+    from sklearn.model_selection import StratifiedKFold
+
+    routed = np.zeros(len(y))
+    thresholds: list[float] = []
+    outer = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed + 1)
+    for train_idx, test_idx in outer.split(x, y):
+        inner = cross_val_scores(x[train_idx], y[train_idx], params=params, folds=folds, seed=seed)
+        t = threshold_for_recall(inner, y[train_idx], target=target_recall)
+        w, b = fit_raw(x[train_idx], y[train_idx], params=params)
+        scores = 1.0 / (1.0 + np.exp(-(x[test_idx] @ w + b)))
+        routed[test_idx] = (scores >= t).astype(float)
+        thresholds.append(t)
+    metrics = routing_metrics(routed, y, threshold=0.5, cost_small=cost_small, cost_large=cost_large)
+    return NestedEstimate(metrics=metrics, thresholds=thresholds)
+
+
+def percentile_ms(samples: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(samples) * 1000.0, q))
+
+
+def decision_latency(
+    *, artifact: ScorerArtifact, texts: Sequence[str], embeddings: np.ndarray, embedder: Embedder | None,
+    samples: int, compute_samples: int,
+) -> dict[str, list[float]]:
+    """Seconds per `resolve` call: 'with embedding', 'structural only' and (if embedder) 'computing embedding'."""
+    alias = Alias(tiers=[DEFAULT_SMALL, DEFAULT_LARGE])
+    scorer = TierScorer(artifact=artifact)
+    reuse = TieredResolver(config=TierConfig(aliases={"auto": alias}), scorer=scorer, embedder=embedder)
+    only = TieredResolver(
+        config=TierConfig(aliases={"auto": alias}, embedding="reuse_only"), scorer=scorer, embedder=None
+    )
+
+    async def timed(resolver: TieredResolver, n: int, *, with_embedding: bool) -> list[float]:
+        out: list[float] = []
+        for i in range(n):
+            j = i % len(texts)
+            start = time.perf_counter()
+            await resolver.resolve("auto", texts[j], embedding=embeddings[j] if with_embedding else None)
+            out.append(time.perf_counter() - start)
+        return out
+
+    async def main() -> dict[str, list[float]]:
+        await timed(reuse, min(20, samples), with_embedding=True)  # warm caches
+        result = {
+            "with cache embedding": await timed(reuse, samples, with_embedding=True),
+            "structural only (reuse_only, no embedding)": await timed(only, samples, with_embedding=False),
+        }
+        if embedder is not None and compute_samples > 0:
+            await timed(reuse, 1, with_embedding=False)  # load the model outside the measurement
+            result["computing the embedding (MiniLM)"] = await timed(reuse, compute_samples, with_embedding=False)
+        return result
+
+    return asyncio.run(main())
+
+
+def structural_columns(x: np.ndarray) -> np.ndarray:
+    return x[:, :N_STRUCT]

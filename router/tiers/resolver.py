@@ -1,0 +1,136 @@
+"""`TieredResolver`: the `TierResolver` that maps an alias to one of its tiers per prompt.
+
+For an alias with `route: scorer`, the prompt's score s (need for the strong tier, `scorer.TierScorer`) picks
+tier i = number of cut points <= s (two tiers: s >= threshold -> strong). The cut points are the alias's
+configured threshold(s), or the threshold calibrated into the artifact for the model that scored (the full
+model when an embedding is available, the structural one otherwise). The embedding is the cache's when it
+passed a valid 384-d MiniLM vector; otherwise it is computed off the event loop (`embedding:
+reuse_or_compute`) or skipped in favour of the structural-only model (`embedding: reuse_only`).
+Fallbacks list the other tiers in the alias's fallback order; a cascade names the next stronger tier.
+Names that are not aliases pass through unchanged (reason "explicit").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from fleetgate.router.tiers.config import Alias, Tier, TierConfig
+from fleetgate.router.tiers.escalation import compile_refusals, escalation_reason
+from fleetgate.router.tiers.features import normalize_embedding
+from fleetgate.router.tiers.scorer import Score, TierScorer
+from fleetgate.router.tiers.types import TierDecision
+
+log = logging.getLogger(__name__)
+
+
+class Embedder(Protocol):
+    def embed_one(self, text: str) -> np.ndarray: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _AliasPlan:
+    name: str
+    alias: Alias
+    refusals: re.Pattern[str]
+
+
+def fallback_order(*, tiers: list[Tier], chosen: int, policy: str) -> list[tuple[str, str]]:
+    """(model, tier) pairs to try after tier `chosen`, per the fallback policy."""
+    if policy == "none":
+        return []
+    order = list(range(chosen + 1, len(tiers)))
+    if policy == "stronger_then_weaker":
+        order += list(range(chosen - 1, -1, -1))
+    return [(tiers[i].model, tiers[i].name) for i in order]
+
+
+class TieredResolver:
+    def __init__(self, *, config: TierConfig, scorer: TierScorer | None, embedder: Embedder | None = None) -> None:
+        if scorer is None and any(a.route == "scorer" and len(a.tiers) > 1 for a in config.aliases.values()):
+            raise ValueError("an alias routes by score, so a scorer is required")
+        self._config = config
+        self._scorer = scorer
+        self._embedder = embedder
+        self._plans = {
+            name: _AliasPlan(name=name, alias=alias, refusals=compile_refusals(alias.cascade.refusal_patterns))
+            for name, alias in config.aliases.items()
+        }
+        # Cascade settings for a response that names only its model: the first alias that cascades from it.
+        self._by_model: dict[str, _AliasPlan] = {}
+        for plan in self._plans.values():
+            if plan.alias.cascade.enabled:
+                for tier in plan.alias.tiers[:-1]:
+                    self._by_model.setdefault(tier.model, plan)
+
+    def aliases(self) -> list[str]:
+        return list(self._plans)
+
+    def models(self) -> list[str]:
+        """Every concrete model a tier names (for the gateway's list of valid names)."""
+        return self._config.models()
+
+    async def resolve(self, requested_model: str, prompt_text: str, *, embedding: Any | None = None) -> TierDecision:
+        plan = self._plans.get(requested_model)
+        if plan is None:
+            return TierDecision(model=requested_model)
+        vector: np.ndarray | None = None
+        if plan.alias.route == "scorer" and len(plan.alias.tiers) > 1:
+            vector = normalize_embedding(embedding)
+            if vector is None and self._embedder is not None and self._config.embedding == "reuse_or_compute":
+                try:
+                    vector = normalize_embedding(await asyncio.to_thread(self._embedder.embed_one, prompt_text))
+                except Exception:  # fail open: the structural model still decides
+                    log.exception("tier router: computing the prompt embedding failed; using structural scorer")
+        return self.decide(alias=requested_model, prompt_text=prompt_text, embedding=vector)
+
+    def decide(self, *, alias: str, prompt_text: str, embedding: np.ndarray | None) -> TierDecision:
+        """Synchronous decision for an alias, given an already-normalised embedding (or None)."""
+        plan = self._plans[alias]
+        tiers = plan.alias.tiers
+        score: Score | None = None
+        if len(tiers) == 1:
+            index, reason = 0, "single-tier"
+        elif plan.alias.route == "cheapest":
+            index, reason = 0, "cheapest"
+        elif plan.alias.route == "strongest":
+            index, reason = len(tiers) - 1, "strongest"
+        else:
+            try:
+                assert self._scorer is not None  # checked in __init__
+                score = self._scorer.score(prompt_text, embedding=embedding)
+                cuts = plan.alias.cut_points(default=score.threshold) or []
+                index = bisect.bisect_right(cuts, score.value)
+                reason = "score" if score.model == "full" else "score-structural"
+            except Exception:
+                log.exception("tier router: scoring failed for alias %s", alias)
+                index = len(tiers) - 1 if self._config.on_scorer_error == "strongest" else 0
+                reason = "scorer-error"
+        tier = tiers[index]
+        escalate = tiers[index + 1] if plan.alias.cascade.enabled and index + 1 < len(tiers) else None
+        return TierDecision(
+            model=tier.model,
+            tier=tier.name,
+            alias=alias,
+            score=None if score is None else round(score.value, 6),
+            reason=reason,
+            escalate_to=escalate.model if escalate else None,
+            escalate_tier=escalate.name if escalate else None,
+            fallbacks=fallback_order(tiers=tiers, chosen=index, policy=plan.alias.fallback),
+        )
+
+    def should_escalate(self, response: dict[str, Any], *, decision: TierDecision | None = None) -> str | None:
+        """A reason to escalate the cheap tier's complete answer, or None. `decision` (optional, additive to
+        the contract) names the alias; without it the response's `model` field finds the cascade settings."""
+        plan = self._plans.get(decision.alias) if decision is not None and decision.alias else None
+        if plan is None:
+            plan = self._by_model.get(str(response.get("model", "")))
+        if plan is None or not plan.alias.cascade.enabled:
+            return None
+        return escalation_reason(response, cascade=plan.alias.cascade, refusals=plan.refusals)
