@@ -18,7 +18,7 @@ class SemanticConfig(BaseModel):
     enabled: bool = True
     embedder: Literal["minilm", "hashing"] = "minilm"  # hashing: no torch, for tests and tiny deployments
     model_dir: str | None = None  # an extracted MiniLM folder; default: extracted from the PyPI package
-    threshold: float = Field(default=0.75, ge=-1.0, le=1.0)  # cosine similarity, before the verifier
+    threshold: float = Field(default=0.5, ge=-1.0, le=1.0)  # cosine similarity, before the verifier
     verify: bool = True  # the lexical near-miss verifier; turning it off is unsafe (see cache-eval)
     rewrite_min: float = Field(default=0.86, ge=-1.0, le=1.0)  # similarity a reworded paraphrase needs
     top_k: int = Field(default=4, ge=1, le=64)  # candidates fetched and verified per lookup

@@ -18,11 +18,15 @@ Fail open: any store error turns the lookup into a `bypass` ("cache backend unav
 into a no-op; `StoreUnavailableError` additionally marks the backend down (gauge, one warning log line).
 While down, the store is pinged at most every `backend_retry_s`; once it answers, the index is rebuilt
 from the log (the store may have restarted empty) and caching resumes.
+
+Warm-up: `start()` (called by the gateway's lifespan) loads the embedder in a thread; until it is loaded,
+semantic lookups answer `miss` ("semantic layer warming up") instead of holding requests for seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -64,6 +68,21 @@ class TwoLayerCache:
         self._sync_lock = asyncio.Lock()
         self._up = True
         self._next_ping = 0.0
+        self._warming: asyncio.Task[Any] | None = None
+
+    async def start(self) -> None:
+        """Gateway lifespan hook: load the embedder in a thread without holding up start-up."""
+        load = getattr(self.embedder, "load", None)
+        if load is not None and self._warming is None:
+            self._warming = asyncio.create_task(asyncio.to_thread(load), name="cache-embedder-load")
+
+    async def aclose(self) -> None:
+        if self._warming is not None and not self._warming.done():
+            with contextlib.suppress(BaseException):
+                await self._warming
+
+    def _still_warming(self) -> bool:
+        return self._warming is not None and not self._warming.done()
 
     def _key(self, exact: str) -> str:
         return f"{self.config.key_prefix}x:{exact}"
@@ -135,6 +154,9 @@ class TwoLayerCache:
             if hit is not None:
                 return hit
             if decision.semantic and self.embedder is not None:
+                if self._still_warming():  # MiniLM loads in the background after start-up (seconds)
+                    self.metrics.lookups.labels("semantic", "bypass").inc()
+                    return CacheLookup(status=CacheStatus.MISS, reason="semantic layer warming up", state=state)
                 return await self._semantic(req, keys, state)
             return CacheLookup(status=CacheStatus.MISS, reason="no exact match", state=state)
         except Exception as exc:
@@ -230,6 +252,8 @@ class TwoLayerCache:
             if decision.semantic and self.embedder is not None and keys.semantic_text is not None:
                 vector = lookup.state.get("vector")
                 if vector is None:
+                    if self._warming is not None:
+                        await asyncio.shield(self._warming)  # stores run after the response: waiting is fine
                     vector = await self.embed(keys.semantic_text)
             entry = LogEntry(key=keys.exact, partition=keys.partition,
                              expires_at=time.time() + self.config.ttl_s, vector=vector)

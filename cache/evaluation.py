@@ -1,0 +1,148 @@
+"""Precision and recall of the response cache on labelled pairs and conversations.
+
+Each labelled row runs through the real `TwoLayerCache` (in-memory store, fresh per row): the answer to
+`a` (or `conv_a`) is stored, then `b` (or `conv_b`) is looked up. A hit on a row labelled `same=false` is
+a false hit; recall is hits over the `same=true` rows. Every row is also looked up by another tenant,
+which must never hit. Embeddings are computed once per text (`MemoEmbedder`) so a threshold sweep costs
+only cache operations.
+
+Split: rows with an even numeric id suffix are the tuning half, odd ones the held-out half; both are
+reported beside the full set.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from prometheus_client import CollectorRegistry
+
+from fleetgate.cache.config import CacheConfig
+from fleetgate.cache.embedding import Embedder
+from fleetgate.cache.metrics import CacheMetrics
+from fleetgate.cache.twolayer import TwoLayerCache
+from fleetgate.cache.types import CacheRequest, CacheStatus
+from fleetgate.core.kvstore import MemoryKVStore
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+
+
+class MemoEmbedder:
+    """Wraps an embedder; each distinct text is embedded once (batched by `prime`)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.dim = inner.dim
+        self._memo: dict[str, np.ndarray] = {}
+
+    def prime(self, texts: Iterable[str], *, batch: int = 64, progress: Any = None) -> None:
+        todo = sorted({t for t in texts if t not in self._memo})
+        for start in range(0, len(todo), batch):
+            chunk = todo[start : start + batch]
+            for text, vector in zip(chunk, self.inner.embed(chunk), strict=True):
+                self._memo[text] = vector
+            if progress is not None:
+                progress(f"embedded {min(start + batch, len(todo))}/{len(todo)} texts")
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        missing = [t for t in texts if t not in self._memo]
+        if missing:
+            self.prime(missing)
+        return np.stack([self._memo[t] for t in texts])
+
+
+@dataclass(slots=True)
+class Score:
+    rows: int = 0
+    positives: int = 0
+    hits: int = 0
+    true_hits: int = 0
+    false_by_kind: Counter[str] = field(default_factory=Counter)
+    cross_tenant_hits: int = 0
+
+    @property
+    def false_hits(self) -> int:
+        return self.hits - self.true_hits
+
+    @property
+    def precision(self) -> float:
+        return self.true_hits / self.hits if self.hits else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.true_hits / self.positives if self.positives else 0.0
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def conversations(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(a, b) message lists of a pairs row or a conversations row."""
+    if "conv_a" in row:
+        return list(row["conv_a"]), list(row["conv_b"])
+    return ([SYSTEM, {"role": "user", "content": row["a"]}], [SYSTEM, {"role": "user", "content": row["b"]}])
+
+
+def texts_of(rows: Iterable[dict[str, Any]]) -> list[str]:
+    out: list[str] = []
+    for row in rows:
+        a, b = conversations(row)
+        out += [str(a[-1]["content"]), str(b[-1]["content"])]
+    return out
+
+
+def half(row: dict[str, Any]) -> str:
+    digits = "".join(c for c in str(row["id"]).rsplit("-", 1)[-1] if c.isdigit())
+    return "even" if int(digits or 0) % 2 == 0 else "odd"
+
+
+def _request(messages: list[dict[str, Any]], *, tenant: str) -> CacheRequest:
+    return CacheRequest(tenant=tenant, model="eval-model", kind="chat",
+                        body={"model": "eval-model", "messages": messages, "temperature": 0})
+
+
+def _answer(row_id: str) -> dict[str, Any]:
+    return {"id": "x", "object": "chat.completion", "created": 0, "model": "eval-model",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": f"answer to {row_id}"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+
+async def _row_hits(row: dict[str, Any], config: CacheConfig, embedder: Embedder) -> tuple[bool, bool]:
+    """(b hits a's entry for the same tenant, b hits it for another tenant)."""
+    cache = TwoLayerCache(config=config, kvstore=MemoryKVStore(), embedder=embedder,
+                          metrics=CacheMetrics(CollectorRegistry()))
+    a, b = conversations(row)
+    first = await cache.lookup(_request(a, tenant="tenant-a"))
+    await cache.store(_request(a, tenant="tenant-a"), first, _answer(str(row["id"])))
+    mine = await cache.lookup(_request(b, tenant="tenant-a"))
+    foreign = await cache.lookup(_request(b, tenant="tenant-b"))
+    hit_statuses = (CacheStatus.HIT_EXACT, CacheStatus.HIT_SEMANTIC)
+    return mine.status in hit_statuses, foreign.status in hit_statuses
+
+
+async def score_rows(rows: Sequence[dict[str, Any]], config: CacheConfig, embedder: Embedder) -> dict[str, Score]:
+    """Scores for the whole set and its two halves ("all", "even", "odd")."""
+    scores = {"all": Score(), "even": Score(), "odd": Score()}
+    for row in rows:
+        hit, foreign = await _row_hits(row, config, embedder)
+        for name in ("all", half(row)):
+            s = scores[name]
+            s.rows += 1
+            s.positives += bool(row["same"])
+            s.hits += hit
+            s.true_hits += hit and bool(row["same"])
+            s.cross_tenant_hits += foreign
+            if hit and not row["same"]:
+                s.false_by_kind[str(row["kind"])] += 1
+    return scores
+
+
+async def sweep(rows: Sequence[dict[str, Any]], configs: Sequence[CacheConfig], embedder: Embedder) -> list[Score]:
+    return [(await score_rows(rows, c, embedder))["all"] for c in configs]

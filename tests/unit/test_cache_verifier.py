@@ -1,0 +1,72 @@
+"""The near-miss verifier on hand-written pairs, one group per kind (none taken from the eval set)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetgate.cache.verifier import verify
+
+# (a, b, similarity the embedder might give): the verifier must accept these.
+SAME = [
+    ("How do I rename a branch in git?", "how do i rename a branch in git", 0.99),  # case, punctuation
+    ("How do I rename a branch in git?", "how do i renmae a branch in git", 0.80),  # typo
+    ("Hi! Could you please tell me how to rename a git branch? Thanks a lot!", "How do I rename a git branch?", 0.9),
+    ("In Rust, how do I read a file?", "How do I read a file in Rust?", 0.97),  # clause order
+    ("Explain how a heat pump works.", "How does a heat pump work?", 0.93),  # imperative vs question
+    ("If you don't mind, what is the boiling point of ethanol?", "What is the boiling point of ethanol?", 0.9),
+    ("Show me how to update my shipping address.", "How can I change my shipping address?", 0.9),  # synonym
+    ("What's 12 times 7?", "what is 12 times 7", 0.95),  # contraction
+]
+
+# (a, b, similarity, reason): the verifier must reject these, for this reason.
+NEAR_MISSES = [
+    ("How do I enable dark mode in the app?", "How do I disable dark mode in the app?", 0.93, "negation"),
+    ("Can I return a gift card?", "Can I not return a gift card?", 0.95, "negation"),
+    ("How do I turn on location sharing?", "How do I turn off location sharing?", 0.95, "negation"),
+    ("What is 15% of 240?", "What is 25% of 240?", 0.97, "number"),
+    ("Book a table for 4 at 7pm.", "Book a table for 7 at 4pm.", 0.95, "number"),
+    ("What is the boiling point of water in Celsius?", "What is the boiling point of water in Kelvin?", 0.93,
+     "unit"),
+    ("How far is Lisbon from Porto?", "How far is Lisbon from Madrid?", 0.9, "entity"),
+    ("Reset the password for the Z900 router.", "Reset the password for the Z910 router.", 0.98, "identifier"),
+    ("Translate 'good morning' into Dutch.", "Translate 'good night' into Dutch.", 0.9, "slot"),
+    ("Fix this code:\nprint(1/0)", "Fix this code:\nprint(1/2)", 0.99, "slot"),
+    ("List the planets as a YAML list.", "List the planets as a CSV line.", 0.9, "format"),
+    ("Describe the water cycle in Swedish.", "Describe the water cycle in Polish.", 0.9, "language"),
+    ("How do I parse JSON in Kotlin?", "How do I parse JSON in Ruby?", 0.85, "proglang"),
+    ("Is a bus faster than a tram in Oslo?", "Is a tram faster than a bus in Oslo?", 0.99, "order"),
+    ("Convert 10 miles to kilometers.", "Convert 10 kilometers to miles.", 0.99, "order"),
+    ("How do I archive every email in a folder?", "How do I archive one email in a folder?", 0.92, "number"),
+    ("How do I archive all emails in a folder?", "How do I archive a single email in a folder?", 0.9, "scope"),
+    ("Plan a trip to Rome.", "Plan a trip to Rome for a family with toddlers.", 0.85, "constraint"),
+    ("Write a haiku about winter.", "Write a sonnet about winter.", 0.85, "format"),
+    ("What did we ship on Monday?", "What did we ship on Friday?", 0.95, "date"),
+    ("Which is heavier, a liter of oil or a liter of water?", "Which is lighter, a liter of oil or a liter of water?",
+     0.95, "entity"),
+    ("How do I solve x + 3 = 9?", "How do I solve x - 3 = 9?", 0.97, "identifier"),
+    ("Tips for growing tomatoes indoors.", "Tips for growing basil on a balcony.", 0.7, "rewrite"),
+]
+
+
+@pytest.mark.parametrize(("a", "b", "sim"), SAME)
+def test_accepts_true_paraphrases(a: str, b: str, sim: float) -> None:
+    verdict = verify(a, b, similarity=sim)
+    assert verdict.ok, verdict.reason
+
+
+@pytest.mark.parametrize(("a", "b", "sim", "reason"), NEAR_MISSES)
+def test_rejects_near_misses_for_the_right_reason(a: str, b: str, sim: float, reason: str) -> None:
+    verdict = verify(a, b, similarity=sim)
+    assert not verdict.ok
+    assert verdict.reason == reason
+
+
+@pytest.mark.parametrize(("a", "b", "sim", "reason"), NEAR_MISSES)
+def test_is_symmetric(a: str, b: str, sim: float, reason: str) -> None:
+    assert verify(b, a, similarity=sim).ok == verify(a, b, similarity=sim).ok
+
+
+def test_rewrites_need_high_similarity() -> None:
+    a, b = "What are good stretches for lower back pain?", "Which exercises help relieve an aching lower back?"
+    assert not verify(a, b, similarity=0.7).ok
+    assert verify(a, b, similarity=0.95).ok
