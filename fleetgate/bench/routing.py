@@ -102,9 +102,9 @@ def to_row(policy: str, r: RunResult) -> Row:
     )
 
 
-def print_table(title: str, rows: list[Row], *, baseline: str) -> None:
+def print_table(title: str, rows: list[Row], *, baseline: str, unit: str = "engine seconds") -> None:
     base = next((r for r in rows if r.policy == baseline), None)
-    print(f"\n== {title}  (ratios: x better than {baseline}; TTFT in engine seconds)")
+    print(f"\n== {title}  (ratios: x better than {baseline}; TTFT in {unit})")
     print(f"{'policy':<14}{'TTFT p50':>10}{'TTFT p90':>10}{'hit rate':>10}{'tok/s':>9}"
           f"{'dec p99':>10}{'cpu p99':>10}   {'p50 x':>6}{'p90 x':>7}{'hit x':>7}  requests/endpoint")
     for r in rows:
