@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fleetgate.gateway.tenancy.config import TenancyConfig
 from fleetgate.router.config import RoutingConfig
 
 
@@ -77,7 +78,7 @@ class GatewaySettings(_Strict):
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     cache: dict[str, Any] = Field(default_factory=dict)
     tiers: dict[str, Any] = Field(default_factory=dict)
-    tenancy: dict[str, Any] = Field(default_factory=dict)
+    tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
 
     @field_validator("models")
     @classmethod

@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from fleetgate.cache.types import NoCache, ResponseCache
-from fleetgate.core.errors import ConfigError
 from fleetgate.core.kvstore import KVStore
 from fleetgate.gateway.discovery import EndpointSource, StaticEndpointSource
 from fleetgate.gateway.settings import GatewaySettings
-from fleetgate.gateway.stages import Accountant, Authenticator, Limiter, NoAccounting, NoLimits, OpenAuth
+from fleetgate.gateway.stages import Accountant, Authenticator, Limiter
 from fleetgate.gateway.stageset import Stages
 from fleetgate.router.tiers.types import PassThroughTiers, TierResolver
 from fleetgate.router.types import Scheduler
@@ -52,18 +51,17 @@ def build_tiers(settings: GatewaySettings, *, registry: CollectorRegistry, kvsto
     return PassThroughTiers()
 
 
-def build_auth(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> Authenticator:
-    if settings.server.auth == "open":
-        return OpenAuth()
-    raise ConfigError("server.auth: api_key needs the tenancy stage, which this build does not provide yet")
+def build_tenancy_stage(
+    settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore
+) -> tuple[Authenticator, Limiter, Accountant]:
+    """Auth, limits and accounting: one `TenancyStage` object (they share prices, counters and metrics)."""
+    from fleetgate.gateway.tenancy.build import build_tenancy
 
-
-def build_limiter(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> Limiter:
-    return NoLimits()
-
-
-def build_accountant(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> Accountant:
-    return NoAccounting()
+    stage = build_tenancy(
+        settings.tenancy, registry=registry, auth_enabled=settings.server.auth == "api_key",
+        redis_url=settings.redis_url, kvstore=kvstore,
+    )
+    return stage, stage, stage
 
 
 def build_stages(
@@ -82,13 +80,16 @@ def build_stages(
     """The configured stages; a stage given explicitly replaces the configured one (never built)."""
     r, kv = registry, kvstore
     source = endpoint_source or build_endpoint_source(settings, registry=r, kvstore=kv)
+    if auth is None or limiter is None or accountant is None:
+        built_auth, built_limiter, built_accountant = build_tenancy_stage(settings, registry=r, kvstore=kv)
+        auth, limiter, accountant = auth or built_auth, limiter or built_limiter, accountant or built_accountant
     return Stages(
         scheduler=scheduler or build_scheduler(settings, registry=r, kvstore=kv, endpoint_source=source),
         cache=cache or build_cache(settings, registry=r, kvstore=kv),
         tiers=tiers or build_tiers(settings, registry=r, kvstore=kv),
-        auth=auth or build_auth(settings, registry=r, kvstore=kv),
-        limiter=limiter or build_limiter(settings, registry=r, kvstore=kv),
-        accountant=accountant or build_accountant(settings, registry=r, kvstore=kv),
+        auth=auth,
+        limiter=limiter,
+        accountant=accountant,
         endpoint_source=source,
     )
 
@@ -97,4 +98,11 @@ def build_routers(
     settings: GatewaySettings, *, stages: Stages, registry: CollectorRegistry, kvstore: KVStore
 ) -> list[APIRouter]:
     """Extra FastAPI routers mounted on the app (e.g. the tenant usage API, the cost page)."""
-    return []
+    from fleetgate.gateway.costpage.routes import costpage_router
+    from fleetgate.gateway.tenancy.routes import usage_router
+    from fleetgate.gateway.tenancy.stage import TenancyStage
+
+    tenancy = next((s for s in (stages.accountant, stages.limiter, stages.auth) if isinstance(s, TenancyStage)), None)
+    if tenancy is None:  # tenancy stages replaced by the caller: no usage API to serve
+        return []
+    return [usage_router(tenancy=tenancy), costpage_router()]

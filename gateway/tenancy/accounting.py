@@ -8,7 +8,9 @@ For a `RequestRecord` (the engine's own usage, streamed or not, also for failed 
   the serving model's rates) for every request not served by the baseline (hits included, so that
   cost + saved_cache + saved_tier is what the baseline model would have charged).
 The row of (UTC day, tenant, model, tier) in the ledger gets the integer fields; Prometheus counters get
-the same figures; one structured log line per request (logger `fleetgate.usage`) keeps the endpoint.
+the same figures (request counts are the gateway's own `fleetgate_requests_total`, which carries the
+same tenant/model/tier labels); one structured log line per request (logger `fleetgate.usage`) keeps the
+endpoint. The tier label is "" when no tier applies, as in the gateway's metrics.
 A ledger outage is logged and counted, never turned into a failed request.
 """
 
@@ -82,9 +84,13 @@ class TenancyAccountant:
         return values
 
     async def record(self, record: RequestRecord) -> None:
+        await self.account(record)
+
+    async def account(self, record: RequestRecord) -> dict[str, int]:
+        """Record one request; return the ledger fields it added (its `cost_micros` feeds the budgets)."""
         await self._prices.refresh_if_stale(record.model)
         values = self.figures(record)
-        tier = record.tier or "none"
+        tier = record.tier or ""
         hit = bool(values["cache_hits"])
         self._observe_metrics(record, tier=tier, values=values)
         log.info(
@@ -107,13 +113,13 @@ class TenancyAccountant:
                 self._metrics.store_errors.labels(op="record").inc()
             log.warning("usage ledger unavailable; request not recorded in the ledger",
                         extra={"request_id": record.request_id, "error": str(exc)})
+        return values
 
     def _observe_metrics(self, record: RequestRecord, *, tier: str, values: dict[str, int]) -> None:
         m = self._metrics
         if m is None:
             return
         labels = {"tenant": record.tenant.id, "model": record.model, "tier": tier}
-        m.requests.labels(**labels, cache=record.cache_status, code=str(record.status)).inc()
         source = "cache" if values["cache_hits"] else "engine"
         u = record.usage
         for kind, amount in (("prompt", u.prompt_tokens), ("completion", u.completion_tokens),

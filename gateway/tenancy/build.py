@@ -1,17 +1,17 @@
-"""Assemble the tenancy stages for one gateway app from its `TenancyConfig`.
+"""Assemble the tenancy stage for one gateway app from its `TenancyConfig`.
 
 With a Redis URL every piece that must agree across replicas (limit counters, the usage ledger, the GPU
-token meter) lives in Redis; without one, in process memory with the same semantics.
+token meter) lives in Redis; without one, in process memory with the same semantics. `auth_enabled`
+is the gateway's `server.auth == "api_key"`; with it off every caller is the anonymous tenant.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from fleetgate.core.kvstore import KVStore, make_kvstore
+from fleetgate.core.kvstore import KVStore, MemoryKVStore
 from fleetgate.gateway.stages import Authenticator, OpenAuth
 from fleetgate.gateway.tenancy.accounting import TenancyAccountant
 from fleetgate.gateway.tenancy.config import TenancyConfig
@@ -24,38 +24,19 @@ from fleetgate.gateway.tenancy.meter import TokenMeter
 from fleetgate.gateway.tenancy.metrics import TenancyMetrics, register_price_gauges
 from fleetgate.gateway.tenancy.pricing import PriceBook
 from fleetgate.gateway.tenancy.redis_client import redis_client
-
-if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
-
-@dataclass
-class Tenancy:
-    config: TenancyConfig
-    authenticator: Authenticator
-    limiter: TenancyLimiter
-    accountant: TenancyAccountant
-    ledger: UsageLedger
-    prices: PriceBook
-    metrics: TenancyMetrics
-    _closers: list[Redis | KVStore] = field(default_factory=list)
-
-    async def close(self) -> None:
-        for c in self._closers:
-            await c.aclose() if hasattr(c, "aclose") else await c.close()
+from fleetgate.gateway.tenancy.stage import TenancyStage
 
 
 def build_tenancy(
     config: TenancyConfig,
     *,
     registry: CollectorRegistry,
+    auth_enabled: bool = True,
     redis_url: str | None = None,
-    store: KVStore | None = None,
-) -> Tenancy:
-    closers: list[Redis | KVStore] = []
-    if store is None:
-        store = make_kvstore(redis_url, prefix=config.redis_prefix)
-        closers.append(store)
+    kvstore: KVStore | None = None,
+) -> TenancyStage:
+    """`kvstore` (the app's shared store) holds the GPU token meter; it is not closed by the stage."""
+    closers: list[Any] = []
     counters: CounterBackend
     ledger: UsageLedger
     if redis_url:
@@ -69,10 +50,10 @@ def build_tenancy(
         ledger = MemoryLedger()
     metrics = TenancyMetrics(registry)
     metrics.set_budgets(config)
-    prices = PriceBook(config, meter=TokenMeter(store))
+    prices = PriceBook(config, meter=TokenMeter(kvstore if kvstore is not None else MemoryKVStore()))
     register_price_gauges(registry, prices)
-    authenticator: Authenticator = OpenAuth() if config.auth == "disabled" else KeyAuthenticator(config)
-    return Tenancy(
+    authenticator: Authenticator = KeyAuthenticator(config) if auth_enabled else OpenAuth()
+    return TenancyStage(
         config=config,
         authenticator=authenticator,
         limiter=TenancyLimiter(config, counters=counters, prices=prices, metrics=metrics),
@@ -81,5 +62,6 @@ def build_tenancy(
         ledger=ledger,
         prices=prices,
         metrics=metrics,
-        _closers=closers,
+        auth_enabled=auth_enabled,
+        closers=closers,
     )

@@ -1,11 +1,12 @@
-"""Tenancy configuration: auth mode, tenants, hashed API keys, limits, budgets and prices.
+"""Tenancy configuration: tenants, hashed API keys, limits, budgets and prices.
 
 One pydantic model, `TenancyConfig`, is the `tenancy:` section of the gateway's settings. Keys are never
 stored in clear: tenants list `sha256:<hex>` hashes (see `keys.hash_key`). In a cluster the hashes come
 from a file mounted from a Kubernetes Secret (`keys_file`); locally they can sit in the config file. Both
 go through the same loader (`load_keys_file` + `merged_with_keys_file`).
 
-Auth is on (`auth: keys`) unless a local config says `auth: disabled` explicitly.
+Whether keys are required is the gateway's `server.auth` setting (`api_key`, or `open` for local mode
+only); this section says who the tenants are and what they may spend.
 """
 
 from __future__ import annotations
@@ -96,7 +97,6 @@ class TenantConfig(_Strict):
 
 
 class TenancyConfig(_Strict):
-    auth: Literal["keys", "disabled"] = "keys"
     admin_key_hashes: list[str] = Field(default_factory=list)
     tenants: list[TenantConfig] = Field(default_factory=list)
     keys_file: Path | None = None  # YAML mounted from a Secret: {admin_key_hashes: [...], tenants: {id: [...]}}

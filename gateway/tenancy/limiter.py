@@ -3,12 +3,15 @@
 reserve(tenant, model, prompt_tokens, max_tokens):
     estimate = 1 request, prompt_tokens + max_tokens tokens (`default_max_tokens` when the request sets
     none), and the cost of those tokens at the model's current rates (no prefix-cache discount: an upper
-    bound). All windows are checked and reserved in one atomic step (`CounterBackend.reserve`), so N
-    concurrent requests on any number of replicas can overshoot a limit by at most what they reserved
-    while under it and then used beyond their estimate.
+    bound). A name without a price (a tier alias) is estimated at the highest rates in the price book,
+    since any model may serve it. All windows are checked and reserved in one atomic step
+    (`CounterBackend.reserve`), so N concurrent requests on any number of replicas can overshoot a limit
+    by at most what they reserved while under it and then used beyond their estimate.
 settle(reservation, usage):
     adds (real - estimate) to the token and dollar counters the reservation touched (the windows in which
-    the request started), also for failed and cancelled requests; rpm stays counted.
+    the request started), also for failed and cancelled requests; rpm stays counted. The gateway stage
+    (`stage.TenancyStage`) splits this in two: tokens at settle, dollars when each request record says
+    which model really served (an alias is priced at the model it resolved to).
 
 Store down: `on_store_error: open` (default) lets requests through unmetered and logs + counts it (an
 outage of the limits store should not become an outage of inference); `closed` answers 503.
@@ -19,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import orjson
 
@@ -95,7 +98,7 @@ class TenancyLimiter:
         completion = max_tokens if max_tokens and max_tokens > 0 else self._default_max_tokens
         tokens = max(prompt_tokens, 0) + completion
         micros = cost_micros(Usage(prompt_tokens=max(prompt_tokens, 0), completion_tokens=completion),
-                             self._prices.rates(model))
+                             self._prices.estimate_rates(model))
         reservation = Reservation(tenant=tenant, model=model, estimated_tokens=tokens, estimated_micros=micros)
         limits = self.limits(tenant.id)
         if not limits.any:
@@ -124,26 +127,38 @@ class TenancyLimiter:
                 retry_after_s=retry_after_s(check=check, cur=cur, prev=prev, now_ms=now_ms),
                 code=code,
             )
-        held = [[c.key, "micros" if c.name.endswith("budget") else "tokens"] for c in checks if c.name != "rpm"]
+        held = {
+            "tokens": [c.key for c in checks if c.name == "tpm"],
+            "micros": [c.key for c in checks if c.name.endswith("budget")],
+        }
         reservation.token = orjson.dumps(held).decode()
         return reservation
 
     async def settle(self, reservation: Reservation, usage: Usage) -> None:
+        """Settle tokens and dollars, pricing `usage` at the reserved model's rates."""
+        money_keys = await self.settle_tokens(reservation, usage)
+        real = cost_micros(usage, self._prices.rates(reservation.model))
+        await self.charge(money_keys, real - reservation.estimated_micros)
+
+    async def settle_tokens(self, reservation: Reservation, usage: Usage) -> list[str]:
+        """Settle the token windows now; return the dollar windows for `charge` (once the real cost is known)."""
         if not reservation.token:
-            return
-        held: list[list[Any]] = orjson.loads(reservation.token)
-        reservation.token = ""  # settle once, even if the pipeline calls twice
-        real_micros = cost_micros(usage, self._prices.rates(reservation.model))
-        deltas = [
-            (key, real_micros - reservation.estimated_micros if kind == "micros"
-             else usage.total_tokens - reservation.estimated_tokens)
-            for key, kind in held
-        ]
+            return []
+        held: dict[str, list[str]] = orjson.loads(reservation.token)
+        reservation.token = ""  # settle once, even if called twice
+        delta = usage.total_tokens - reservation.estimated_tokens
+        await self._adjust([(key, delta) for key in held["tokens"]], op="settle")
+        return held["micros"]
+
+    async def charge(self, keys: Sequence[str], delta_micros: int) -> None:
+        await self._adjust([(key, delta_micros) for key in keys], op="settle")
+
+    async def _adjust(self, deltas: list[tuple[str, int]], *, op: str) -> None:
         try:
             await self._counters.adjust(deltas)
         except StoreUnavailableError as exc:
             # The estimate stays counted: conservative for budgets, never an overspend.
-            self._store_error("settle", exc)
+            self._store_error(op, exc)
 
     async def status(self, tenant_id: str) -> dict[str, dict[str, float | int]]:
         """Current use of each configured limit (settled + in flight), for the usage API and the cost page."""

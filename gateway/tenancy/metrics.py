@@ -1,9 +1,11 @@
 """Prometheus metrics of the tenancy stages, registered in the app's own registry.
 
-Per tenant, model and tier (`fleetgate_tenant_*`, snake_case like the Gateway API Inference Extension's
-`inference_*` and vLLM's counters), plus OpenCost-aligned per-model gauges (`llm_cost_per_million_tokens`
-with `model_name`, `phase` and `cost_basis` labels, `llm_total_hourly_cost` for GPU-priced models), read
-from the price book at scrape time so they always show the rates requests are charged at.
+Per tenant, model and tier: `fleetgate_tenant_*` counters (snake_case, `_total`, base units, like the
+Gateway API Inference Extension's `inference_*` and vLLM's counters). Request counts and TTFT/TPOT
+histograms with the same tenant/model/tier labels are the gateway's own (`fleetgate_requests_total`,
+`fleetgate_time_to_first_token_seconds`, ...), not repeated here. OpenCost-aligned per-model gauges:
+`llm_cost_per_million_tokens{model_name, phase, cost_basis}` and `llm_total_hourly_cost` (GPU-priced
+models), read from the price book at scrape time so they show the rates requests are charged at.
 Dollar counters are floats for Prometheus only; the exact ledger is in integer micro-dollars.
 """
 
@@ -52,10 +54,6 @@ class PriceCollector(Collector):
 
 class TenancyMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter(
-            "fleetgate_tenant_requests", "Finished requests by tenant, model, tier, cache status and HTTP code.",
-            [*TENANT_LABELS, "cache", "code"], registry=registry,
-        )
         self.tokens = Counter(
             "fleetgate_tenant_tokens",
             "Tokens by kind (prompt, completion, cached) and source (engine: processed by an engine; "

@@ -143,6 +143,14 @@ class PriceBook:
     def rates(self, model: str) -> Rates:
         return self._rates.get(model, self._default)
 
+    def estimate_rates(self, model: str) -> Rates:
+        """Rates for a reservation: the model's own, or for an unpriced name (a tier alias) the highest."""
+        if model in self._rates or not self._rates:
+            return self.rates(model)
+        every = [*self._rates.values(), self._default]
+        return Rates(input=max(r.input for r in every), output=max(r.output for r in every),
+                     cached=max(r.cached for r in every), basis="list")
+
     async def refresh_if_stale(self, model: str) -> None:
         price = self._prices.get(model)
         if not isinstance(price, GpuPrice):

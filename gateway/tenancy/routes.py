@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fleetgate.core.errors import FleetGateError, PermissionDeniedError
 from fleetgate.core.kvstore import StoreUnavailableError
 from fleetgate.gateway.stages import ANONYMOUS, Tenant
-from fleetgate.gateway.tenancy.build import Tenancy
 from fleetgate.gateway.tenancy.report import day_range, usage_csv, usage_json
+from fleetgate.gateway.tenancy.stage import TenancyStage
 
 
 def error_response(exc: FleetGateError) -> JSONResponse:
@@ -33,7 +33,7 @@ def _sees_all(tenant: Tenant) -> bool:
     return tenant.is_admin or tenant is ANONYMOUS
 
 
-def usage_router(*, tenancy: Tenancy) -> APIRouter:
+def usage_router(*, tenancy: TenancyStage) -> APIRouter:
     router = APIRouter(tags=["usage"])
 
     async def caller(authorization: str | None, wanted: str | None) -> tuple[Tenant, str | None]:

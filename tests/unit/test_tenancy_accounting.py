@@ -13,12 +13,12 @@ from prometheus_client import CollectorRegistry
 from fleetgate.core.errors import InvalidRequestError
 from fleetgate.core.types import Usage
 from fleetgate.gateway.stages import RequestRecord, Tenant
-from fleetgate.gateway.tenancy.build import Tenancy, build_tenancy
+from fleetgate.gateway.tenancy.build import build_tenancy
 from fleetgate.gateway.tenancy.config import TenancyConfig
 from fleetgate.gateway.tenancy.report import day_range, usage_csv, usage_json
+from fleetgate.gateway.tenancy.stage import TenancyStage
 
 CONFIG = {
-    "auth": "disabled",
     "tenants": [{"id": "acme", "daily_budget_usd": "5"}, {"id": "globex"}],
     "prices": {
         "small": {"input_usd_per_1m": "0.10", "output_usd_per_1m": "0.40"},
@@ -29,20 +29,20 @@ CONFIG = {
 
 
 def rec(tenant: str, model: str, usage: Usage, *, cache: str = "miss", status: int = 200) -> RequestRecord:
-    return RequestRecord(request_id="r", tenant=Tenant(id=tenant), model=model, tier="auto", endpoint="e1",
+    return RequestRecord(request_id="r", tenant=Tenant(id=tenant), model=model, tier="t1", endpoint="e1",
                          usage=usage, status=status, stream=False, cache_status=cache)
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def tenancy(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Tenancy, CollectorRegistry]]:
+async def tenancy(request: pytest.FixtureRequest) -> AsyncIterator[tuple[TenancyStage, CollectorRegistry]]:
     url = request.getfixturevalue("redis_url") if request.param == "redis" else None
     registry = CollectorRegistry()
-    t = build_tenancy(TenancyConfig.model_validate(CONFIG), registry=registry, redis_url=url)
+    t = build_tenancy(TenancyConfig.model_validate(CONFIG), registry=registry, redis_url=url, auth_enabled=False)
     yield t, registry
-    await t.close()
+    await t.aclose()
 
 
-async def test_miss_hit_and_tiering_figures(tenancy: tuple[Tenancy, CollectorRegistry]) -> None:
+async def test_miss_hit_and_tiering_figures(tenancy: tuple[TenancyStage, CollectorRegistry]) -> None:
     t, _ = tenancy
     u = Usage(prompt_tokens=1000, completion_tokens=500, cached_tokens=200)
     miss = t.accountant.figures(rec("acme", "small", u))
@@ -54,7 +54,7 @@ async def test_miss_hit_and_tiering_figures(tenancy: tuple[Tenancy, CollectorReg
     assert on_baseline["cost_micros"] == 5700 and on_baseline["saved_tier_micros"] == 0
 
 
-async def test_ledger_report_and_metrics_agree(tenancy: tuple[Tenancy, CollectorRegistry]) -> None:
+async def test_ledger_report_and_metrics_agree(tenancy: tuple[TenancyStage, CollectorRegistry]) -> None:
     t, registry = tenancy
     records = [
         rec("acme", "small", Usage(prompt_tokens=120, completion_tokens=30)),
@@ -82,7 +82,7 @@ async def test_ledger_report_and_metrics_agree(tenancy: tuple[Tenancy, Collector
     assert cost_metric == pytest.approx(expected_cost / 1e6)
     assert registry.get_sample_value(
         "fleetgate_tenant_tokens_total",
-        {"tenant": "acme", "model": "small", "tier": "auto", "kind": "prompt", "source": "cache"},
+        {"tenant": "acme", "model": "small", "tier": "t1", "kind": "prompt", "source": "cache"},
     ) == 120
     assert registry.get_sample_value("fleetgate_tenant_budget_usd", {"tenant": "acme", "period": "day"}) == 5
     assert registry.get_sample_value(

@@ -86,10 +86,6 @@ def test_config_refuses_clear_text_keys_and_duplicates() -> None:
         TenancyConfig.model_validate({"tenants": [{"id": "a", "key_hashes": [h]}, {"id": "b", "key_hashes": [h]}]})
 
 
-def test_auth_is_on_by_default() -> None:
-    assert TenancyConfig().auth == "keys"
-
-
 async def test_keys_file_from_a_secret_is_merged_and_reloaded(tmp_path: Path) -> None:
     k1, h1 = new_key()
     k2, h2 = new_key()

@@ -1,0 +1,1 @@
+"""The built-in cost page (static HTML + vanilla JS, inline SVG charts) served at /dashboard."""
