@@ -1,0 +1,57 @@
+"""Start-up: the embedder loads in the background; until then only the exact layer serves."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from fleetgate.cache.config import CacheConfig, SemanticConfig
+from fleetgate.cache.embedding import HashingEmbedder
+from fleetgate.cache.metrics import CacheMetrics
+from fleetgate.cache.twolayer import TwoLayerCache
+from fleetgate.cache.types import CacheRequest, CacheStatus
+from fleetgate.core.kvstore import MemoryKVStore
+
+
+class SlowLoadingEmbedder(HashingEmbedder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def load(self) -> None:
+        self.release.wait(5)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        assert self.release.is_set(), "embedding before the model was loaded"
+        return super().embed(texts)
+
+
+def req(text: str) -> CacheRequest:
+    return CacheRequest(tenant="t", model="m", kind="chat",
+                        body={"messages": [{"role": "user", "content": text}], "temperature": 0})
+
+
+ANSWER: dict[str, Any] = {"object": "chat.completion", "model": "m", "usage": {"total_tokens": 3},
+                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"},
+                                       "finish_reason": "stop"}]}
+
+
+async def test_semantic_layer_waits_for_the_model_without_blocking_requests() -> None:
+    embedder = SlowLoadingEmbedder()
+    cache = TwoLayerCache(config=CacheConfig(semantic=SemanticConfig(embedder="hashing", threshold=0.5)),
+                          kvstore=MemoryKVStore(), embedder=embedder, metrics=CacheMetrics(CollectorRegistry()))
+    await cache.start()
+    start = time.perf_counter()
+    first = await cache.lookup(req("In Go, how do I sort a slice?"))
+    assert first.status == CacheStatus.MISS and first.reason == "semantic layer warming up"
+    assert time.perf_counter() - start < 1.0
+    embedder.release.set()
+    await cache.store(req("In Go, how do I sort a slice?"), first, ANSWER)  # waits for the model, then indexes
+    assert len(cache.index.vectors) == 1
+    assert (await cache.lookup(req("How do I sort a slice in Go?"))).status == CacheStatus.HIT_SEMANTIC
+    await cache.aclose()
