@@ -78,6 +78,8 @@ def test_schema_accepts_the_defaults_and_is_strict_everywhere() -> None:
             ["gateway.apiKeys.existingSecret=keys", f"gateway.apiKeys.adminKeyHashes={{{A_HASH}}}"],
             "gateway.apiKeys.existingSecret is set together with",
         ),
+        (["gateway.config.server.port=9000"], "gateway.config.server.port is set by the chart: use gateway.port"),
+        (["gateway.config.server.log_level=debug"], "use gateway.logLevel instead"),
         (
             [f"gateway.apiKeys.tenants.ghost={{{A_HASH}}}"],
             'keys for tenant "ghost", which is not in gateway.config.tenancy.tenants',
