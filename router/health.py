@@ -42,6 +42,11 @@ class HealthTracker:
             st.failures = 0
             st.ejected_until = 0.0
 
+    @property
+    def any_tracked(self) -> bool:
+        """False when no endpoint has ever failed (or all were forgotten): filters can skip work."""
+        return bool(self._states)
+
     def is_ejected(self, endpoint_id: str, *, now: float | None = None) -> bool:
         st = self._states.get(endpoint_id)
         return st is not None and st.ejected_until > (self.clock() if now is None else now)

@@ -17,6 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="served model name (default: the profile's)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per engine second")
     parser.add_argument("--kv-blocks", type=int, default=None, help="KV capacity in blocks (default: profile)")
+    parser.add_argument("--calibrate", metavar="URL", default=None,
+                        help="instead of serving: probe the engine at URL (e.g. vLLM), fit the step-time "
+                        "constants and compare the simulator under them")
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -38,7 +41,36 @@ async def _serve(args: argparse.Namespace) -> None:
         await fleet.aclose()
 
 
+async def _calibrate(args: argparse.Namespace) -> None:
+    import aiohttp
+
+    from fleetgate.sim.calibrate import fit_line, probe, report
+    from fleetgate.sim.fleet import start_sim_fleet
+
+    url = args.calibrate.rstrip("/").removesuffix("/v1")
+    model = args.model
+    if model is None:
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/v1/models") as resp:
+            model = (await resp.json())["data"][0]["id"]
+    print(f"probing {model!r} at {url} (TTFT vs prompt length, TPOT vs batch) ...", flush=True)
+    real = await probe(url=url, model=model)
+    a, b = fit_line(real.ttft_by_len)
+    c, d = fit_line(real.tpot_by_batch)
+    base = get_profile(args.profile)
+    fitted = base.with_(prefill_s_per_token=max(b, 1e-7), decode_s_per_seq=max(d, 1e-7),
+                        step_overhead_s=max(c, 1e-4), model=model, time_scale=1.0)
+    print(f"fit: TTFT = {a:.4f} + {b * 1000:.4f} ms x prompt tokens; TPOT = {c:.4f} + {d * 1000:.4f} ms x batch")
+    fleet = await start_sim_fleet(replicas=1, profile=fitted)
+    try:
+        sim = await probe(url=fleet.urls[0], model=model)
+    finally:
+        await fleet.aclose()
+    print(report(real, sim))
+    print(f"profile: step_overhead_s={fitted.step_overhead_s:.5f}, prefill_s_per_token={fitted.prefill_s_per_token:.7f}"
+          f", decode_s_per_seq={fitted.decode_s_per_seq:.6f}")
+
+
 def run(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args))
+        asyncio.run(_calibrate(args) if args.calibrate else _serve(args))
     return 0

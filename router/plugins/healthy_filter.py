@@ -22,6 +22,8 @@ class HealthyFilter:
         self.health = health
 
     def filter(self, req: RoutingRequest, cycle: CycleState, endpoints: list[Endpoint]) -> list[Endpoint]:
+        if not self.health.any_tracked:
+            return endpoints
         now = self.health.clock()
         kept = [e for e in endpoints if not self.health.is_ejected(e.id, now=now)]
         if kept or not endpoints:

@@ -21,9 +21,10 @@ class MaxScorePicker:
         self.rng = rng
 
     def pick(self, endpoints: Sequence[Endpoint], totals: Sequence[float]) -> list[int]:
-        rnd = self.rng.random
-        keys = [(-round(t, 9), rnd()) for t in totals]
-        return sorted(range(len(totals)), key=keys.__getitem__)
+        # Scores within 1e-9 count as equal; `sorted` is stable, so a shuffled start breaks ties at random.
+        order = list(range(len(totals)))
+        self.rng.shuffle(order)
+        return sorted(order, key=lambda i: -round(totals[i], 9))
 
 
 def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> MaxScorePicker:
