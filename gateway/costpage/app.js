@@ -70,7 +70,8 @@
   // Stacked bars: one bar per day, one segment per series.
   function stackedBars(container, days, series) {
     container.replaceChildren();
-    const W = 720, H = 220, L = 64, R = 8, T = 10, B = 26;
+    // Wide cards get a wider drawing so that text keeps the same size on screen.
+    const W = container.closest(".wide") ? 1440 : 720, H = 220, L = 64, R = 8, T = 10, B = 26;
     const totals = days.map((_, i) => series.reduce((a, s) => a + s.values[i], 0));
     const max = Math.max(...totals, 0);
     if (max <= 0) { empty(container, "No spend in this range."); return; }
@@ -108,7 +109,7 @@
   function horizontalBars(container, items) {
     container.replaceChildren();
     if (!items.length || items.every((d) => d.value <= 0)) { empty(container, "No spend in this range."); return; }
-    const W = 720, rowH = 24, L = 140, R = 120;
+    const W = 720, rowH = 24, L = 120, R = 230;
     const H = items.length * rowH + 8;
     const max = Math.max(...items.map((d) => d.value));
     const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "data-series": 1 });
@@ -119,7 +120,7 @@
       const rect = svg("rect", { x: L, y: y + 3, width: Math.max(w, 0.5), height: rowH - 8, fill: d.color,
         class: "bar", "data-series": d.label, "data-value": d.value });
       root.append(rect);
-      root.append(svg("text", { x: L + w + 6, y: y + 15 }, `${usd(d.value)} · saved ${usd(d.saved)}`));
+      root.append(svg("text", { x: L + w + 6, y: y + 15 }, `${usd(d.value)} (saved ${usd(d.saved)})`));
     });
     container.append(root);
   }
