@@ -18,8 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from fleetgate.core.config import load_model
@@ -29,6 +28,7 @@ from fleetgate.router.roundrobin import RoundRobinScheduler
 from fleetgate.router.types import Scheduler
 from fleetgate.sim import workloads
 from fleetgate.sim.profile import PROFILES, get_profile
+from fleetgate.sim.report import Row, print_table, quantile
 from fleetgate.sim.virtual_fleet import RunResult, VirtualClock, run_virtual_fleet
 from fleetgate.sim.workloads import WorkItem
 
@@ -51,26 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--urls", default=None, help="with --http: comma-separated engine base URLs (real vLLM)")
     parser.add_argument("--model", default=None, help="with --http: served model name (default: from /v1/models)")
     parser.add_argument("--max-requests", type=int, default=48, help="with --http: requests per policy")
-
-
-def quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
-
-
-@dataclass(slots=True)
-class Row:
-    policy: str
-    ttft_p50: float
-    ttft_p90: float
-    hit_rate: float
-    throughput: float
-    decision_p99_us: float
-    decision_cpu_p99_us: float
-    spread: list[int]
 
 
 def make_scheduler(policy: str, *, config: RoutingConfig | None, seed: int, clock: VirtualClock) -> Scheduler:
@@ -100,21 +80,6 @@ def to_row(policy: str, r: RunResult) -> Row:
         decision_cpu_p99_us=quantile(r.decision_cpu_s, 0.99) * 1e6,
         spread=sorted(r.per_endpoint.values(), reverse=True),
     )
-
-
-def print_table(title: str, rows: list[Row], *, baseline: str, unit: str = "engine seconds") -> None:
-    base = next((r for r in rows if r.policy == baseline), None)
-    print(f"\n== {title}  (ratios: x better than {baseline}; TTFT in {unit})")
-    print(f"{'policy':<14}{'TTFT p50':>10}{'TTFT p90':>10}{'hit rate':>10}{'tok/s':>9}"
-          f"{'dec p99':>10}{'cpu p99':>10}   {'p50 x':>6}{'p90 x':>7}{'hit x':>7}  requests/endpoint")
-    for r in rows:
-        ratios = ["", "", ""]
-        if base is not None:
-            ratios = [f"{base.ttft_p50 / r.ttft_p50:.2f}", f"{base.ttft_p90 / r.ttft_p90:.2f}",
-                      f"{r.hit_rate / base.hit_rate:.2f}" if base.hit_rate > 0 else "-"]
-        print(f"{r.policy:<14}{r.ttft_p50:>10.3f}{r.ttft_p90:>10.3f}{r.hit_rate:>10.1%}{r.throughput:>9.1f}"
-              f"{r.decision_p99_us:>8.0f}us{r.decision_cpu_p99_us:>8.0f}us   {ratios[0]:>6}{ratios[1]:>7}{ratios[2]:>7}"
-              f"  {r.spread}")
 
 
 async def run_virtual(args: argparse.Namespace, policies: list[str], config: RoutingConfig | None) -> dict[str, Any]:

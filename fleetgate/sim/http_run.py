@@ -28,6 +28,7 @@ from fleetgate.router.config import RoutingConfig, preset
 from fleetgate.router.roundrobin import RoundRobinScheduler
 from fleetgate.router.types import RoutingRequest, Scheduler
 from fleetgate.sim.profile import get_profile
+from fleetgate.sim.report import Row, print_table, quantile
 from fleetgate.sim.workloads import WorkItem, shared_prefix
 
 
@@ -96,8 +97,6 @@ async def _send(
 async def run_http_bench(
     *, args: argparse.Namespace, policies: list[str], config: RoutingConfig | None
 ) -> dict[str, Any]:
-    from fleetgate.bench.routing import Row, print_table, quantile
-
     fleet = None
     if args.urls:
         urls = [u.strip().rstrip("/").removesuffix("/v1") for u in args.urls.split(",") if u.strip()]
