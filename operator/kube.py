@@ -44,6 +44,25 @@ API_CALLS: frozenset[tuple[str, str, str]] = frozenset(
 )
 
 
+def resource_class(group: str, version: str, kind: str, plural: str) -> Any:
+    """lightkube's class for a kind: the registered one (built-in or generic) or a new generic one.
+
+    lightkube cannot re-create a generic class for the core group (its registry looks it up as "/v1"
+    but stores it as "v1"), so the registry is asked first.
+    """
+    from lightkube.core.exceptions import LoadResourceError
+    from lightkube.core.resource_registry import resource_registry
+    from lightkube.generic_resource import create_namespaced_resource
+
+    try:
+        existing = resource_registry.get(f"{group}/{version}" if group else version, kind)
+    except (LoadResourceError, ImportError):
+        existing = None
+    if existing is not None:
+        return existing
+    return create_namespaced_resource(group, version, kind, plural)
+
+
 class ApiCallNotDeclared(RuntimeError):
     """A call missing from API_CALLS: RBAC would not grant it in a cluster."""
 
@@ -89,20 +108,20 @@ class KubeApi:
 
     def _resource(self, kind: str) -> Any:
         if kind not in self._resources:
-            from lightkube.generic_resource import create_namespaced_resource
-
             if kind == "InferenceService":
-                self._resources[kind] = create_namespaced_resource(GROUP, VERSION, kind, PLURAL)
+                self._resources[kind] = resource_class(GROUP, VERSION, kind, PLURAL)
             elif kind == "Event":
-                self._resources[kind] = create_namespaced_resource("", "v1", kind, "events")
+                self._resources[kind] = resource_class("", "v1", kind, "events")
             else:
                 group, version, plural = KINDS[kind]
-                self._resources[kind] = create_namespaced_resource(group, version, kind, plural)
+                self._resources[kind] = resource_class(group, version, kind, plural)
         return self._resources[kind]
 
     @staticmethod
     def _plain(obj: Any) -> dict[str, Any]:
-        return dict(obj) if obj is not None else {}
+        if obj is None:
+            return {}
+        return dict(obj) if isinstance(obj, dict) else dict(obj.to_dict())
 
     async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply one child manifest; returns the object as stored."""

@@ -66,7 +66,9 @@ def test_core_kinds_pass_kubernetes_schemas(path: Path) -> None:
 
 
 def test_every_child_is_owned_labelled_and_hashed() -> None:
-    for child in _children(_example("llama-70b-h100-tp4"), OperatorSettings(capabilities=Capabilities(service_monitor=True))):
+    for child in _children(
+        _example("llama-70b-h100-tp4"), OperatorSettings(capabilities=Capabilities(service_monitor=True))
+    ):
         meta = child["metadata"]
         (ref,) = meta["ownerReferences"]
         assert ref["kind"] == "InferenceService" and ref["controller"] is True and ref["uid"] == "00000000-uid"

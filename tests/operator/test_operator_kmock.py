@@ -1,0 +1,167 @@
+"""The operator end to end against kmock: create, become ready, update, scale, invalid spec, no fit, delete."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetgate.operator.handlers import WAIT_RETRY_S
+from fleetgate.operator.kube import API_CALLS
+from fleetgate.operator.rbac import allows
+
+from .conftest import Cluster, wait_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.timeout(120)]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _cr(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "fleetgate.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": copy.deepcopy(spec),
+    }
+
+
+SMALL: dict[str, Any] = {
+    "model": {"source": "hf://Qwen/Qwen2.5-7B-Instruct-AWQ", "servedName": "qwen"},
+    "engine": {"quantization": "awq_marlin", "maxModelLen": 8192, "maxNumSeqs": 32},
+    "resources": {"accelerator": "nvidia-l4", "gpus": 1},
+    "replicas": 1,
+}
+
+
+def _status(cluster: Cluster, name: str) -> dict[str, Any]:
+    return cluster.objects("inferenceservices").get(name, {}).get("status") or {}
+
+
+def _cond(cluster: Cluster, name: str, type_: str) -> tuple[str, str] | None:
+    for c in _status(cluster, name).get("conditions") or []:
+        if c["type"] == type_:
+            return c["status"], c["reason"]
+    return None
+
+
+def _events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.objects("events").values() if e.get("reason") == reason]
+
+
+async def test_create_then_ready_then_update_then_scale(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+    await cluster.create(_cr("qwen", SMALL))
+    await wait_for(lambda: _status(cluster, "qwen").get("phase") == "Pending", what="Pending status")
+    dep = cluster.objects("deployments")["qwen"]
+    isvc = cluster.objects("inferenceservices")["qwen"]
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == isvc["metadata"]["uid"]
+    assert set(cluster.objects("services")) == {"qwen"} and set(cluster.objects("poddisruptionbudgets")) == {"qwen"}
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--served-model-name") + 1] == "qwen"
+    assert _cond(cluster, "qwen", "CapacityPlanned") == ("True", "Fits")
+    assert _status(cluster, "qwen")["endpoint"] == "http://qwen.default.svc.cluster.local:8000"
+
+    await cluster.fake_rollout("qwen", ready=1)
+    await wait_for(lambda: _status(cluster, "qwen").get("phase") == "Ready", what="Ready after the pods are ready")
+    assert _cond(cluster, "qwen", "Ready") == ("True", "AllReplicasReady")
+    assert _status(cluster, "qwen")["ready"] == "1/1"
+
+    await cluster.patch_spec("qwen", {"engine": {"maxNumSeqs": 16}})
+
+    def updated() -> bool:
+        argv = cluster.objects("deployments")["qwen"]["spec"]["template"]["spec"]["containers"][0]["args"]
+        return argv[argv.index("--max-num-seqs") + 1] == "16"
+
+    # A spec change while the create handler waits for pods is applied at its next retry (WAIT_RETRY_S).
+    await wait_for(updated, within=WAIT_RETRY_S + 10, what="Deployment args updated")
+    await wait_for(lambda: _status(cluster, "qwen").get("observedGeneration") == 2, what="observedGeneration 2")
+
+    await cluster.patch_spec("qwen", {"replicas": 3})
+    await wait_for(
+        lambda: cluster.objects("deployments")["qwen"]["spec"].get("replicas") == 3,
+        within=WAIT_RETRY_S + 10,
+        what="scaled to 3",
+    )
+    await cluster.fake_rollout("qwen", ready=3)
+    await wait_for(lambda: _status(cluster, "qwen").get("ready") == "3/3", what="3/3 ready")
+
+
+async def test_invalid_spec_sets_condition_and_event_and_operator_survives(
+    cluster: Cluster, operator: asyncio.Task[None]
+) -> None:
+    bad = copy.deepcopy(SMALL)
+    bad["engine"]["tensorParallelSize"] = 4  # but gpus: 1
+    await cluster.create(_cr("bad", bad))
+    await wait_for(lambda: _status(cluster, "bad").get("phase") == "Invalid", what="Invalid status")
+    assert _cond(cluster, "bad", "Degraded") == ("True", "InvalidSpec")
+    message = next(c["message"] for c in _status(cluster, "bad")["conditions"] if c["type"] == "Degraded")
+    assert "tensorParallelSize" in message
+    await wait_for(lambda: bool(_events(cluster, "InvalidSpec")), what="InvalidSpec event")
+    assert "bad" not in cluster.objects("deployments")
+    # The operator keeps working for everyone else.
+    await cluster.create(_cr("good", SMALL))
+    await wait_for(lambda: "good" in cluster.objects("deployments"), what="children of a valid CR")
+    assert not operator.done()
+
+
+async def test_spec_that_does_not_fit_creates_no_pods(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+    doc = yaml.safe_load((EXAMPLES / "does-not-fit.yaml").read_text())
+    await cluster.create(doc)
+    await wait_for(lambda: _status(cluster, "too-big").get("phase") == "DoesNotFit", what="DoesNotFit status")
+    assert _cond(cluster, "too-big", "CapacityPlanned") == ("False", "DoesNotFit")
+    assert "too-big" not in cluster.objects("deployments")
+    assert "too-big" in cluster.objects("services")
+    await wait_for(lambda: bool(_events(cluster, "DoesNotFit")), what="DoesNotFit event")
+    assert "141.10 GB weights" in _events(cluster, "DoesNotFit")[0]["message"]
+
+
+async def test_autoscaler_added_and_removed(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+    spec = {**copy.deepcopy(SMALL), "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}
+    await cluster.create(_cr("auto", spec))
+    await wait_for(lambda: "auto" in cluster.objects("horizontalpodautoscalers"), what="HPA")
+    assert "replicas" not in cluster.objects("deployments")["auto"]["spec"]
+    await cluster.patch_spec("auto", {"autoscaling": None})
+    await wait_for(
+        lambda: "auto" not in cluster.objects("horizontalpodautoscalers"), within=WAIT_RETRY_S + 10, what="HPA deleted"
+    )
+
+
+async def test_deletion_is_clean(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+    await cluster.create(_cr("gone", SMALL))
+    await wait_for(lambda: "gone" in cluster.objects("deployments"), what="children")
+    await cluster.delete("gone")
+    await wait_for(lambda: "gone" not in cluster.objects("inferenceservices"), what="CR deleted")
+    await asyncio.sleep(0.3)
+    assert not operator.done()
+    # Children go with their owner through the API server's garbage collector (not emulated by kmock):
+    for plural in ("deployments", "services", "poddisruptionbudgets"):
+        refs = cluster.objects(plural)["gone"]["metadata"]["ownerReferences"]
+        assert refs[0]["kind"] == "InferenceService" and refs[0]["name"] == "gone" and refs[0]["blockOwnerDeletion"]
+
+
+async def test_every_request_the_operator_made_is_granted_by_rbac(
+    cluster: Cluster, operator: asyncio.Task[None]
+) -> None:
+    await cluster.create(_cr("rbac", SMALL))
+    await wait_for(lambda: _status(cluster, "rbac").get("phase") == "Pending", what="reconciled")
+    await cluster.fake_rollout("rbac", ready=1)
+    await wait_for(lambda: _status(cluster, "rbac").get("phase") == "Ready", what="ready")
+    verbs = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+    checked = 0
+    for request in cluster.server:
+        res = request.resource
+        if res is None or res.plural is None:  # discovery: granted to every authenticated client
+            continue
+        if request.params.get("fieldManager") == "test":  # the test's own client, not the operator
+            continue
+        resource = res.plural + (f"/{request.subresource}" if getattr(request, "subresource", None) else "")
+        verb = verbs[str(request.method.value).upper()]
+        if verb == "get" and request.name is None:
+            verb = "watch" if request.params.get("watch") in ("true", "1") else "list"
+        assert allows(group=res.group or "", resource=resource, verb=verb), (res.group, resource, verb, request.url)
+        checked += 1
+    assert checked > 5
+    assert API_CALLS  # the declared list is what test_operator_rbac checks statically
