@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetgate.gateway.tenancy.config import TenancyConfig
 from fleetgate.router.config import RoutingConfig
+from fleetgate.router.tiers.config import TierConfig
 
 
 class _Strict(BaseModel):
@@ -77,7 +78,7 @@ class GatewaySettings(_Strict):
     redis_url: str | None = Field(default=None, description="shared state for several replicas; None: in memory")
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     cache: dict[str, Any] = Field(default_factory=dict)
-    tiers: dict[str, Any] = Field(default_factory=dict)
+    tiers: TierConfig = Field(default_factory=TierConfig)
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
 
     @field_validator("models")

@@ -18,7 +18,7 @@ from fleetgate.gateway.discovery import EndpointSource, StaticEndpointSource
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.stages import Accountant, Authenticator, Limiter
 from fleetgate.gateway.stageset import Stages
-from fleetgate.router.tiers.types import PassThroughTiers, TierResolver
+from fleetgate.router.tiers.types import TierResolver
 from fleetgate.router.types import Scheduler
 
 if TYPE_CHECKING:
@@ -48,7 +48,9 @@ def build_cache(settings: GatewaySettings, *, registry: CollectorRegistry, kvsto
 
 
 def build_tiers(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> TierResolver:
-    return PassThroughTiers()
+    from fleetgate.router.tiers.build import build_tiers as build_tier_resolver
+
+    return build_tier_resolver(settings.tiers)
 
 
 def build_tenancy_stage(

@@ -99,6 +99,3 @@ class MiniLMEmbedder:
             list(texts), batch_size=self._batch_size, normalize_embeddings=True, show_progress_bar=False
         )
         return np.asarray(vectors, dtype=np.float32).reshape(len(texts), EMBEDDING_DIM)
-
-    def embed_one(self, text: str) -> np.ndarray:
-        return self.embed([text])[0]

@@ -161,6 +161,22 @@ def structural_features(text: str) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
 
 
+_TURN = re.compile(r"(?:^|\n)<\|(system|user|assistant|tool|developer|function)\|>")
+
+
+def scoring_text(prompt_text: str) -> str:
+    """The text to score: the last user turn of the gateway's chat serialisation (`<|role|>content\n` per
+    message, `fleetgate.gateway.parsing.chat_prompt_text`), the same text the semantic cache embeds; any other
+    prompt (completions) as it is. System prompts and earlier turns are left out: the labels describe requests."""
+    if not prompt_text.startswith("<|"):
+        return prompt_text
+    parts = _TURN.split(prompt_text)  # ["", role, content, role, content, ...]
+    for i in range(len(parts) - 2, 0, -2):
+        if parts[i] == "user":
+            return parts[i + 1].removesuffix("\n")
+    return prompt_text
+
+
 def normalize_embedding(embedding: Any) -> np.ndarray | None:
     """The embedding as a unit float64 vector, or None when it is missing or not a 384-d MiniLM vector."""
     if embedding is None:

@@ -7,15 +7,18 @@ model when an embedding is available, the structural one otherwise). The embeddi
 passed a valid 384-d MiniLM vector; otherwise it is computed off the event loop (`embedding:
 reuse_or_compute`) or skipped in favour of the structural-only model (`embedding: reuse_only`).
 Fallbacks list the other tiers in the alias's fallback order; a cascade names the next stronger tier.
-Names that are not aliases pass through unchanged (reason "explicit").
+Names that are not aliases pass through unchanged (reason "explicit"). For chat requests the scored text is
+the last user turn (`features.scoring_text`), the text the semantic cache embeds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import contextvars
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +26,7 @@ import numpy as np
 
 from fleetgate.router.tiers.config import Alias, Tier, TierConfig
 from fleetgate.router.tiers.escalation import compile_refusals, escalation_reason
-from fleetgate.router.tiers.features import normalize_embedding
+from fleetgate.router.tiers.features import normalize_embedding, scoring_text
 from fleetgate.router.tiers.scorer import Score, TierScorer
 from fleetgate.router.tiers.types import TierDecision
 
@@ -31,7 +34,9 @@ log = logging.getLogger(__name__)
 
 
 class Embedder(Protocol):
-    def embed_one(self, text: str) -> np.ndarray: ...
+    """The semantic cache's embedder protocol: blocking, rows L2-normalised (so one instance can serve both)."""
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +67,12 @@ class TieredResolver:
             name: _AliasPlan(name=name, alias=alias, refusals=compile_refusals(alias.cascade.refusal_patterns))
             for name, alias in config.aliases.items()
         }
-        # Cascade settings for a response that names only its model: the first alias that cascades from it.
+        # The alias of the request being served, for `should_escalate` later in the same task: the contract's
+        # call passes only the response, and two aliases may cascade from one model with different settings.
+        self._request_alias: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+            f"fleetgate-tier-alias-{id(self)}", default=None
+        )
+        # Last resort, for a response seen outside the resolving task: the first alias cascading from its model.
         self._by_model: dict[str, _AliasPlan] = {}
         for plan in self._plans.values():
             if plan.alias.cascade.enabled:
@@ -78,20 +88,23 @@ class TieredResolver:
 
     async def resolve(self, requested_model: str, prompt_text: str, *, embedding: Any | None = None) -> TierDecision:
         plan = self._plans.get(requested_model)
+        self._request_alias.set("" if plan is None else requested_model)  # "": explicit name
         if plan is None:
             return TierDecision(model=requested_model)
         vector: np.ndarray | None = None
+        text = scoring_text(prompt_text)
         if plan.alias.route == "scorer" and len(plan.alias.tiers) > 1:
             vector = normalize_embedding(embedding)
             if vector is None and self._embedder is not None and self._config.embedding == "reuse_or_compute":
                 try:
-                    vector = normalize_embedding(await asyncio.to_thread(self._embedder.embed_one, prompt_text))
+                    rows = await asyncio.to_thread(self._embedder.embed, [text])
+                    vector = normalize_embedding(rows[0])
                 except Exception:  # fail open: the structural model still decides
                     log.exception("tier router: computing the prompt embedding failed; using structural scorer")
-        return self.decide(alias=requested_model, prompt_text=prompt_text, embedding=vector)
+        return self.decide(alias=requested_model, prompt_text=text, embedding=vector)
 
     def decide(self, *, alias: str, prompt_text: str, embedding: np.ndarray | None) -> TierDecision:
-        """Synchronous decision for an alias, given an already-normalised embedding (or None)."""
+        """Synchronous decision for an alias, given the text to score and a normalised embedding (or None)."""
         plan = self._plans[alias]
         tiers = plan.alias.tiers
         score: Score | None = None
@@ -126,10 +139,12 @@ class TieredResolver:
         )
 
     def should_escalate(self, response: dict[str, Any], *, decision: TierDecision | None = None) -> str | None:
-        """A reason to escalate the cheap tier's complete answer, or None. `decision` (optional, additive to
-        the contract) names the alias; without it the response's `model` field finds the cascade settings."""
-        plan = self._plans.get(decision.alias) if decision is not None and decision.alias else None
-        if plan is None:
+        """A reason to escalate the cheap tier's complete answer, or None. The alias comes from `decision`
+        (optional, additive to the contract), else from the `resolve` call earlier in the same task, else from
+        the response's `model` field."""
+        alias = decision.alias if decision is not None else self._request_alias.get()
+        plan = self._plans.get(alias) if alias else None
+        if plan is None and decision is None and alias is None:
             plan = self._by_model.get(str(response.get("model", "")))
         if plan is None or not plan.alias.cascade.enabled:
             return None

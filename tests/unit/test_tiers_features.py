@@ -14,6 +14,7 @@ from fleetgate.router.tiers.features import (
     feature_matrix,
     feature_vector,
     normalize_embedding,
+    scoring_text,
     structural_features,
 )
 
@@ -91,3 +92,11 @@ def test_feature_vector_and_matrix_agree() -> None:
     for i, text in enumerate(texts):
         unit = emb[i] / np.linalg.norm(emb[i])
         assert np.allclose(matrix[i], feature_vector(text, unit))
+
+
+def test_scoring_text_is_the_last_user_turn_of_a_chat() -> None:
+    chat = "<|system|>Be brief.\n<|user|>first\nline two\n<|assistant|>ok\n<|user|>Translate 'hi'.\n"
+    assert scoring_text(chat) == "Translate 'hi'."
+    assert scoring_text("<|system|>only a system prompt\n") == "<|system|>only a system prompt\n"
+    assert scoring_text("plain completion prompt") == "plain completion prompt"
+    assert scoring_text("<|user|>multi\nline\n") == "multi\nline"

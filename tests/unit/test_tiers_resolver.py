@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +43,14 @@ class RecordingEmbedder:
     def __init__(self, vector: np.ndarray, *, fail: bool = False) -> None:
         self.vector, self.fail = vector, fail
         self.threads: list[int] = []
+        self.texts: list[str] = []
 
-    def embed_one(self, text: str) -> np.ndarray:
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
         self.threads.append(threading.get_ident())
+        self.texts.extend(texts)
         if self.fail:
             raise RuntimeError("model files missing")
-        return self.vector
+        return np.vstack([self.vector for _ in texts])
 
 
 def resolver(alias: dict[str, Any], *, embedder: Any = None, **cfg: Any) -> TieredResolver:
@@ -166,7 +171,9 @@ async def test_should_escalate_with_the_decision() -> None:
     decision = await r.resolve("auto", "x")
     refused = {"model": "served-name", "choices": [{"finish_reason": "stop", "message": {"content": "I can't."}}]}
     assert r.should_escalate(refused, decision=decision) == "refusal"
-    assert r.should_escalate(refused) is None  # the served name matches no tier
+    assert r.should_escalate(refused) == "refusal"  # the alias resolved earlier in this task
+    # Outside the resolving task only the served model can find the alias, and "served-name" is no tier.
+    assert contextvars.Context().run(r.should_escalate, refused) is None
 
 
 def test_build_tiers(tmp_path: Path) -> None:
@@ -181,3 +188,35 @@ def test_build_tiers(tmp_path: Path) -> None:
         {"aliases": {"auto": {"tiers": [SMALL, LARGE], "route": "cheapest"}}, "scorer_path": str(tmp_path / "x")}
     )
     assert cascade.aliases() == ["auto"]
+
+
+async def test_chat_prompts_are_scored_on_the_last_user_turn() -> None:
+    embedder = RecordingEmbedder(TOWARD_SMALL)
+    r = resolver({"tiers": [SMALL, LARGE]}, embedder=embedder)
+    chat = "<|system|>You are terse.\n<|user|>Prove it.\n<|assistant|>No.\n<|user|>What is 2+2?\n"
+    d = await r.resolve("auto", chat)
+    alone = await r.resolve("auto", "What is 2+2?")
+    assert embedder.texts == ["What is 2+2?", "What is 2+2?"]
+    assert d.score == alone.score
+
+
+async def test_should_escalate_follows_the_alias_resolved_in_the_same_task() -> None:
+    """Two aliases cascade from one model with different settings: the request's own alias decides."""
+    r = TieredResolver(
+        config=TierConfig.model_validate({"aliases": {
+            "strict": {"tiers": [SMALL, LARGE], "route": "cheapest", "cascade": {"enabled": True}},
+            "lenient": {"tiers": [SMALL, LARGE], "route": "cheapest", "cascade": {"enabled": True, "on_length": False}},
+        }}),
+        scorer=None,
+    )
+    cut = {"model": "m-small", "choices": [{"finish_reason": "length", "message": {"content": "partial"}}]}
+
+    async def serve(alias: str) -> str | None:
+        await r.resolve(alias, "x")
+        await asyncio.sleep(0)
+        return r.should_escalate(cut)
+
+    strict, lenient = await asyncio.gather(serve("strict"), serve("lenient"))
+    assert (strict, lenient) == ("length", None)
+    await r.resolve("m-small", "x")  # an explicit name: no cascade for this request
+    assert r.should_escalate(cut) is None
