@@ -1,0 +1,273 @@
+"""Engines in a cluster: InferenceServices and their ready pods, watched through the Kubernetes API.
+
+The operator gives every InferenceService a Service of the same name; the EndpointSlice controller lists
+that Service's pods in EndpointSlices (labels copied from the Service, `kubernetes.io/service-name`). This
+source watches both kinds and answers with pod-level endpoints, because prefix affinity must pick a pod,
+not a Service VIP:
+
+    endpoints(model) = [http://<pod IP>:<port "http"> for every slice address with conditions.ready
+                        in every slice of the Service of each InferenceService whose served model is `model`]
+
+Each endpoint carries labels from the CR: `tier`, prices (`price_input_per_1m`, `price_output_per_1m`,
+`price_cached_input_per_1m`), `inferenceservice`, `namespace`, `pod`. `start()` lists once (so the first
+request after start-up already has endpoints) and then keeps watching; a broken watch is re-listed after
+a back-off, and everything is re-listed every `resync_s` anyway. Never imports the operator: shared names
+come from `fleetgate.engine.kube_names`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from fleetgate.core.types import Endpoint
+from fleetgate.engine.kube_names import ENGINE_PORT, ENGINE_PORT_NAME, GROUP, KIND, PLURAL, VERSION
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+    from fleetgate.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceInfo:
+    namespace: str
+    name: str
+    served_model: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
+    """What the gateway needs from one InferenceService, or None for a malformed object."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if not name or not namespace:
+        return None
+    model = spec.get("model") or {}
+    served = (obj.get("status") or {}).get("servedModel") or model.get("servedName") or name
+    gateway = spec.get("gateway") or {}
+    labels = {"inferenceservice": name, "namespace": namespace}
+    if gateway.get("tier"):
+        labels["tier"] = str(gateway["tier"])
+    pricing = gateway.get("pricing") or {}
+    for key, label in (
+        ("inputPerMillionTokens", "price_input_per_1m"),
+        ("outputPerMillionTokens", "price_output_per_1m"),
+        ("cachedInputPerMillionTokens", "price_cached_input_per_1m"),
+    ):
+        if pricing.get(key) is not None:
+            labels[label] = str(pricing[key])
+    return ServiceInfo(namespace=namespace, name=name, served_model=str(served), labels=labels)
+
+
+def ready_addresses(slice_: Mapping[str, Any]) -> list[tuple[str, int, str]]:
+    """(ip, port, pod name) of the ready endpoints of one EndpointSlice."""
+    port = next((p.get("port") for p in slice_.get("ports") or [] if p.get("name") == ENGINE_PORT_NAME), None)
+    port = int(port) if port else ENGINE_PORT
+    out: list[tuple[str, int, str]] = []
+    for ep in slice_.get("endpoints") or []:
+        conditions = ep.get("conditions") or {}
+        if conditions.get("ready") is False or conditions.get("terminating") is True:
+            continue
+        pod = (ep.get("targetRef") or {}).get("name", "")
+        for address in ep.get("addresses") or []:
+            out.append((address, port, pod))
+    return out
+
+
+def build_index(
+    *, services: Mapping[tuple[str, str], ServiceInfo], slices: Mapping[tuple[str, str], Mapping[str, Any]]
+) -> dict[str, list[Endpoint]]:
+    """served model -> pod endpoints, from the current InferenceServices and EndpointSlices. Pure."""
+    by_service: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
+    for (namespace, _slice_name), slice_ in slices.items():
+        owner = ((slice_.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL)
+        if owner:
+            by_service.setdefault((namespace, owner), []).extend(ready_addresses(slice_))
+    index: dict[str, list[Endpoint]] = {}
+    for key, info in sorted(services.items()):
+        for ip, port, pod in sorted(set(by_service.get(key, []))):
+            host = f"[{ip}]" if ":" in ip else ip
+            labels = {**info.labels, "pod": pod}
+            index.setdefault(info.served_model, []).append(
+                Endpoint(id=f"{host}:{port}", url=f"http://{host}:{port}", model=info.served_model, labels=labels)
+            )
+        index.setdefault(info.served_model, [])
+    return index
+
+
+class KubernetesEndpointSource:
+    """An EndpointSource fed by watches on InferenceServices and EndpointSlices."""
+
+    def __init__(
+        self,
+        *,
+        client_factory: Any,
+        namespace: str | None,
+        label_selector: str,
+        resync_s: float = 30.0,
+        registry: CollectorRegistry | None = None,
+        retry_s: float = 2.0,
+    ) -> None:
+        self._client_factory = client_factory
+        self._namespace = namespace
+        self._selector: dict[str, Any] = dict(p.split("=", 1) for p in label_selector.split(",") if "=" in p)
+        self._resync_s = resync_s
+        self._retry_s = retry_s
+        self._services: dict[tuple[str, str], ServiceInfo] = {}
+        self._slices: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self._index: dict[str, list[Endpoint]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._client: AsyncClient | None = None
+        self._gauge = (
+            Gauge("fleetgate_discovered_endpoints", "Ready engine pods per model (Kubernetes discovery).", ["model"],
+                  registry=registry)
+            if registry is not None
+            else None
+        )  # fmt: skip
+
+    def models(self) -> list[str]:
+        return sorted(self._index)
+
+    def endpoints(self, model: str) -> list[Endpoint]:
+        return list(self._index.get(model, []))
+
+    def _rebuild(self) -> None:
+        self._index = build_index(services=self._services, slices=self._slices)
+        if self._gauge is not None:
+            for model, eps in self._index.items():
+                self._gauge.labels(model=model).set(len(eps))
+
+    def _resources(self) -> tuple[Any, Any]:
+        from lightkube.core.resource_registry import resource_registry
+        from lightkube.generic_resource import create_namespaced_resource
+        from lightkube.resources.discovery_v1 import EndpointSlice
+
+        isvc = resource_registry.get(f"{GROUP}/{VERSION}", KIND) or create_namespaced_resource(
+            GROUP, VERSION, KIND, PLURAL
+        )
+        return isvc, EndpointSlice
+
+    @staticmethod
+    def _plain(obj: Any) -> dict[str, Any]:
+        return dict(obj) if isinstance(obj, dict) else dict(obj.to_dict())
+
+    def _namespace_arg(self) -> str:
+        from lightkube import ALL_NS
+
+        return self._namespace if self._namespace else ALL_NS
+
+    async def relist(self) -> None:
+        """Replace the state with a fresh list of both kinds."""
+        assert self._client is not None
+        isvc, slice_cls = self._resources()
+        services: dict[tuple[str, str], ServiceInfo] = {}
+        async for obj in self._client.list(isvc, namespace=self._namespace_arg()):
+            info = service_info(self._plain(obj))
+            if info is not None:
+                services[(info.namespace, info.name)] = info
+        slices: dict[tuple[str, str], Mapping[str, Any]] = {}
+        async for obj in self._client.list(slice_cls, namespace=self._namespace_arg(), labels=self._selector):
+            body = self._plain(obj)
+            meta = body.get("metadata") or {}
+            slices[(meta.get("namespace", ""), meta.get("name", ""))] = body
+        self._services, self._slices = services, slices
+        self._rebuild()
+
+    def apply_event(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        """Fold one watch event into the state (`kind` is "isvc" or "slice")."""
+        meta = obj.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if kind == "isvc":
+            info = service_info(obj)
+            if event == "DELETED" or info is None:
+                self._services.pop(key, None)
+            else:
+                self._services[key] = info
+        elif event == "DELETED":
+            self._slices.pop(key, None)
+        else:
+            self._slices[key] = obj
+        self._rebuild()
+
+    async def _watch(self, kind: str) -> None:
+        isvc, slice_cls = self._resources()
+        res = isvc if kind == "isvc" else slice_cls
+        labels = None if kind == "isvc" else self._selector
+        while True:
+            try:
+                assert self._client is not None
+                async for event, obj in self._client.watch(res, namespace=self._namespace_arg(), labels=labels):
+                    self.apply_event(kind, event, self._plain(obj))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a broken watch must never take discovery down: re-list and go on
+                log.warning("kubernetes discovery: %s watch failed (%s); re-listing in %.0fs", kind, exc, self._retry_s)
+                await asyncio.sleep(self._retry_s)
+                with contextlib.suppress(Exception):
+                    await self.relist()
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self._resync_s)
+            try:
+                await self.relist()
+            except Exception as exc:
+                log.warning("kubernetes discovery: resync failed: %s", exc)
+
+    async def start(self) -> None:
+        self._client = self._client_factory()
+        await self.relist()
+        self._tasks = [
+            asyncio.create_task(self._watch("isvc")),
+            asyncio.create_task(self._watch("slice")),
+            asyncio.create_task(self._resync()),
+        ]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def _own_namespace() -> str | None:
+    try:
+        return SA_NAMESPACE.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def build_source(settings: GatewaySettings, *, registry: CollectorRegistry) -> KubernetesEndpointSource:
+    """The wiring's entry point for `discovery.kind: kubernetes`."""
+
+    def client() -> AsyncClient:
+        from lightkube import AsyncClient, KubeConfig
+
+        return AsyncClient(config=KubeConfig.from_env())
+
+    discovery = settings.discovery
+    return KubernetesEndpointSource(
+        client_factory=client,
+        namespace=discovery.namespace or _own_namespace(),
+        label_selector=discovery.label_selector,
+        resync_s=discovery.resync_s,
+        registry=registry,
+    )

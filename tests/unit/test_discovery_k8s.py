@@ -1,0 +1,151 @@
+"""Kubernetes discovery: pod-level endpoints with tier and prices from the InferenceService.
+
+The index is a pure function (tested directly); the watch loop runs against kmock, an in-process
+Kubernetes API mock, with objects created, changed and deleted through the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kmock
+import pytest
+from kmock._internal import apps
+from prometheus_client import CollectorRegistry
+
+from fleetgate.gateway.discovery import EndpointSource
+from fleetgate.gateway.discovery.kubernetes import KubernetesEndpointSource, build_index, service_info
+
+ISVC: dict[str, Any] = {
+    "apiVersion": "fleetgate.io/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "llama", "namespace": "ml"},
+    "spec": {
+        "model": {"source": "hf://meta-llama/Llama-3.1-8B-Instruct", "servedName": "llama-8b"},
+        "gateway": {"tier": "cheap", "pricing": {"inputPerMillionTokens": 0.1, "outputPerMillionTokens": 0.3}},
+    },
+}
+
+
+def _slice(name: str, service: str, *eps: tuple[str, bool, str], namespace: str = "ml") -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"kubernetes.io/service-name": service, "app.kubernetes.io/managed-by": "fleetgate"},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+        "endpoints": [
+            {"addresses": [ip], "conditions": {"ready": ready}, "targetRef": {"kind": "Pod", "name": pod}}
+            for ip, ready, pod in eps
+        ],
+    }
+
+
+def test_index_lists_ready_pods_with_tier_and_prices() -> None:
+    info = service_info(ISVC)
+    assert info is not None
+    slices = {
+        ("ml", "llama-a"): _slice("llama-a", "llama", ("10.0.0.1", True, "p1"), ("10.0.0.2", False, "p2")),
+        ("ml", "llama-b"): _slice("llama-b", "llama", ("10.0.0.3", True, "p3")),
+        ("ml", "other"): _slice("other", "other", ("10.0.0.9", True, "x")),
+        ("prod", "llama-c"): _slice("llama-c", "llama", ("10.1.0.1", True, "y"), namespace="prod"),
+    }
+    index = build_index(services={("ml", "llama"): info}, slices=slices)
+    eps = index["llama-8b"]
+    assert [e.url for e in eps] == ["http://10.0.0.1:8000", "http://10.0.0.3:8000"]
+    assert eps[0].model == "llama-8b" and eps[0].id == "10.0.0.1:8000"
+    assert eps[0].labels["tier"] == "cheap"
+    assert eps[0].labels["price_input_per_1m"] == "0.1" and eps[0].labels["pod"] == "p1"
+    assert set(index) == {"llama-8b"}
+
+
+def test_service_without_pods_is_a_known_model_with_no_endpoints() -> None:
+    info = service_info(ISVC)
+    assert info is not None
+    assert build_index(services={("ml", "llama"): info}, slices={}) == {"llama-8b": []}
+
+
+def test_status_served_model_wins_and_name_is_the_fallback() -> None:
+    bare = {"metadata": {"name": "m", "namespace": "n"}, "spec": {"model": {"source": "/x"}}}
+    assert (info := service_info(bare)) is not None and info.served_model == "m"
+    with_status = {**bare, "status": {"servedModel": "from-status"}}
+    assert (info := service_info(with_status)) is not None and info.served_model == "from-status"
+    assert service_info({"metadata": {}}) is None
+
+
+@pytest.fixture
+async def api_url() -> AsyncIterator[tuple[Any, str]]:
+    server = kmock.KubernetesEmulator()
+    verbs = {"list", "watch", "get", "create", "patch", "delete"}
+    server.resources["fleetgate.io/v1alpha1/inferenceservices"] = kmock.ResourceInfo(
+        kind="InferenceService", namespaced=True, verbs=verbs
+    )
+    server.resources["discovery.k8s.io/v1/endpointslices"] = kmock.ResourceInfo(
+        kind="EndpointSlice", namespaced=True, verbs=verbs
+    )
+    async with server, apps.Server(server):
+        yield server, str(server.url).rstrip("/")
+
+
+def _client(url: str) -> Any:
+    from lightkube import AsyncClient, KubeConfig
+    from lightkube.config.models import Cluster, User
+
+    return AsyncClient(config=KubeConfig.from_one(cluster=Cluster(server=url), user=User()))
+
+
+async def _eventually(check: Any, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.timeout(60)
+async def test_watch_follows_pods_and_services(api_url: tuple[Any, str]) -> None:
+    from lightkube.core.resource_registry import resource_registry
+    from lightkube.generic_resource import create_namespaced_resource
+    from lightkube.resources.discovery_v1 import EndpointSlice
+    from lightkube.types import PatchType
+
+    _server, url = api_url
+    isvc_cls = resource_registry.get("fleetgate.io/v1alpha1", "InferenceService") or create_namespaced_resource(
+        "fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices"
+    )
+    admin = _client(url)
+    await admin.create(isvc_cls.from_dict(ISVC))
+    await admin.create(EndpointSlice.from_dict(_slice("llama-a", "llama", ("10.0.0.1", True, "p1"))))
+
+    registry = CollectorRegistry()
+    source = KubernetesEndpointSource(
+        client_factory=lambda: _client(url), namespace="ml", label_selector="app.kubernetes.io/managed-by=fleetgate",
+        resync_s=60, registry=registry, retry_s=0.1,
+    )  # fmt: skip
+    assert isinstance(source, EndpointSource)
+    await source.start()
+    try:
+        assert source.models() == ["llama-8b"]  # listed before start() returns
+        assert [e.url for e in source.endpoints("llama-8b")] == ["http://10.0.0.1:8000"]
+        assert registry.get_sample_value("fleetgate_discovered_endpoints", {"model": "llama-8b"}) == 1
+
+        grown = _slice("llama-a", "llama", ("10.0.0.1", True, "p1"), ("10.0.0.2", True, "p2"))
+        await admin.patch(EndpointSlice, "llama-a", grown, namespace="ml", patch_type=PatchType.MERGE)
+        await _eventually(lambda: len(source.endpoints("llama-8b")) == 2)
+
+        not_ready = _slice("llama-a", "llama", ("10.0.0.1", False, "p1"), ("10.0.0.2", True, "p2"))
+        await admin.patch(EndpointSlice, "llama-a", not_ready, namespace="ml", patch_type=PatchType.MERGE)
+        await _eventually(lambda: [e.url for e in source.endpoints("llama-8b")] == ["http://10.0.0.2:8000"])
+
+        await admin.delete(isvc_cls, "llama", namespace="ml")
+        await _eventually(lambda: source.models() == [])
+        assert source.endpoints("llama-8b") == []
+    finally:
+        await source.aclose()
+        await admin.close()
