@@ -116,7 +116,7 @@ async def test_watch_follows_pods_and_services(api_url: tuple[Any, str]) -> None
     from lightkube.types import PatchType
 
     _server, url = api_url
-    isvc_cls = resource_registry.get("fleetgate.io/v1alpha1", "InferenceService") or create_namespaced_resource(
+    isvc_cls: Any = resource_registry.get("fleetgate.io/v1alpha1", "InferenceService") or create_namespaced_resource(
         "fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices"
     )
     admin = _client(url)
