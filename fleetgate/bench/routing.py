@@ -51,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--urls", default=None, help="with --http: comma-separated engine base URLs (real vLLM)")
     parser.add_argument("--model", default=None, help="with --http: served model name (default: from /v1/models)")
     parser.add_argument("--max-requests", type=int, default=48, help="with --http: requests per policy")
+    parser.add_argument("--kv-tokens", type=int, default=None,
+                        help="with --http: one engine's KV capacity in tokens for sizing the workload (default: "
+                        "from vllm:cache_config_info; set it for hybrid-attention models such as Gemma 3, whose "
+                        "blocks are shared by several KV groups)")
+    parser.add_argument("--prefix-tokens", type=int, default=1024, help="with --http: shared prefix length")
 
 
 def make_scheduler(policy: str, *, config: RoutingConfig | None, seed: int, clock: VirtualClock) -> Scheduler:

@@ -8,7 +8,8 @@ Least-squares fits: TTFT(L) = a + b * L  and  TPOT(B) = c + d * B. They map onto
 prefill_s_per_token = b, decode_s_per_seq = d, step_overhead_s = c (a step with one sequence
 costs c + d, so a small a - c is the engine's per-request overhead outside the step loop).
 `fleetgate sim --calibrate URL` prints the real engine's figures, the fit, and the simulator's own
-figures under the fitted profile side by side.
+figures under the fitted profile side by side; the simulator's characters per token is set to the
+engine's measured ratio so both count about the same tokens for the same prompt.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fleetgate.sim.workloads import _text
 class Probe:
     ttft_by_len: dict[int, float]  # prompt tokens (engine's count) -> median TTFT seconds
     tpot_by_batch: dict[int, float]  # batch size -> median seconds per output token
+    chars_per_token: float = 4.0  # prompt characters per engine token, over the TTFT probes
 
 
 async def _one(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int
@@ -62,6 +64,7 @@ async def probe(
 ) -> Probe:
     rng = random.Random(seed)
     out = Probe(ttft_by_len={}, tpot_by_batch={})
+    chars = tokens_total = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
         await _one(session, url, model, "warm up " + _text(rng, 32), 2)
         for n in prompt_lengths:
@@ -70,7 +73,10 @@ async def probe(
                 prompt = f"{rng.random()} " + _text(rng, n, chars_per_token=chars_per_token)
                 ttft, _, tokens = await _one(session, url, model, prompt, 1)
                 samples.append(ttft)
+                chars += len(prompt.encode())
+                tokens_total += tokens
             out.ttft_by_len[tokens] = statistics.median(samples)
+        out.chars_per_token = chars / max(1, tokens_total)
         for b in batch_sizes:
             samples = []
             for _ in range(reps):

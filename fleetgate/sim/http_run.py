@@ -114,8 +114,8 @@ async def run_http_bench(
                 async with session.get(f"{urls[0]}/v1/models") as resp:
                     model = (await resp.json())["data"][0]["id"]
             endpoints = [Endpoint(id=f"engine-{i}", url=u, model=model) for i, u in enumerate(urls)]
-            capacity = min([(await engine_counters(session, u))["capacity"] for u in urls]) or 16_384
-            prefix_tokens = 1024
+            capacity = args.kv_tokens or min([(await engine_counters(session, u))["capacity"] for u in urls]) or 16_384
+            prefix_tokens = args.prefix_tokens
             groups = max(2, math.ceil(2.5 * capacity / prefix_tokens))
             per_group = max(2, args.max_requests // groups)
             print(f"fleetgate bench routing --http: {len(urls)} engines serving {model!r}, KV {capacity:.0f} tokens "

@@ -58,7 +58,9 @@ async def _calibrate(args: argparse.Namespace) -> None:
     c, d = fit_line(real.tpot_by_batch)
     base = get_profile(args.profile)
     fitted = base.with_(prefill_s_per_token=max(b, 1e-7), decode_s_per_seq=max(d, 1e-7),
-                        step_overhead_s=max(c, 1e-4), model=model, time_scale=1.0)
+                        step_overhead_s=max(c, 1e-4), model=model, time_scale=1.0,
+                        chars_per_token=max(1, round(real.chars_per_token)))
+    print(f"engine tokeniser: {real.chars_per_token:.2f} characters per token on these prompts")
     print(f"fit: TTFT = {a:.4f} + {b * 1000:.4f} ms x prompt tokens; TPOT = {c:.4f} + {d * 1000:.4f} ms x batch")
     fleet = await start_sim_fleet(replicas=1, profile=fitted)
     try:
