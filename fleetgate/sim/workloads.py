@@ -117,7 +117,7 @@ def shared_prefix(
     prefix_tokens: int = 2048,
     question_tokens: int = 128,
     max_tokens: int = 32,
-    rate_rps: float = 6.0,
+    rate_rps: float = 0.6,
 ) -> list[WorkItem]:
     rng = random.Random(seed)
     prefixes = [f"[group {g}] " + _text(rng, prefix_tokens) for g in range(groups)]
@@ -145,8 +145,8 @@ def multi_round_chat(
     turn_tokens: int = 96,
     answer_tokens: int = 64,
     max_tokens: int = 64,
-    think_s: float = 1.0,
-    start_rate_rps: float = 4.0,
+    think_s: float = 5.0,
+    start_rate_rps: float = 0.5,
 ) -> list[WorkItem]:
     rng = random.Random(seed)
     system = "<system> " + _text(rng, system_tokens)
@@ -181,7 +181,7 @@ def unique_prompts(
     min_tokens: int = 256,
     max_prompt_tokens: int = 2048,
     max_tokens: int = 32,
-    rate_rps: float = 6.0,
+    rate_rps: float = 0.6,
 ) -> list[WorkItem]:
     rng = random.Random(seed)
     times = _arrivals(rng, n, rate_rps)
