@@ -76,11 +76,17 @@ def percentile_ms(samples: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(samples) * 1000.0, q))
 
 
+@dataclass(frozen=True, slots=True)
+class Timings:
+    wall_s: list[float]  # what a request waits
+    cpu_s: list[float]  # process CPU time: the work itself, without the waits of a CPU shared with others
+
+
 def decision_latency(
     *, artifact: ScorerArtifact, texts: Sequence[str], embeddings: np.ndarray, embedder: Embedder | None,
     samples: int, compute_samples: int,
-) -> dict[str, list[float]]:
-    """Seconds per `resolve` call: 'with embedding', 'structural only' and (if embedder) 'computing embedding'."""
+) -> dict[str, Timings]:
+    """Per `resolve` call: 'with embedding', 'structural only' and (if embedder) 'computing embedding'."""
     alias = Alias(tiers=[DEFAULT_SMALL, DEFAULT_LARGE])
     scorer = TierScorer(artifact=artifact)
     reuse = TieredResolver(config=TierConfig(aliases={"auto": alias}), scorer=scorer, embedder=embedder)
@@ -88,16 +94,18 @@ def decision_latency(
         config=TierConfig(aliases={"auto": alias}, embedding="reuse_only"), scorer=scorer, embedder=None
     )
 
-    async def timed(resolver: TieredResolver, n: int, *, with_embedding: bool) -> list[float]:
-        out: list[float] = []
+    async def timed(resolver: TieredResolver, n: int, *, with_embedding: bool) -> Timings:
+        wall: list[float] = []
+        cpu: list[float] = []
         for i in range(n):
             j = i % len(texts)
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             await resolver.resolve("auto", texts[j], embedding=embeddings[j] if with_embedding else None)
-            out.append(time.perf_counter() - start)
-        return out
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+        return Timings(wall_s=wall, cpu_s=cpu)
 
-    async def main() -> dict[str, list[float]]:
+    async def main() -> dict[str, Timings]:
         await timed(reuse, min(20, samples), with_embedding=True)  # warm caches
         result = {
             "with cache embedding": await timed(reuse, samples, with_embedding=True),

@@ -26,7 +26,7 @@ import numpy as np
 
 from fleetgate.router.tiers.calibration import routing_metrics, threshold_for_recall
 from fleetgate.router.tiers.data import LabelledPrompt, estimate_tokens
-from fleetgate.router.tiers.features import STRUCTURAL_FEATURES, feature_matrix
+from fleetgate.router.tiers.features import STRUCTURAL_FEATURES, feature_matrix, structural_features
 from fleetgate.router.tiers.scorer import LinearModel, ScorerArtifact
 
 DEFAULT_C_GRID: tuple[float, ...] = (1.0, 3.0, 10.0, 30.0)
@@ -104,6 +104,12 @@ def _fit_model(
     return model, params
 
 
+def structural_fingerprint(texts: Sequence[str]) -> str:
+    """sha256 of the structural features of `texts` (rounded): pins the feature code an artifact was trained with."""
+    x = np.round(np.vstack([structural_features(t) for t in texts]), 8)
+    return hashlib.sha256(x.tobytes()).hexdigest()
+
+
 def data_fingerprint(rows: Sequence[LabelledPrompt]) -> str:
     h = hashlib.sha256()
     for r in rows:
@@ -132,6 +138,7 @@ def train(
         "source": source,
         "rows": len(rows),
         "data_sha256": data_fingerprint(rows),
+        "structural_features_sha256": structural_fingerprint([r.text for r in rows]),
         "seed": seed,
         "folds": folds,
         "target_recall": target_recall,

@@ -101,3 +101,14 @@ def test_bad_artifacts_raise_config_errors(tmp_path: Path) -> None:
         path.write_text(json.dumps(copy))
         with pytest.raises(ConfigError, match=message):
             ScorerArtifact.load(path)
+
+
+def test_shipped_artifact_matches_the_dev_data_and_the_current_feature_code(eval_data_dir: Path) -> None:
+    """If the feature code or the data changed, the shipped artifact is stale: rerun `fleetgate tier train`."""
+    from fleetgate.router.tiers.data import load_labelled
+    from fleetgate.router.tiers.training import data_fingerprint, structural_fingerprint
+
+    rows = load_labelled(eval_data_dir / "tier_queries.dev.jsonl")
+    meta = ScorerArtifact.load().meta
+    assert meta["data_sha256"] == data_fingerprint(rows)
+    assert meta["structural_features_sha256"] == structural_fingerprint([r.text for r in rows])
