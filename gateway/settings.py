@@ -9,10 +9,11 @@ plain mappings here until those stages replace them with their own typed configs
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fleetgate.cache.config import CacheConfig
 from fleetgate.gateway.tenancy.config import TenancyConfig
 from fleetgate.router.config import RoutingConfig
 from fleetgate.router.tiers.config import TierConfig
@@ -77,7 +78,7 @@ class GatewaySettings(_Strict):
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     redis_url: str | None = Field(default=None, description="shared state for several replicas; None: in memory")
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
-    cache: dict[str, Any] = Field(default_factory=dict)
+    cache: CacheConfig = Field(default_factory=lambda: CacheConfig(enabled=False))  # no section: off
     tiers: TierConfig = Field(default_factory=TierConfig)
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
 

@@ -44,7 +44,11 @@ def build_scheduler(
 
 
 def build_cache(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> ResponseCache:
-    return NoCache()
+    if not settings.cache.enabled:
+        return NoCache()
+    from fleetgate.cache.build import build_cache as build_response_cache
+
+    return build_response_cache(settings.cache, kvstore=kvstore, registry=registry)
 
 
 def build_tiers(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> TierResolver:
