@@ -1,75 +1,23 @@
-"""A running operator against a Kubernetes API: kmock (always), or a real API server (envtest) when available.
-
-kmock's emulator stores objects as plain JSON and merges patches; three API-server behaviours the operator
-relies on are added here, and only here: server-side apply creates a missing object, `generateName` gets a
-suffix, and `metadata.generation` grows when the spec changes. Garbage collection through owner references
-is not emulated (the real-API-server suite covers it where one can be had).
-"""
+"""A running operator against kmock, an in-process Kubernetes API (see fleetgate.operator.apisim for what
+it emulates and what it does not: no garbage collection, admission or defaulting)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import kmock
 import kopf
 import pytest
-from kmock._internal import apps, enums
+from kmock._internal import apps
 
+from fleetgate.operator.apisim import new_emulator
 from fleetgate.operator.handlers import register
 from fleetgate.operator.kube import KubeApi, resource_class
 from fleetgate.operator.settings import OperatorSettings
-
-RESOURCES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
-    # "group/version/plural": (kind, namespaced, subresources)
-    "fleetgate.io/v1alpha1/inferenceservices": ("InferenceService", True, ("status", "scale")),
-    "apps/v1/deployments": ("Deployment", True, ("status", "scale")),
-    "v1/services": ("Service", True, ("status",)),
-    "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, ("status",)),
-    "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, ("status",)),
-    "v1/events": ("Event", True, ()),
-    "v1/namespaces": ("Namespace", False, ()),
-    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, ()),
-}
-
-
-class ApiServerEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus SSA-creates, generateName and generation bumps (see the module docstring)."""
-
-    def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
-        self._names = itertools.count()
-
-    async def _handle(self, request: Any) -> Any:
-        if request.resource is not None and isinstance(request.data, dict):
-            meta = request.data.setdefault("metadata", {}) if request.data else {}
-            if request.action == enums.action.CREATE and not meta.get("name") and meta.get("generateName"):
-                meta["name"] = f"{meta['generateName']}{next(self._names):05d}"
-            if request.action == enums.action.CREATE:
-                meta.setdefault("uid", str(uuid.uuid4()))
-                meta.setdefault("generation", 1)
-            is_apply = "apply-patch" in (request.headers.get("Content-Type") or "")
-            if request.action == enums.action.UPDATE and request.name is not None:
-                key = (request.resource, request.namespace, request.name)
-                async with self._lock:
-                    exists = key in self._objects and not self._objects[key].deleted
-                    if not exists and is_apply:
-                        body = dict(request.data)
-                        body["metadata"] = {**meta, "uid": str(uuid.uuid4()), "generation": 1}
-                        self._objects[key] = body
-                        await self._buses[request.resource].put({"type": "ADDED", "object": body})
-                    elif exists and "spec" in request.data and not request.url.path.endswith("/status"):
-                        current = self._objects[key].raw
-                        if current.get("spec") != {**current.get("spec", {}), **request.data["spec"]}:
-                            gen = int(current.get("metadata", {}).get("generation") or 1) + 1
-                            request.data.setdefault("metadata", {})["generation"] = gen
-        return await super()._handle(request)
 
 
 @dataclass
@@ -132,14 +80,7 @@ async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], *, within: f
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
-    server = ApiServerEmulator()
-    for path, (kind, namespaced, subresources) in RESOURCES.items():
-        server.resources[path] = kmock.ResourceInfo(
-            kind=kind,
-            namespaced=namespaced,
-            subresources=subresources,
-            verbs={"list", "watch", "get", "create", "patch", "delete"},
-        )
+    server = new_emulator()
     async with server, apps.Server(server):
         url = str(server.url).rstrip("/")
         api = KubeApi.from_server(url=url, field_manager="test")
