@@ -64,6 +64,9 @@ class Chart:
     home: Path  # helm writes its caches and config under $HOME: keep them out of the repo
     path: Path = CHART_DIR
     env: dict[str, str] = field(default_factory=dict)
+    # Successful renders of the unmodified chart, shared by the session: the same values always render
+    # the same objects, and most tests render the same scenarios.
+    cache: dict[tuple[Any, ...], str] | None = None
 
     def _args(
         self, values: Sequence[Path], set_values: Sequence[str], set_json: Sequence[str]
@@ -99,11 +102,17 @@ class Chart:
         )
 
     def render(self, **kwargs: Any) -> Rendered:
-        proc = self.template(**kwargs)
-        if proc.returncode != 0:
-            raise AssertionError(f"helm template failed ({proc.returncode}):\n{proc.stderr}")
-        objects = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
-        return Rendered(objects=objects)
+        key = tuple(sorted((k, tuple(v) if isinstance(v, list | tuple) else v) for k, v in kwargs.items()))
+        text = self.cache.get(key) if self.cache is not None else None
+        if text is None:
+            proc = self.template(**kwargs)
+            if proc.returncode != 0:
+                raise AssertionError(f"helm template failed ({proc.returncode}):\n{proc.stderr}")
+            text = proc.stdout
+            if self.cache is not None:
+                self.cache[key] = text
+        # Parsed afresh each time: a test may change its objects without touching another test's.
+        return Rendered(objects=[doc for doc in yaml.safe_load_all(text) if doc])
 
     def fail(self, **kwargs: Any) -> str:
         """Render expecting failure; returns helm's error output."""
@@ -143,9 +152,14 @@ def helm_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("helm-home")
 
 
+@pytest.fixture(scope="session")
+def render_cache() -> dict[tuple[Any, ...], str]:
+    return {}
+
+
 @pytest.fixture
-def chart(helm: Path, helm_home: Path) -> Chart:
-    return Chart(helm=helm, home=helm_home)
+def chart(helm: Path, helm_home: Path, render_cache: dict[tuple[Any, ...], str]) -> Chart:
+    return Chart(helm=helm, home=helm_home, cache=render_cache)
 
 
 @pytest.fixture

@@ -5,12 +5,61 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
+
+from fleetgate.operator.rbac import GATEWAY_RULES, RULES, rules_as_yaml
+
 CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "fleetgate"
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces", "clusterkopfpeerings"}
+RULE_FILES = {"operator-rbac.yaml": False, "gateway-rbac.yaml": True}
+
+
+def _triples(rules: Any) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+@pytest.mark.parametrize(("filename", "gateway"), RULE_FILES.items())
+def test_rule_files_are_generated_from_operator_rbac(filename: str, gateway: bool) -> None:
+    text = (CHART_DIR / "files" / filename).read_text()
+    body = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))
+    flag = "gateway=True" if gateway else ""
+    assert body == rules_as_yaml(gateway=gateway), (
+        f"charts/fleetgate/files/{filename} is stale; regenerate it with\n  PYTHONSAFEPATH=1 .venv/bin/python -c "
+        f"\"from fleetgate.operator.rbac import rules_as_yaml; import sys; sys.stdout.write(rules_as_yaml({flag}))\" "
+        f"> body.yaml  # then keep the two header comment lines"
+    )
+
+
+@pytest.mark.parametrize(
+    "mode", [(), ("operator.watchNamespaces={team-a,team-b}",), ("operator.watchAllNamespaces=true",)]
+)
+def test_rendered_operator_roles_grant_exactly_operator_rbac(chart: Any, mode: tuple[str, ...]) -> None:
+    rendered = chart.render(set_values=list(mode))
+    cluster = [r for c in rendered.component("ClusterRole", "operator") for r in c["rules"]]
+    roles = rendered.component("Role", "operator")
+    for role in roles:
+        assert _triples(cluster) | _triples(role["rules"]) == _triples(RULES), role["metadata"]["namespace"]
+        assert not {r for rule in role["rules"] for r in rule["resources"]} & CLUSTER_SCOPED, (
+            "a Role cannot grant cluster-scoped resources"
+        )
+    if roles:
+        leaked = {r for rule in cluster for r in rule["resources"]} - CLUSTER_SCOPED
+        assert not leaked, f"namespaced rights granted cluster-wide: {leaked}"
+    else:
+        assert _triples(cluster) == _triples(RULES)
+
+
+def test_rendered_gateway_role_grants_exactly_gateway_rules(chart: Any) -> None:
+    (role,) = chart.render().component("Role", "gateway")
+    assert _triples(role["rules"]) == _triples(GATEWAY_RULES)
+    assert yaml.safe_load(rules_as_yaml(gateway=True)) == role["rules"]
 
 
 def _crd_group_plural(chart: Any) -> tuple[str, str]:
-    (crd,) = chart.render(extra=["--include-crds"]).of_kind("CustomResourceDefinition")
+    (crd,) = [c for c in chart.render(extra=["--include-crds"]).of_kind("CustomResourceDefinition")
+              if c["spec"]["names"]["kind"] == "InferenceService"]
     return crd["spec"]["group"], crd["spec"]["names"]["plural"]
 
 
@@ -50,7 +99,7 @@ def test_gateway_reads_only_what_discovery_needs(chart: Any, scenario: Path) -> 
     assert not rendered.component("ClusterRole", "gateway"), "the gateway needs nothing cluster-wide"
     for role in rendered.component("Role", "gateway"):
         assert _grants(role["rules"], group, plural) == {"get", "list", "watch"}
-        assert _grants(role["rules"], "", "pods") == {"get", "list", "watch"}
+        assert _grants(role["rules"], "discovery.k8s.io", "endpointslices") == {"get", "list", "watch"}
         for rule in role["rules"]:
             assert not WRITE_VERBS & set(rule["verbs"]), "the gateway writes nothing to the API"
             assert "secrets" not in rule["resources"]

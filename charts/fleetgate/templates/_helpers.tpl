@@ -178,3 +178,8 @@ of the mounted key file.
 {{- end }}
 {{- toYaml $cfg }}
 {{- end }}
+
+{{/* The Kopf peering object's name. */}}
+{{- define "fleetgate.operator.peeringName" -}}
+{{- .Values.operator.peering.name }}
+{{- end }}
