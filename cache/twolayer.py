@@ -182,7 +182,7 @@ class TwoLayerCache:
             self.metrics.lookups.labels("exact", "miss").inc()
             return None
         self.metrics.lookups.labels("exact", "hit").inc()
-        return CacheLookup(status=CacheStatus.HIT_EXACT, response=self._served(record, req), similarity=1.0)
+        return CacheLookup(status=CacheStatus.HIT_EXACT, response=self._served(record, req))
 
     async def embed(self, text: str) -> np.ndarray:
         assert self.embedder is not None
