@@ -4,7 +4,7 @@
 # Build from the repository root:
 #   docker build -f docker/fleetgate.Dockerfile -t ghcr.io/fleetgate/fleetgate:0.1.0 .
 # Add the semantic cache and tier scorer (sentence-transformers, faiss; about 2 GB more):
-#   docker build -f docker/fleetgate.Dockerfile --build-arg EXTRAS=operator,semantic ...
+#   docker build -f docker/fleetgate.Dockerfile --build-arg EXTRAS=operator,kube,semantic ...
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -21,7 +21,7 @@ COPY engine_image ./engine_image
 RUN python -m build --wheel --outdir /wheels .
 
 FROM ${PYTHON_IMAGE}
-ARG EXTRAS=operator
+ARG EXTRAS=operator,kube
 # The repository's `operator/` folder is installed as `fleetgate.operator`; nothing named `operator`
 # may sit on sys.path, so keep the working directory out of it as the project's scripts do.
 ENV PYTHONSAFEPATH=1 \
@@ -34,7 +34,8 @@ RUN set -eux; \
     wheel="$(ls /wheels/fleetgate-*.whl)"; \
     pip install "${wheel}[${EXTRAS}]"; \
     rm -rf /wheels; \
-    useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin fleetgate
+    groupadd --gid 10001 fleetgate; \
+    useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin fleetgate
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 8080
