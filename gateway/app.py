@@ -26,6 +26,7 @@ from fleetgate.core.kvstore import KVStore, make_kvstore
 from fleetgate.gateway.context import request_id_from
 from fleetgate.gateway.discovery import EndpointSource
 from fleetgate.gateway.errors import error_body
+from fleetgate.gateway.fastpath import GatewayApp, completion_handler
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.pipeline import Pipeline
 from fleetgate.gateway.routes import JSON, install_routes
@@ -139,11 +140,14 @@ def create_app(
             return "no engine endpoints"
         return None
 
-    app = FastAPI(title="FleetGate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = GatewayApp(title="FleetGate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    limit = settings.server.max_body_bytes
+    app.hot_routes = {
+        "/v1/chat/completions": completion_handler("chat", pipeline=pipeline, max_body_bytes=limit),
+        "/v1/completions": completion_handler("completions", pipeline=pipeline, max_body_bytes=limit),
+    }
     _install_error_handlers(app)
-    install_routes(
-        app, pipeline=pipeline, registry=registry, max_body_bytes=settings.server.max_body_bytes, readiness=readiness
-    )
+    install_routes(app, pipeline=pipeline, registry=registry, readiness=readiness)
     for router in [*build_routers(settings, stages=stages, registry=registry, kvstore=store), *routers]:
         app.include_router(router)
     app.state.settings = settings
