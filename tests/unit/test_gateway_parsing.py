@@ -1,0 +1,86 @@
+"""Request parsing: what the gateway extracts, and what it rejects with 400."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from fleetgate.core.errors import InvalidRequestError
+from fleetgate.gateway.context import request_id_from
+from fleetgate.gateway.parsing import estimate_prompt_tokens, parse_request
+
+
+def raw(**body: object) -> bytes:
+    return orjson.dumps(body)
+
+
+def test_chat_fields_and_stable_prompt_text() -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "image_url", "image_url": {}},
+                                     {"type": "text", "text": "there"}]},
+    ]
+    p = parse_request("chat", raw(model="m", messages=messages, stream=True,
+                                  stream_options={"include_usage": True}, max_completion_tokens=7, user="u1"))
+    assert (p.model, p.stream, p.include_usage, p.continuous_usage, p.max_tokens) == ("m", True, True, False, 7)
+    assert p.prompt_text == "<|system|>be brief\n<|user|>hi there\n"
+    assert p.session_key == "u1"
+    again = parse_request("chat", raw(model="m", messages=messages))
+    assert again.prompt_text == p.prompt_text and again.stream is False
+
+
+def test_session_header_wins_over_user_field() -> None:
+    p = parse_request("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], user="u"),
+                      session_header="s")
+    assert p.session_key == "s"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text"),
+    [("abc", "abc"), (["a", "b"], "a\nb"), ([1, 2, 3], "1 2 3")],
+)
+def test_completion_prompts(prompt: object, text: str) -> None:
+    p = parse_request("completions", raw(model="m", prompt=prompt, max_tokens=3))
+    assert p.prompt_text == text and p.max_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "param"),
+    [
+        ("chat", b"nope", None),
+        ("chat", b'"string"', None),
+        ("chat", raw(model="", messages=[{"role": "user"}]), "model"),
+        ("chat", raw(model=3, messages=[{"role": "user"}]), "model"),
+        ("chat", raw(model="m", messages={"role": "user"}), "messages"),
+        ("chat", raw(model="m", messages=[{"content": "no role"}]), "messages"),
+        ("chat", raw(model="m", messages=[{"role": "user"}], max_tokens=0), "max_tokens"),
+        ("chat", raw(model="m", messages=[{"role": "user"}], max_tokens=True), "max_tokens"),
+        ("chat", raw(model="m", messages=[{"role": "user"}], n=0), "n"),
+        ("chat", raw(model="m", messages=[{"role": "user"}], stream=1), "stream"),
+        ("chat", raw(model="m", messages=[{"role": "user"}], stream=True, stream_options=[1]), "stream_options"),
+        ("completions", raw(model="m"), "prompt"),
+        ("completions", raw(model="m", prompt=[]), "prompt"),
+        ("completions", raw(model="m", prompt=["a", 1]), "prompt"),
+    ],
+)
+def test_rejections_name_the_parameter(kind: str, body: bytes, param: str | None) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        parse_request(kind, body)  # type: ignore[arg-type]
+    assert info.value.param == param
+    assert info.value.status == 400
+
+
+def test_estimate_is_rough_but_positive() -> None:
+    assert estimate_prompt_tokens("") == 1
+    assert estimate_prompt_tokens("x" * 400) == 100
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [("abc-123", True), ("x" * 128, True), ("x" * 129, False), ("bad\nid", False), ("é", False), ("", False)],
+)
+def test_request_id_accepts_only_sane_client_ids(given: str, kept: bool) -> None:
+    rid = request_id_from({"x-request-id": given})
+    assert (rid == given) is kept
+    assert rid and rid.isascii()
+    assert request_id_from({}) != request_id_from({})

@@ -1,0 +1,75 @@
+"""Gateway settings: embedded defaults, strictness, URL normalisation, errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetgate.core.config import load_model
+from fleetgate.core.errors import ConfigError, UpstreamBadResponseError
+from fleetgate.gateway.discovery import StaticEndpointSource, endpoint_id
+from fleetgate.gateway.errors import from_engine
+from fleetgate.gateway.settings import GatewaySettings
+
+
+def test_defaults_work_without_a_file() -> None:
+    s = load_model(GatewaySettings, None)
+    assert (s.server.host, s.server.port, s.server.max_body_bytes) == ("127.0.0.1", 8080, 4 * 1024 * 1024)
+    assert s.models == [] and s.discovery.kind == "static" and s.redis_url is None
+    assert s.server.debug_headers is False
+
+
+def test_file_is_loaded_and_endpoints_normalised(tmp_path: Path) -> None:
+    f = tmp_path / "gw.yaml"
+    f.write_text("server: {port: 9000, debug_headers: true}\n"
+                 "models:\n  - name: small\n    endpoints: ['http://10.0.0.1:8000/v1/', 'http://10.0.0.2:8000']\n"
+                 "    served_name: org/small-v2\n")
+    s = load_model(GatewaySettings, f)
+    assert s.server.port == 9000 and s.server.debug_headers
+    source = StaticEndpointSource(s.models)
+    assert source.models() == ["small"]
+    eps = source.endpoints("small")
+    assert [e.url for e in eps] == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    assert [e.id for e in eps] == ["10.0.0.1:8000", "10.0.0.2:8000"]
+    assert {e.model for e in eps} == {"org/small-v2"}
+    assert source.endpoints("unknown") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("server: {prot: 1}\n", "server.prot"),
+        ("bogus: 1\n", "bogus"),
+        ("models: [{name: a, endpoints: ['10.0.0.1:80']}]\n", "models.0.endpoints"),
+        ("models: [{name: a}, {name: a}]\n", "models"),
+        ("discovery: {kind: consul}\n", "discovery.kind"),
+    ],
+)
+def test_mistakes_are_config_errors_naming_the_field(tmp_path: Path, text: str, where: str) -> None:
+    f = tmp_path / "gw.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_model(GatewaySettings, f)
+    assert f"  {where}:" in str(info.value)
+
+
+def test_endpoint_ids() -> None:
+    assert endpoint_id("http://host") == "host:80"
+    assert endpoint_id("https://host") == "host:443"
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "code"),
+    [
+        (b'{"error": {"message": "too long", "type": "BadRequestError", "code": 400}}', "too long", "400"),
+        (b'{"object": "error", "message": "flat vllm", "type": "x", "code": 400}', "flat vllm", "400"),
+        (b"Internal Server Error", "engine e:1 answered HTTP 500: Internal Server Error", None),
+        (b"", "engine e:1 answered HTTP 500", None),
+    ],
+)
+def test_engine_errors_are_relayed_openai_shaped(body: bytes, message: str, code: str | None) -> None:
+    err = from_engine(500, body, endpoint="e:1")
+    assert err.status == 500 and err.message == message and err.code == code
+    assert set(err.to_openai()["error"]) == {"message", "type", "param", "code"}
+    assert not isinstance(err, UpstreamBadResponseError)
