@@ -68,6 +68,8 @@ class EngineCounters:
     prefix_queries: int = 0  # tokens looked up in the prefix cache
     prefix_hits: int = 0  # tokens found
     requests_success: int = 0
+    requests_started: int = 0  # requests received (engine calls)
+    busy_s: float = 0.0  # simulated seconds spent executing steps (what the GPUs are paid for)
 
 
 class SimEngine:
@@ -90,6 +92,7 @@ class SimEngine:
         return SimRequest(id=request_id, prompt_tokens=tokens, block_hashes=hashes, max_tokens=out, arrival_s=now)
 
     def add(self, req: SimRequest) -> None:
+        self.counters.requests_started += 1
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -134,6 +137,7 @@ class SimEngine:
     def finish_step(self, step: Step, *, now: float) -> list[SimRequest]:
         """Apply a planned step that ended at `now`; returns the requests that finished."""
         c = self.counters
+        c.busy_s += step.duration_s
         for req in step.admitted:
             req.first_token_s = now
             req.generated = 1

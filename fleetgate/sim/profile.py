@@ -31,6 +31,12 @@ class SimProfile:
     decode_s_per_seq: float = 0.002
     default_max_tokens: int = 32
     time_scale: float = 1.0
+    # Answers of a natural length drawn per prompt in [lo, hi] tokens (finish_reason "stop" when it is
+    # below max_tokens), instead of always running to max_tokens ("length"). None: always max_tokens.
+    natural_tokens: tuple[int, int] | None = None
+    # Start each answer with `[answer:<12 hex digest of the prompt>]` so benchmarks can tell which
+    # prompt an answer (e.g. one replayed by a cache) was produced for.
+    answer_tag: bool = False
 
     def with_(self, **changes: object) -> SimProfile:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ history form a shared prefix.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Mapping
@@ -52,6 +53,14 @@ def _usage(req: SimRequest) -> dict[str, Any]:
     }
 
 
+def _natural_length(prompt: str, bounds: tuple[int, int] | None) -> int | None:
+    """A deterministic per-prompt answer length in [lo, hi] tokens (None: run to max_tokens)."""
+    if bounds is None:
+        return None
+    lo, hi = bounds
+    return lo + int.from_bytes(hashlib.sha1(prompt.encode()).digest()[:4], "big") % (hi - lo + 1)
+
+
 def _text(start: int, end: int) -> str:
     return "".join(f" w{i}" for i in range(start, end))
 
@@ -76,8 +85,13 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         if not isinstance(prompt, str):
             return _error(400, "`prompt` must be a string", "invalid_prompt")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    profile = runner.engine.profile
+    requested = int(max_tokens) if max_tokens is not None else profile.default_max_tokens
+    natural = _natural_length(prompt, profile.natural_tokens)
+    finish_reason = "stop" if natural is not None and natural < requested else "length"
+    tag = f"[answer:{hashlib.sha1(prompt.encode()).hexdigest()[:12]}]" if profile.answer_tag else ""
     try:
-        req, updates = runner.submit(prompt=prompt, max_tokens=int(max_tokens) if max_tokens is not None else None)
+        req, updates = runner.submit(prompt=prompt, max_tokens=min(requested, natural or requested))
     except ValueError as exc:
         return _error(400, str(exc), "context_length_exceeded")
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -87,8 +101,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         if not body.get("stream"):
             while not req.done:
                 await updates.get()
-            text = _text(0, req.generated)
-            choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+            text = tag + _text(0, req.generated)
+            choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
             if chat:
                 choice["message"] = {"role": "assistant", "content": text}
             else:
@@ -107,9 +121,9 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
                     break
                 await updates.get()
                 continue
-            new = _text(sent, req.generated)
+            new = (tag if sent == 0 else "") + _text(sent, req.generated)
             first, sent = sent == 0, req.generated
-            finish = "length" if req.done and sent >= req.generated else None
+            finish = finish_reason if req.done and sent >= req.generated else None
             ch: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
             if chat:
                 ch["delta"] = {"role": "assistant", "content": new} if first else {"content": new}
