@@ -18,7 +18,7 @@ def build_embedder(config: CacheConfig) -> Embedder:
     sem = config.semantic
     if sem.embedder == "hashing":
         return HashingEmbedder()
-    return MiniLMEmbedder(model_dir=Path(sem.model_dir) if sem.model_dir else None)
+    return MiniLMEmbedder(model_dir=Path(sem.model_dir) if sem.model_dir else None, threads=sem.embed_threads)
 
 
 def build_cache(

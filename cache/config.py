@@ -18,6 +18,9 @@ class SemanticConfig(BaseModel):
     enabled: bool = True
     embedder: Literal["minilm", "hashing"] = "minilm"  # hashing: no torch, for tests and tiny deployments
     model_dir: str | None = None  # an extracted MiniLM folder; default: extracted from the PyPI package
+    # torch intra-op threads (process-wide). One query is tiny: extra threads only add contention (on a busy
+    # 2-core box 2 threads took 1.5 s per query vs 75 ms with 1); concurrent lookups run in parallel threads.
+    embed_threads: int | None = Field(default=1, ge=1)
     threshold: float = Field(default=0.5, ge=-1.0, le=1.0)  # cosine similarity, before the verifier
     verify: bool = True  # the lexical near-miss verifier; turning it off is unsafe (see cache-eval)
     rewrite_min: float = Field(default=0.86, ge=-1.0, le=1.0)  # similarity a reworded paraphrase needs
