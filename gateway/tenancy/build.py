@@ -40,7 +40,8 @@ def build_tenancy(
     counters: CounterBackend
     ledger: UsageLedger
     if redis_url:
-        client = redis_client(redis_url)
+        client = redis_client(redis_url, timeout_s=config.redis_timeout_s,
+                              max_connections=config.redis_max_connections)
         closers.append(client)
         counters = RedisCounters(client, url=redis_url)
         ledger = RedisLedger(client, prefix=config.redis_prefix, retention_days=config.usage_retention_days,

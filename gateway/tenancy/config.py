@@ -105,6 +105,9 @@ class TenancyConfig(_Strict):
     default_price: ListPrice | None = None  # models without an entry; None: they cost nothing
     savings_baseline_model: str | None = None  # tiering savings: what this model would have cost
     on_store_error: Literal["open", "closed"] = "open"
+    redis_timeout_s: float = Field(default=2.0, gt=0)  # connect, command and pool wait; then on_store_error
+    redis_max_connections: int = Field(default=64, ge=1)  # per gateway replica; a burst queues for these
+    store_retry_s: float = Field(default=1.0, ge=0)  # after a store failure, skip the store this long
     default_max_tokens: int = Field(default=1024, ge=1)  # reservation estimate when a request sets none
     sliding_minute_windows: bool = True
     usage_retention_days: int = Field(default=400, ge=1)

@@ -14,7 +14,9 @@ settle(reservation, usage):
     which model really served (an alias is priced at the model it resolved to).
 
 Store down: `on_store_error: open` (default) lets requests through unmetered and logs + counts it (an
-outage of the limits store should not become an outage of inference); `closed` answers 503.
+outage of the limits store should not become an outage of inference); `closed` answers 503. After a
+failure the store is not asked again for `store_retry_s`, so an outage costs one timeout, not one per
+request.
 """
 
 from __future__ import annotations
@@ -84,11 +86,14 @@ class TenancyLimiter:
         self._sliding = config.sliding_minute_windows
         self._default_max_tokens = config.default_max_tokens
         self._fail_open = config.on_store_error == "open"
+        self._retry_s = config.store_retry_s
+        self._down_until = 0.0  # monotonic; while in the future, the store is not asked (circuit open)
 
     def limits(self, tenant_id: str) -> TenantLimits:
         return self._limits.get(tenant_id, TenantLimits())
 
     def _store_error(self, op: str, exc: Exception) -> None:
+        self._down_until = time.monotonic() + self._retry_s
         if self._metrics is not None:
             self._metrics.store_errors.labels(op=op).inc()
         log.warning("tenancy limits store unavailable", extra={"op": op, "error": str(exc)})
@@ -108,6 +113,8 @@ class TenancyLimiter:
         checks = plan_checks(prefix=self._prefix, tenant_id=tenant.id, limits=limits, now_s=now,
                              tokens=tokens, micros=micros, sliding=self._sliding)
         try:
+            if time.monotonic() < self._down_until:
+                raise StoreUnavailableError("limits store marked down after a recent failure")
             refused, cur, prev = await self._counters.reserve(checks, now_ms=now_ms)
         except StoreUnavailableError as exc:
             self._store_error("reserve", exc)

@@ -24,7 +24,14 @@ async def guarded(awaitable: Awaitable[T], *, url: str) -> T:
         raise StoreUnavailableError(f"redis at {url} unavailable: {exc}") from exc
 
 
-def redis_client(url: str, *, timeout_s: float = 0.5) -> Redis:
-    from redis.asyncio import Redis
+def redis_client(url: str, *, timeout_s: float = 2.0, max_connections: int = 64) -> Redis:
+    """A client with a bounded, blocking pool: a burst of concurrent requests queues for a connection
+    instead of opening one socket per request. Connect and command timeouts are `timeout_s`; the wait
+    for a free connection may be longer (5x), since under a burst it measures queueing, not an outage."""
+    from redis.asyncio import BlockingConnectionPool, Redis
 
-    return Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=5 * timeout_s,
+        socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+    )
+    return Redis(connection_pool=pool)

@@ -151,7 +151,11 @@ async def test_settle_never_resurrects_an_expired_window(counters: CounterBacken
 
 
 class DownCounters:
+    def __init__(self) -> None:
+        self.calls = 0
+
     async def reserve(self, checks: Sequence[Check], *, now_ms: int) -> tuple[int, int, int]:
+        self.calls += 1
         raise StoreUnavailableError("down")
 
     async def adjust(self, deltas: Sequence[tuple[str, int]]) -> None:
@@ -164,10 +168,17 @@ class DownCounters:
 async def test_store_outage_fails_open_by_default_and_closed_when_configured() -> None:
     config = TenancyConfig.model_validate({"tenants": [{"id": "acme", "rpm": 1}]})
     prices = PriceBook(config, meter=TokenMeter(MemoryKVStore()))
-    open_lim = TenancyLimiter(config, counters=DownCounters(), prices=prices)
+    down = DownCounters()
+    open_lim = TenancyLimiter(config, counters=down, prices=prices)
     for _ in range(3):  # over rpm=1, but the store is down: let through
         r = await open_lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
         await open_lim.settle(r, Usage(prompt_tokens=1))
+    assert down.calls == 1  # after the first failure the store is left alone for store_retry_s
+    retrying = DownCounters()
+    eager = TenancyLimiter(config.model_copy(update={"store_retry_s": 0.0}), counters=retrying, prices=prices)
+    for _ in range(3):
+        await eager.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
+    assert retrying.calls == 3
     closed = TenancyLimiter(config.model_copy(update={"on_store_error": "closed"}), counters=DownCounters(),
                             prices=prices)
     with pytest.raises(UpstreamUnavailableError):
