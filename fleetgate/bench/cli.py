@@ -12,6 +12,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "gateway": ("fleetgate.bench.gateway_overhead", "gateway added latency and RPS vs direct-to-engine"),
     "routing": ("fleetgate.bench.routing", "endpoint-picking policies on the simulated fleet"),
     "cost": ("fleetgate.bench.cost", "naive serving vs FleetGate on a mixed multi-tenant workload"),
+    "tenancy": ("fleetgate.gateway.tenancy.bench", "exact cost totals, budget race and limiter overhead on Redis"),
 }
 
 
