@@ -111,4 +111,4 @@ def build_routers(
     tenancy = next((s for s in (stages.accountant, stages.limiter, stages.auth) if isinstance(s, TenancyStage)), None)
     if tenancy is None:  # tenancy stages replaced by the caller: no usage API to serve
         return []
-    return [usage_router(tenancy=tenancy), costpage_router()]
+    return [usage_router(tenancy=tenancy), costpage_router(auth_required=tenancy.auth_enabled)]

@@ -26,7 +26,7 @@
   }
 
   async function api(path, key) {
-    const res = await fetch(path, { headers: { Authorization: "Bearer " + key } });
+    const res = await fetch(path, { headers: key ? { Authorization: "Bearer " + key } : {} });
     if (!res.ok) {
       let message = res.status + " " + res.statusText;
       try {
@@ -215,12 +215,13 @@
     modelTable(report.data);
   }
 
-  async function load(event) {
+  // `keyless`: the gateway runs with auth off (local mode), no key is needed.
+  async function load(event, keyless) {
     if (event) event.preventDefault();
     const key = $("key").value.trim();
     const status = $("status");
-    if (!key) { status.textContent = "Enter an API key."; return; }
-    sessionStorage.setItem(KEY_STORE, key);
+    if (!key && !keyless) { status.textContent = "Enter an API key."; return; }
+    if (key) sessionStorage.setItem(KEY_STORE, key);
     const days = utcDays(Number($("range").value));
     const query = `start=${days[0]}&end=${days[days.length - 1]}`;
     document.body.dataset.state = "loading";
@@ -259,5 +260,13 @@
   $("auth").addEventListener("submit", load);
   $("csv").addEventListener("click", (e) => { downloadCsv(e).catch((err) => { $("status").textContent = err.message; }); });
   const saved = sessionStorage.getItem(KEY_STORE);
-  if (saved) { $("key").value = saved; load(); }
+  if (saved) $("key").value = saved;
+  fetch("/dashboard/config.json").then((r) => r.json()).then((config) => {
+    if (!config.auth_required) {
+      $("status").textContent = "Auth is off on this gateway (local mode): showing every tenant.";
+      load(null, true);
+    } else if (saved) {
+      load();
+    }
+  }).catch((err) => { $("status").textContent = "Cannot read the page's configuration: " + err.message; });
 })();

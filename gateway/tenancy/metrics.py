@@ -56,8 +56,8 @@ class TenancyMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.tokens = Counter(
             "fleetgate_tenant_tokens",
-            "Tokens by kind (prompt, completion, cached) and source (engine: processed by an engine; "
-            "cache: replayed from the response cache).",
+            "Tokens by kind (prompt, completion, cached; cached prompt tokens are part of prompt) and source "
+            "(engine: processed by an engine; cache: replayed from the response cache).",
             [*TENANT_LABELS, "kind", "source"], registry=registry,
         )
         self.cost = Counter(

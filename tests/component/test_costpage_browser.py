@@ -57,8 +57,8 @@ def problems(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in logs if e.get("level") not in ("DEBUG", "INFO")]
 
 
-def browser_session(url: str, *, key: str, screenshot: Path | None) -> dict[str, Any]:
-    """Open the page, load it with `key`, and read back what it drew (runs in a worker thread)."""
+def browser_session(url: str, *, key: str | None, screenshot: Path | None) -> dict[str, Any]:
+    """Open the page, load it with `key` (None: let it load by itself), read back what it drew (in a thread)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -75,8 +75,9 @@ def browser_session(url: str, *, key: str, screenshot: Path | None) -> dict[str,
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
     try:
         driver.get(url + "/dashboard")
-        driver.find_element(By.ID, "key").send_keys(key)
-        driver.find_element(By.ID, "load").click()
+        if key is not None:
+            driver.find_element(By.ID, "key").send_keys(key)
+            driver.find_element(By.ID, "load").click()
         WebDriverWait(driver, 20).until(
             lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") in ("ready", "error")
         )
@@ -160,3 +161,18 @@ async def test_cost_page_shows_one_tenant_and_rejects_a_wrong_key(loaded_gateway
     assert wrong["state"] == "error" and "invalid API key" in wrong["status"]
     # The failed fetch is logged by Chromium as a network error (401); nothing else may be.
     assert all("401" in entry["message"] for entry in problems(wrong["logs"])), wrong["logs"]
+
+
+async def test_cost_page_loads_without_a_key_when_auth_is_off(
+    engine: FakeEngine, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    local = settings(engine.url).model_copy(deep=True)
+    local.server.auth = "open"
+    gw = await start_gateway(local)
+    async with httpx.AsyncClient(base_url=gw.url) as c:
+        body = {"model": "small", "max_tokens": 50, "messages": [{"role": "user", "content": "word " * 40}]}
+        assert (await c.post("/v1/chat/completions", json=body)).status_code == 200
+    await gw.pipeline.drain()
+    page = await asyncio.to_thread(browser_session, gw.url, key=None, screenshot=None)
+    assert page["state"] == "ready" and problems(page["logs"]) == [], (page["status"], page["logs"])
+    assert {b["series"] for b in page["top"]} == {"anonymous"}

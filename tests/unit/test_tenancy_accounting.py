@@ -23,6 +23,8 @@ CONFIG = {
     "prices": {
         "small": {"input_usd_per_1m": "0.10", "output_usd_per_1m": "0.40"},
         "large": {"input_usd_per_1m": "2", "output_usd_per_1m": "8", "cached_usd_per_1m": "0.5"},
+        "own": {"kind": "gpu", "gpu_type": "L4", "gpu_count": 2, "usd_per_gpu_hour": "0.80",
+                "fallback_tokens_per_hour": 3_200_000},
     },
     "savings_baseline_model": "large",
 }
@@ -88,6 +90,11 @@ async def test_ledger_report_and_metrics_agree(tenancy: tuple[TenancyStage, Coll
     assert registry.get_sample_value(
         "llm_cost_per_million_tokens", {"model_name": "large", "phase": "generation", "cost_basis": "list"}
     ) == 8
+    # GPU-priced model: $1.60/hour over the assumed 3.2M tokens/hour = $0.50 per 1M tokens, OpenCost names.
+    assert registry.get_sample_value("llm_total_hourly_cost", {"model_name": "own", "cost_basis": "gpu"}) == 1.6
+    assert registry.get_sample_value(
+        "llm_cost_per_million_tokens", {"model_name": "own", "phase": "prompt", "cost_basis": "gpu"}
+    ) == 0.5
     table = list(csv.DictReader(io.StringIO(usage_csv(rows))))
     assert sum(int(r["cost_micros"]) for r in table) == expected_cost
     assert {r["tenant"] for r in table} == {"acme", "globex"}
