@@ -66,6 +66,8 @@ def test_ttft_is_queueing_plus_uncached_prefill() -> None:
     assert warm.cached_tokens == 100  # 25 full blocks of 4; the 3-token tail is computed
     assert warm.ttft_s == pytest.approx(0.01 + 0.001 * 3)
     assert engine.counters.prefix_hits == 100 and engine.counters.prefix_queries == 206
+    assert engine.counters.requests_started == 2
+    assert engine.counters.busy_s == pytest.approx(end + 0.01 + 0.001 * 3 + 0.01 + 0.002)  # warm: prefill + 1 decode
 
 
 def test_batch_limit_queues_and_decode_time_grows_with_batch() -> None:
