@@ -5,8 +5,8 @@ Per policy: a fresh scheduler (the real one, scraping the engines' /metrics), a 
 policy profits from prefixes cached by the previous one), streaming `/v1/completions` at Poisson
 arrivals, TTFT measured at the client, and the prefix-cache hit rate computed from the engines' own
 counters (`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`, deltas over the run).
-The workload is sized from the engines' KV capacity (`vllm:cache_config_info`): groups x prefix
-tokens ~= 2.5x one replica's capacity, bounded by `--max-requests`.
+The workload is sized from the engines' KV capacity (`vllm:cache_config_info`, or `--kv-tokens`):
+groups x prefix tokens ~= min(2.5, 0.75 x replicas) x one replica's capacity, `--max-requests` in all.
 """
 
 from __future__ import annotations
@@ -116,7 +116,10 @@ async def run_http_bench(
             endpoints = [Endpoint(id=f"engine-{i}", url=u, model=model) for i, u in enumerate(urls)]
             capacity = args.kv_tokens or min([(await engine_counters(session, u))["capacity"] for u in urls]) or 16_384
             prefix_tokens = args.prefix_tokens
-            groups = max(2, math.ceil(2.5 * capacity / prefix_tokens))
+            # Hot prefixes need 2.5x one replica's KV, but at most 0.75x of the fleet's: with few replicas
+            # the prefix-aware split must still fit, or no policy can keep them.
+            hot = min(2.5, 0.75 * len(urls)) * capacity
+            groups = max(2, math.ceil(hot / prefix_tokens))
             per_group = max(2, args.max_requests // groups)
             print(f"fleetgate bench routing --http: {len(urls)} engines serving {model!r}, KV {capacity:.0f} tokens "
                   f"each; {groups} groups x {per_group} prompts, {prefix_tokens}-token prefixes, {args.rate} req/s")
