@@ -81,7 +81,8 @@ class MiniLMEmbedder:
         self._model: Any | None = None
         self._lock = threading.Lock()
 
-    def _load(self) -> Any:
+    def load(self) -> Any:
+        """Load the model now (blocking); `embed` calls it on first use."""
         with self._lock:
             if self._model is None:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -94,7 +95,7 @@ class MiniLMEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """float32 array of shape (len(texts), 384), each row L2-normalised."""
-        model = self._load()
+        model = self.load()
         vectors = model.encode(
             list(texts), batch_size=self._batch_size, normalize_embeddings=True, show_progress_bar=False
         )

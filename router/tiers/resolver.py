@@ -5,7 +5,8 @@ tier i = number of cut points <= s (two tiers: s >= threshold -> strong). The cu
 configured threshold(s), or the threshold calibrated into the artifact for the model that scored (the full
 model when an embedding is available, the structural one otherwise). The embedding is the cache's when it
 passed a valid 384-d MiniLM vector; otherwise it is computed off the event loop (`embedding:
-reuse_or_compute`) or skipped in favour of the structural-only model (`embedding: reuse_only`).
+reuse_or_compute`) or skipped in favour of the structural-only model (`embedding: reuse_only`, while the model
+is still loading after `start()`, or when computing it fails).
 Fallbacks list the other tiers in the alias's fallback order; a cascade names the next stronger tier.
 Names that are not aliases pass through unchanged (reason "explicit"). For chat requests the scored text is
 the last user turn (`features.scoring_text`), the text the semantic cache embeds.
@@ -46,6 +47,12 @@ class _AliasPlan:
     refusals: re.Pattern[str]
 
 
+def _log_load_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("tier router: loading the embedder failed; prompts use the structural scorer until it loads",
+                  exc_info=task.exception())
+
+
 def fallback_order(*, tiers: list[Tier], chosen: int, policy: str) -> list[tuple[str, str]]:
     """(model, tier) pairs to try after tier `chosen`, per the fallback policy."""
     if policy == "none":
@@ -63,6 +70,7 @@ class TieredResolver:
         self._config = config
         self._scorer = scorer
         self._embedder = embedder
+        self._warming: asyncio.Task[Any] | None = None
         self._plans = {
             name: _AliasPlan(name=name, alias=alias, refusals=compile_refusals(alias.cascade.refusal_patterns))
             for name, alias in config.aliases.items()
@@ -78,6 +86,19 @@ class TieredResolver:
             if plan.alias.cascade.enabled:
                 for tier in plan.alias.tiers[:-1]:
                     self._by_model.setdefault(tier.model, plan)
+
+    async def start(self) -> None:
+        """Gateway lifespan hook: load the embedder in a thread without holding up start-up, so the first
+        prompt that arrives without a cache embedding does not wait for the model."""
+        load = getattr(self._embedder, "load", None)
+        if load is not None and self._config.embedding == "reuse_or_compute" and self._warming is None:
+            self._warming = asyncio.create_task(asyncio.to_thread(load), name="tier-embedder-load")
+            self._warming.add_done_callback(_log_load_failure)
+
+    async def aclose(self) -> None:
+        if self._warming is not None and not self._warming.done():
+            # A thread cannot be interrupted: wait for the load so the process exits cleanly.
+            await asyncio.gather(self._warming, return_exceptions=True)
 
     def aliases(self) -> list[str]:
         return list(self._plans)
@@ -95,7 +116,9 @@ class TieredResolver:
         text = scoring_text(prompt_text)
         if plan.alias.route == "scorer" and len(plan.alias.tiers) > 1:
             vector = normalize_embedding(embedding)
-            if vector is None and self._embedder is not None and self._config.embedding == "reuse_or_compute":
+            warming = self._warming is not None and not self._warming.done()
+            compute = self._embedder is not None and self._config.embedding == "reuse_or_compute" and not warming
+            if vector is None and compute and self._embedder is not None:
                 try:
                     rows = await asyncio.to_thread(self._embedder.embed, [text])
                     vector = normalize_embedding(rows[0])

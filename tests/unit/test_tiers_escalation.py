@@ -82,7 +82,8 @@ def test_low_mean_logprob_escalates_chat_and_completions() -> None:
     assert reason(low) == "low-logprob"
     assert reason(low, min_mean_logprob=-3.5) is None
     assert reason(low, min_mean_logprob=None) is None
-    completion = {"choices": [{"text": "42", "finish_reason": "stop", "logprobs": {"token_logprobs": [None, -0.1]}}]}
-    assert reason(completion) is None
-    completion["choices"][0]["logprobs"]["token_logprobs"] = [-5.0, -3.0]
-    assert reason(completion) == "low-logprob"
+    def completion(logprobs: list[float | None]) -> dict[str, Any]:
+        return {"choices": [{"text": "42", "finish_reason": "stop", "logprobs": {"token_logprobs": logprobs}}]}
+
+    assert reason(completion([None, -0.1])) is None  # the first prompt token has no log-prob
+    assert reason(completion([-5.0, -3.0])) == "low-logprob"

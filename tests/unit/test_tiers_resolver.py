@@ -220,3 +220,27 @@ async def test_should_escalate_follows_the_alias_resolved_in_the_same_task() -> 
     assert (strict, lenient) == ("length", None)
     await r.resolve("m-small", "x")  # an explicit name: no cascade for this request
     assert r.should_escalate(cut) is None
+
+
+class SlowLoadingEmbedder(RecordingEmbedder):
+    def __init__(self, vector: np.ndarray) -> None:
+        super().__init__(vector)
+        self.release = threading.Event()
+        self.loaded = False
+
+    def load(self) -> None:
+        assert self.release.wait(10)
+        self.loaded = True
+
+
+async def test_start_warms_the_embedder_without_blocking_and_scores_structurally_meanwhile() -> None:
+    embedder = SlowLoadingEmbedder(TOWARD_LARGE)
+    r = resolver({"tiers": [SMALL, LARGE]}, embedder=embedder)
+    await r.start()  # returns at once although the load is blocked
+    during = await r.resolve("auto", "Tell me.")
+    assert during.reason == "score-structural" and embedder.threads == []
+    embedder.release.set()
+    await r.aclose()  # waits for the load thread
+    assert embedder.loaded
+    after = await r.resolve("auto", "Tell me.")
+    assert after.reason == "score" and after.tier == "large"
