@@ -1,0 +1,184 @@
+"""The rendered chart applied to an in-process Kubernetes API, then the real operator with its command line.
+
+The API is kmock's emulator as the operator's tests use it (`fleetgate.operator.apisim`), extended with
+every kind the chart renders. It is not a real API server: no RBAC enforcement, admission, defaulting or
+controllers, so pods never run. What it proves: every manifest of `helm template --include-crds` maps to
+an API resource and applies (`kubectl apply --server-side`, as Helm 4 installs) into the namespace it
+names; the operator, started with exactly the arguments of the applied Deployment (scope, Kopf peering,
+priority; cluster-wide, see the test), finds the chart's peering object, keeps its heartbeat there and
+reconciles the CPU InferenceService from examples/ into an engine Deployment; deleting the templates
+(what `helm uninstall` does) leaves nothing of the release but the CRDs.
+
+Why kubectl and not `helm install`: Helm keeps its release record in a Secret that client-go writes as
+protobuf, which kmock cannot read, and Helm's in-memory driver swaps in a fake client that applies
+nothing. The real `helm install`/`uninstall` run in test_chart_cluster.py when KUBECONFIG names a
+cluster. Two emulator gaps are patched below: kmock reports Kubernetes 1.26 (the chart needs 1.27+)
+and names the core group "/v1" in discovery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import kmock
+import kopf
+import pytest
+import yaml
+from kmock._internal import apps
+
+from fleetgate.core.helmbin import kubectl_path
+from fleetgate.operator import run_cli
+from fleetgate.operator.apisim import RESOURCES, VERBS, ApiServerEmulator
+from fleetgate.operator.handlers import register
+from fleetgate.operator.kube import KubeApi, resource_class
+from fleetgate.operator.settings import OperatorSettings
+
+REPO = Path(__file__).resolve().parents[2]
+CHART_DIR = REPO / "charts" / "fleetgate"
+EXAMPLE = REPO / "examples" / "cpu-gemma-270m.yaml"
+NAMESPACE = "fleet"
+# Kinds the chart renders beyond what the operator's emulator declares: path -> (kind, namespaced).
+CHART_RESOURCES = {
+    "v1/serviceaccounts": ("ServiceAccount", True),
+    "v1/configmaps": ("ConfigMap", True),
+    "v1/secrets": ("Secret", True),
+    "apps/v1/statefulsets": ("StatefulSet", True),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True),
+    "rbac.authorization.k8s.io/v1/roles": ("Role", True),
+    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True),
+    "rbac.authorization.k8s.io/v1/clusterroles": ("ClusterRole", False),
+    "rbac.authorization.k8s.io/v1/clusterrolebindings": ("ClusterRoleBinding", False),
+    "kopf.dev/v1/kopfpeerings": ("KopfPeering", True),
+    "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False),
+}
+
+
+class ChartApiServer(ApiServerEmulator):
+    """The operator's emulator, reporting a Kubernetes version the chart accepts."""
+
+    async def _serve_server_version(self, request: Any) -> dict[str, str]:
+        return {"major": "1", "minor": "35", "gitVersion": "v1.35.0", "gitCommit": "0" * 40,
+                "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25",
+                "compiler": "gc", "platform": "linux/amd64"}
+
+    async def _serve_version(self, request: Any) -> Any:
+        payload = await super()._serve_version(request)
+        if isinstance(payload, dict) and str(payload.get("groupVersion", "")).startswith("/"):
+            payload = {**payload, "groupVersion": payload["groupVersion"][1:]}  # core group: "v1"
+        return payload
+
+
+@pytest.fixture
+async def apiserver(tmp_path: Path) -> AsyncIterator[tuple[Any, str, Path]]:
+    server = ChartApiServer()
+    declared = {path: (kind, namespaced, subresources) for path, (kind, namespaced, subresources) in RESOURCES.items()}
+    declared |= {path: (kind, namespaced, ()) for path, (kind, namespaced) in CHART_RESOURCES.items()}
+    for path, (kind, namespaced, subresources) in declared.items():
+        server.resources[path] = kmock.ResourceInfo(
+            kind=kind, namespaced=namespaced, subresources=subresources, verbs=set(VERBS)
+        )
+    async with server, apps.Server(server):
+        url = str(server.url).rstrip("/")
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+            "users": [{"name": "test", "user": {}}],
+            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "test"}}],
+        }))
+        yield server, url, kubeconfig
+
+
+def _live(server: Any) -> dict[tuple[str, str | None, str], dict[str, Any]]:
+    return {(res.plural, ns, name): obj.raw for (res, ns, name), obj in server.objects.items() if not obj.deleted}
+
+
+async def _kubectl(kubeconfig: Path, *args: str, stdin: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        str(kubectl_path()), *args, "-f", "-", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env={"HOME": str(kubeconfig.parent), "KUBECONFIG": str(kubeconfig)},
+    )
+    out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), timeout=120)
+    assert proc.returncode == 0, f"kubectl {args[0]} failed:\n{err.decode()[-2000:]}"
+    return out.decode()
+
+
+async def test_apply_run_operator_and_delete(apiserver: tuple[Any, str, Path], chart: Any) -> None:
+    server, url, kubeconfig = apiserver
+    # Cluster-wide: kmock cannot list namespaces (GET /api/v1/namespaces fails), which Kopf does when it
+    # serves a list of namespaces; the per-namespace RBAC and peering are covered by the render tests.
+    mode = ["operator.watchAllNamespaces=true"]
+    with_crds = chart.template(extra=["--include-crds"], set_values=mode)
+    templates_only = chart.template(set_values=mode)
+    assert with_crds.returncode == 0 and templates_only.returncode == 0
+    await _kubectl(kubeconfig, "apply", "--server-side", "--validate=false", stdin=with_crds.stdout)
+
+    expected = chart.render(extra=["--include-crds"], set_values=mode)
+    plural = {kind: path.rsplit("/", 1)[1] for path, (kind, _n, _s) in RESOURCES.items()}
+    plural |= {kind: path.rsplit("/", 1)[1] for path, (kind, _n) in CHART_RESOURCES.items()}
+    live = _live(server)
+    for obj in expected.objects:
+        key = (plural[obj["kind"]], obj["metadata"].get("namespace"), obj["metadata"]["name"])
+        assert key in live, f"helm did not create {obj['kind']} {key[1]}/{key[2]}"
+        assert live[key].get("spec", live[key].get("rules")) == obj.get("spec", obj.get("rules")), key
+
+    operator_deployment = live[("deployments", NAMESPACE, "fg-fleetgate-operator")]
+    (container,) = operator_deployment["spec"]["template"]["spec"]["containers"]
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    run_cli.add_arguments(parser)
+    args = parser.parse_args(container["args"])
+
+    registry = kopf.OperatorRegistry()
+    register(
+        registry=registry,
+        settings=OperatorSettings(),
+        make_api=lambda: KubeApi.from_server(url=url, field_manager="fleetgate-operator"),
+        login=lambda **_: kopf.ConnectionInfo(server=url, insecure=True),
+    )
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(kopf.operator(
+        registry=registry, clusterwide=not args.namespace, namespaces=args.namespace, standalone=args.standalone,
+        peering_name=args.peering, priority=args.priority, stop_flag=stop, ready_flag=ready, memo=kopf.Memo(),
+    ))
+    client = KubeApi.from_server(url=url, field_manager="test")
+    try:
+        await asyncio.wait_for(ready.wait(), timeout=30)
+        example = yaml.safe_load(EXAMPLE.read_text())
+        example["metadata"]["namespace"] = NAMESPACE
+        cls = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
+        await client._client.create(cls.from_dict(example))
+        name = example["metadata"]["name"]
+
+        deadline = time.monotonic() + 30
+        engines: list[str] = []
+        while not engines and time.monotonic() < deadline:
+            engines = [
+                n for (res, ns, n), obj in _live(server).items()
+                if res == "deployments" and ns == NAMESPACE
+                and any(r.get("kind") == "InferenceService" and r.get("name") == name
+                        for r in obj["metadata"].get("ownerReferences", []))
+            ]
+            await asyncio.sleep(0.1)
+        assert engines, f"the operator made no engine Deployment for {name} within 30 s"
+        assert not task.done(), "the operator stopped"
+        peering = _live(server)[("clusterkopfpeerings", None, args.peering)]
+        assert peering.get("status"), "the operator never wrote its heartbeat into the chart's peering object"
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=10)
+        await client.aclose()
+
+    await _kubectl(kubeconfig, "delete", "--wait=false", stdin=templates_only.stdout)
+    left = {key for key, obj in _live(server).items()
+            if obj["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == "fg"}
+    assert not left, f"objects of the release left after deleting its templates: {sorted(left)}"
+    crds = {name for (res, _ns, name) in _live(server) if res == "customresourcedefinitions"}
+    assert "inferenceservices.fleetgate.io" in crds, "the CRD (and so every InferenceService) must survive"
