@@ -141,6 +141,8 @@ def _calibrate(args: argparse.Namespace) -> int:
             input_tokens=artifact.input_tokens, categories=artifact.categories, meta=artifact.meta,
         ).save(args.artifact)
         print(f"wrote threshold {threshold:.4f} for the {args.model} model into {args.artifact}")
+    elif args.model == "structural":
+        print("a configured `threshold` applies to both models: use --write to set the structural model's alone")
     else:
         print(f"config snippet (tiers.aliases.{args.alias}):\n  threshold: {threshold:.4f}")
     return 0

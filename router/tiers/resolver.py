@@ -6,7 +6,7 @@ configured threshold(s), or the threshold calibrated into the artifact for the m
 model when an embedding is available, the structural one otherwise). The embedding is the cache's when it
 passed a valid 384-d MiniLM vector; otherwise it is computed off the event loop (`embedding:
 reuse_or_compute`) or skipped in favour of the structural-only model (`embedding: reuse_only`, while the model
-is still loading after `start()`, or when computing it fails).
+is still loading after `start()`, or once computing one has failed).
 Fallbacks list the other tiers in the alias's fallback order; a cascade names the next stronger tier.
 Names that are not aliases pass through unchanged (reason "explicit"). For chat requests the scored text is
 the last user turn (`features.scoring_text`), the text the semantic cache embeds.
@@ -71,6 +71,7 @@ class TieredResolver:
         self._scorer = scorer
         self._embedder = embedder
         self._warming: asyncio.Task[Any] | None = None
+        self._embedder_broken = False  # set on the first failure (e.g. sentence-transformers not installed)
         self._plans = {
             name: _AliasPlan(name=name, alias=alias, refusals=compile_refusals(alias.cascade.refusal_patterns))
             for name, alias in config.aliases.items()
@@ -117,13 +118,14 @@ class TieredResolver:
         if plan.alias.route == "scorer" and len(plan.alias.tiers) > 1:
             vector = normalize_embedding(embedding)
             warming = self._warming is not None and not self._warming.done()
-            compute = self._embedder is not None and self._config.embedding == "reuse_or_compute" and not warming
+            compute = self._config.embedding == "reuse_or_compute" and not warming and not self._embedder_broken
             if vector is None and compute and self._embedder is not None:
                 try:
                     rows = await asyncio.to_thread(self._embedder.embed, [text])
                     vector = normalize_embedding(rows[0])
-                except Exception:  # fail open: the structural model still decides
-                    log.exception("tier router: computing the prompt embedding failed; using structural scorer")
+                except Exception:  # fail open, once: the structural model decides from now on
+                    self._embedder_broken = True
+                    log.exception("tier router: computing prompt embeddings failed; using the structural scorer")
         return self.decide(alias=requested_model, prompt_text=text, embedding=vector)
 
     def decide(self, *, alias: str, prompt_text: str, embedding: np.ndarray | None) -> TierDecision:

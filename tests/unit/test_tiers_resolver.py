@@ -112,9 +112,12 @@ async def test_reuse_only_and_embedding_failure_use_the_structural_model() -> No
     only = resolver({"tiers": [SMALL, LARGE]}, embedder=embedder, embedding="reuse_only")
     d = await only.resolve("auto", "What is the capital of France?")
     assert d.reason == "score-structural" and embedder.threads == []
-    broken = resolver({"tiers": [SMALL, LARGE]}, embedder=RecordingEmbedder(TOWARD_LARGE, fail=True))
+    failing = RecordingEmbedder(TOWARD_LARGE, fail=True)
+    broken = resolver({"tiers": [SMALL, LARGE]}, embedder=failing)
     d2 = await broken.resolve("auto", "What is the capital of France?")
     assert d2.reason == "score-structural" and d2.score == d.score
+    await broken.resolve("auto", "Another prompt.")
+    assert len(failing.threads) == 1  # not retried after a failure
 
 
 async def test_route_modes_and_single_tier() -> None:
