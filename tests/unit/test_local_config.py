@@ -1,0 +1,92 @@
+"""`fleetgate up` configuration: embedded defaults, YAML loading, overrides and clear errors."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from fleetgate.core.errors import ConfigError
+from fleetgate.local.config import EngineConfig, UpConfig, load_up_config
+from fleetgate.local.up import add_arguments, apply_overrides, route_models
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_defaults_work_without_a_file() -> None:
+    config = load_up_config(None)
+    assert config.engine.kind == "vllm"
+    assert config.engine.replicas == 1
+    assert config.engine.model == "gemma-3-270m"
+    assert config.engine.host == "127.0.0.1"
+    assert config.gateway.server.host == "127.0.0.1"
+    assert config.engine.port_of(0) == 8100
+    assert config.engine.port_of(2) == 8102
+
+
+def test_yaml_sets_engine_and_gateway(tmp_path: Path) -> None:
+    path = tmp_path / "up.yaml"
+    path.write_text(
+        "engine:\n  replicas: 2\n  base_port: 9100\n  max_model_len: 1024\n  extra_args: ['--seed', '7']\n"
+        "gateway:\n  server:\n    port: 9000\n"
+    )
+    config = load_up_config(path)
+    assert config.engine.replicas == 2
+    assert config.engine.port_of(1) == 9101
+    assert config.engine.max_model_len == 1024
+    assert config.engine.extra_args == ["--seed", "7"]
+    assert config.gateway.server.port == 9000
+
+
+def test_unknown_field_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "up.yaml"
+    path.write_text("engine:\n  replicaz: 2\n")
+    with pytest.raises(ConfigError, match=r"engine\.replicaz"):
+        load_up_config(path)
+
+
+def test_gateway_port_inside_engine_ports_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "up.yaml"
+    path.write_text("engine:\n  replicas: 3\n  base_port: 9000\ngateway:\n  server:\n    port: 9002\n")
+    with pytest.raises(ConfigError, match="collides"):
+        load_up_config(path)
+
+
+def test_threads_split_the_cpus_between_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert EngineConfig(replicas=2).threads_per_engine() == 4
+    assert EngineConfig(replicas=16).threads_per_engine() == 1
+    assert EngineConfig(replicas=2, threads=3).threads_per_engine() == 3
+
+
+def test_command_line_overrides_the_file() -> None:
+    config = apply_overrides(UpConfig(), _args("--replicas", "3", "--engine", "sim", "--port", "0"))
+    assert (config.engine.replicas, config.engine.kind, config.gateway.server.port) == (3, "sim", 0)
+    with pytest.raises(ConfigError):
+        apply_overrides(UpConfig(), _args("--replicas", "0"))
+
+
+def test_routes_point_at_the_engines() -> None:
+    urls = ["http://127.0.0.1:8100", "http://127.0.0.1:8101"]
+    settings = route_models(gateway=UpConfig().gateway, model="gemma-3-270m", served_name="gemma-3-270m", urls=urls)
+    assert [(r.name, r.endpoints, r.served_name) for r in settings.models] == [("gemma-3-270m", urls, None)]
+    renamed = route_models(gateway=UpConfig().gateway, model="small", served_name="gemma-3-270m", urls=urls)
+    assert renamed.models[0].served_name == "gemma-3-270m"
+
+
+def test_routes_listed_in_the_file_keep_their_endpoints(tmp_path: Path) -> None:
+    path = tmp_path / "up.yaml"
+    path.write_text(
+        "gateway:\n  models:\n  - name: local\n  - name: remote\n    endpoints: ['http://10.0.0.1:8000']\n"
+    )
+    settings = route_models(gateway=load_up_config(path).gateway, model="gemma-3-270m", served_name="gemma-3-270m",
+                            urls=["http://127.0.0.1:8100"])
+    assert {r.name: r.endpoints for r in settings.models} == {
+        "local": ["http://127.0.0.1:8100"],
+        "remote": ["http://10.0.0.1:8000"],
+    }
