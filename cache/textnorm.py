@@ -21,6 +21,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
 from fleetgate.cache import lexicon
@@ -29,10 +30,10 @@ _SMALL_NUMBERS = (
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
     "sixteen seventeen eighteen nineteen twenty"
 )
-_NUMBER_WORDS = {w: i for i, w in enumerate(_SMALL_NUMBERS.split())} | {
+_NUMBER_WORDS = MappingProxyType({w: i for i, w in enumerate(_SMALL_NUMBERS.split())} | {
     "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
     "hundred": 100, "thousand": 1000, "million": 1_000_000, "dozen": 12,
-}
+})
 _COURTESY = re.compile(
     r"\bif (?:it is|it's|its) not (?:too much )?(?:trouble|a problem|too much to ask)\b"
     r"|\bif you (?:do not|don't|dont) mind\b|\bno worries\b|\bnot sure if\b|\bthanks? (?:you )?in advance\b"

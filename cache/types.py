@@ -3,7 +3,7 @@
 The gateway turns each request into a `CacheRequest` (pure data), calls `lookup` before
 routing and `store` after a successful, complete response. Hits carry a complete OpenAI
 (non-streaming) response body; the gateway replays it as SSE when the client streams
-(`fleetgate.cache.replay`).
+(`fleetgate.gateway.replay`).
 """
 
 from __future__ import annotations
