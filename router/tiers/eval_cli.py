@@ -81,6 +81,15 @@ def run_eval(
         label = "out-of-sample" if oos is not None else "held-out"
         print(f"at the shipped threshold ({label}): large->small by category {dict(missed.most_common())}")
         print(f"  small->large by category {dict(extra.most_common())}")
+        words = np.asarray([len(r.text.split()) for r in rows])
+        routed = basis >= model.threshold
+        short_large, long_small = (y == 1) & (words <= 20), (y == 0) & (words >= 80)
+        if short_large.any() and long_small.any():
+            print(
+                f"  length traps: large prompts of <= 20 words reaching large {routed[short_large].mean():.3f} "
+                f"(n={int(short_large.sum())}); small prompts of >= 80 words sent to large "
+                f"{routed[long_small].mean():.3f} (n={int(long_small.sum())})"
+            )
     _latency(args, artifact, rows, embeddings)
     return 0
 

@@ -1,0 +1,86 @@
+"""`fleetgate tier eval` pieces: costs, nested cross-validation, latency, and the report end to end."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fleetgate.router.tiers.cli import prices
+from fleetgate.router.tiers.config import Tier
+from fleetgate.router.tiers.data import LabelledPrompt, estimate_tokens, load_labelled
+from fleetgate.router.tiers.embedding import EMBEDDING_DIM
+from fleetgate.router.tiers.eval_cli import run_eval
+from fleetgate.router.tiers.evaluation import decision_latency, nested_estimate, row_costs
+from fleetgate.router.tiers.features import feature_matrix
+from fleetgate.router.tiers.training import FitParams, train
+
+
+def embed(rows: list[LabelledPrompt]) -> np.ndarray:
+    """Seeded per-text vectors shifted along one direction by the label: a learnable stand-in for MiniLM."""
+    direction = np.random.default_rng(5).normal(size=EMBEDDING_DIM)
+    out = []
+    for r in rows:
+        seed = int.from_bytes(hashlib.sha256(r.text.encode()).digest()[:8], "little")
+        v = np.random.default_rng(seed).normal(size=EMBEDDING_DIM) + (0.4 if r.large else -0.4) * direction
+        out.append(v / np.linalg.norm(v))
+    return np.asarray(out)
+
+
+@pytest.fixture(scope="module")
+def rows(eval_data_dir: Path) -> list[LabelledPrompt]:
+    return load_labelled(eval_data_dir / "tier_queries.dev.jsonl")[::3]  # 100 rows
+
+
+def test_row_costs_price_each_prompt(rows: list[LabelledPrompt]) -> None:
+    small = Tier(name="s", model="a", input_usd_per_mtok=1.0, output_usd_per_mtok=2.0)
+    large = Tier(name="l", model="b", relative_cost=5.0)
+    cs, cl = row_costs(rows[:3], small=small, large=large, output_tokens=100)
+    for r, c in zip(rows[:3], cs, strict=True):
+        assert c == pytest.approx((estimate_tokens(r.text) * 1.0 + 100 * 2.0) / 1e6)
+    assert list(cl) == [5.0, 5.0, 5.0]
+    with pytest.raises(ValueError, match="no price"):
+        row_costs(rows[:1], small=Tier(name="s", model="a"), large=large, output_tokens=1)
+
+
+def test_nested_estimate_judges_each_row_once_on_held_out_folds(rows: list[LabelledPrompt]) -> None:
+    x = feature_matrix([r.text for r in rows], embed(rows))
+    y = np.asarray([int(r.large) for r in rows])
+    ones = np.ones(len(rows))
+    est = nested_estimate(x, y, params=FitParams(c=1.0, struct_weight=0.1), folds=3, seed=0, target_recall=0.95,
+                          cost_small=ones, cost_large=ones * 10)
+    assert len(est.thresholds) == 3
+    assert 0.8 <= est.metrics.recall_large <= 1.0
+    assert est.metrics.share_large < 0.8  # the signal is learnable: fewer large calls than always-large
+    assert est.metrics.savings == pytest.approx(0.9 * (1 - est.metrics.share_large))
+
+
+def test_latency_is_measured_per_call(rows: list[LabelledPrompt], tmp_path: Path) -> None:
+    artifact = train(rows, embed(rows), seed=0, folds=3, c_grid=(1.0,))
+    t = decision_latency(artifact=artifact, texts=[r.text for r in rows], embeddings=embed(rows), embedder=None,
+                         samples=25, compute_samples=0)
+    assert set(t) == {"with cache embedding", "structural only (reuse_only, no embedding)"}
+    assert all(len(v.wall_s) == 25 and min(v.wall_s) > 0 and len(v.cpu_s) == 25 for v in t.values())
+
+
+def test_eval_report_end_to_end(rows: list[LabelledPrompt], tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(
+        json.dumps({"id": r.id, "prompt": r.text, "tier": "large" if r.large else "small"}) + "\n" for r in rows
+    ))
+    subset = load_labelled(data)
+    artifact = train(subset, embed(subset), seed=0, folds=3, c_grid=(1.0,))
+    path = tmp_path / "scorer.json"
+    artifact.save(path)
+    args = argparse.Namespace(artifact=path, data=data, config=None, alias="auto", output_tokens=64,
+                              thresholds="0.3,0.6", latency_samples=10, compute_samples=0)
+    assert run_eval(args, embed=embed, prices=prices) == 0
+    out = capsys.readouterr().out
+    assert out.count("<- shipped") == 2  # full and structural models
+    assert out.count("nested CV") == 2 and "length traps" in out
+    assert "with cache embedding" in out and "MiniLM" not in out.split("decision latency")[1]
