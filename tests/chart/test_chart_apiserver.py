@@ -6,8 +6,9 @@ controllers, so pods never run. What it proves: every manifest of `helm template
 an API resource and applies (`kubectl apply --server-side`, as Helm 4 installs) into the namespace it
 names; the operator, started with exactly the arguments of the applied Deployment (scope, Kopf peering,
 priority; cluster-wide, see the test), finds the chart's peering object, keeps its heartbeat there and
-reconciles the CPU InferenceService from examples/ into an engine Deployment; deleting the templates
-(what `helm uninstall` does) leaves nothing of the release but the CRDs.
+reconciles the CPU InferenceService from examples/ into an engine Deployment; the gateway's Kubernetes
+discovery, built from the applied gateway.yaml, then routes the model to the engine's ready pod; deleting
+the templates (what `helm uninstall` does) leaves nothing of the release but the CRDs.
 
 Why kubectl and not `helm install`: Helm keeps its release record in a Secret that client-go writes as
 protobuf, which kmock cannot read, and Helm's in-memory driver swaps in a fake client that applies
@@ -32,8 +33,12 @@ import kopf
 import pytest
 import yaml
 from kmock._internal import apps
+from prometheus_client import CollectorRegistry
 
+from fleetgate.core.config import load_model
 from fleetgate.core.helmbin import kubectl_path
+from fleetgate.gateway.discovery.kubernetes import build_source
+from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.operator import run_cli
 from fleetgate.operator.apisim import RESOURCES, VERBS, ApiServerEmulator
 from fleetgate.operator.handlers import register
@@ -110,7 +115,9 @@ async def _kubectl(kubeconfig: Path, *args: str, stdin: str) -> str:
     return out.decode()
 
 
-async def test_apply_run_operator_and_delete(apiserver: tuple[Any, str, Path], chart: Any) -> None:
+async def test_apply_run_operator_and_delete(
+    apiserver: tuple[Any, str, Path], chart: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     server, url, kubeconfig = apiserver
     # Cluster-wide: kmock cannot list namespaces (GET /api/v1/namespaces fails), which Kopf does when it
     # serves a list of namespaces; the per-namespace RBAC and peering are covered by the render tests.
@@ -170,6 +177,32 @@ async def test_apply_run_operator_and_delete(apiserver: tuple[Any, str, Path], c
         assert not task.done(), "the operator stopped"
         peering = _live(server)[("clusterkopfpeerings", None, args.peering)]
         assert peering.get("status"), "the operator never wrote its heartbeat into the chart's peering object"
+
+        # The gateway's discovery, built by the real wiring from the applied gateway.yaml, finds the engine
+        # once a ready pod is listed in an EndpointSlice (the emulator has no EndpointSlice controller, so
+        # the test plays it: labels copied from the operator's Service, as Kubernetes does).
+        service = _live(server)[("services", NAMESPACE, name)]
+        endpoint_slice = {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": f"{name}-abcde", "namespace": NAMESPACE, "labels": {
+                **service["metadata"].get("labels", {}), "kubernetes.io/service-name": name}},
+            "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": True},
+                           "targetRef": {"kind": "Pod", "name": f"{name}-0", "namespace": NAMESPACE}}],
+            "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+        }
+        await _kubectl(kubeconfig, "apply", "--server-side", "--validate=false", stdin=json.dumps(endpoint_slice))
+        config = tmp_path / "gateway.yaml"
+        config.write_text(_live(server)[("configmaps", NAMESPACE, "fg-fleetgate-gateway")]["data"]["gateway.yaml"])
+        settings = load_model(GatewaySettings, config)
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        source = build_source(settings, registry=CollectorRegistry())
+        await source.start()
+        try:
+            served = example["spec"]["model"]["servedName"]
+            assert source.models() == [served]
+            assert [e.url for e in source.endpoints(served)] == ["http://10.0.0.7:8000"]
+        finally:
+            await source.aclose()
     finally:
         stop.set()
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
