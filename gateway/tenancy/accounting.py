@@ -11,14 +11,19 @@ The row of (UTC day, tenant, model, tier) in the ledger gets the integer fields;
 the same figures (request counts are the gateway's own `fleetgate_requests_total`, which carries the
 same tenant/model/tier labels); one structured log line per request (logger `fleetgate.usage`) keeps the
 endpoint. The tier label is "" when no tier applies, as in the gateway's metrics.
-A ledger outage is logged and counted, never turned into a failed request.
+A ledger outage is logged and counted, never turned into a failed request: the addition waits in a
+bounded in-memory queue (`max_pending`, oldest dropped first) and is written, exactly once (a one-time
+token per addition), before the next request's.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fleetgate.core.kvstore import StoreUnavailableError
@@ -28,6 +33,16 @@ from fleetgate.gateway.tenancy.metrics import TenancyMetrics
 from fleetgate.gateway.tenancy.pricing import MICROS_PER_USD, PriceBook, cost_micros
 
 log = logging.getLogger("fleetgate.usage")
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    day: str
+    tenant: str
+    model: str
+    tier: str
+    values: dict[str, int]
+    once: str
 
 
 def utc_day(now_s: float) -> str:
@@ -43,12 +58,14 @@ class TenancyAccountant:
         metrics: TenancyMetrics | None = None,
         savings_baseline_model: str | None = None,
         clock: Callable[[], float] = time.time,
+        max_pending: int = 100_000,
     ) -> None:
         self._ledger = ledger
         self._prices = prices
         self._metrics = metrics
         self._baseline = savings_baseline_model
         self._clock = clock
+        self._pending: deque[_Pending] = deque(maxlen=max_pending)
 
     @property
     def ledger(self) -> UsageLedger:
@@ -103,17 +120,38 @@ class TenancyAccountant:
                 "cost_micros": values.get("cost_micros", 0), "saved_cache_micros": values.get("saved_cache_micros", 0),
             },
         )
+        entry = _Pending(day=utc_day(self._clock()), tenant=record.tenant.id, model=record.model, tier=tier,
+                         values=values, once=os.urandom(9).hex())
         try:
-            await self._ledger.add(day=utc_day(self._clock()), tenant=record.tenant.id, model=record.model,
-                                   tier=tier, values=values)
+            await self._flush_pending()
+            await self._add(entry)
             if not hit:
                 await self._prices.observe(record.model, record.usage)
         except StoreUnavailableError as exc:
             if self._metrics is not None:
                 self._metrics.store_errors.labels(op="record").inc()
-            log.warning("usage ledger unavailable; request not recorded in the ledger",
-                        extra={"request_id": record.request_id, "error": str(exc)})
+            self._pending.append(entry)
+            log.warning("usage ledger unavailable; the request is kept in memory and retried",
+                        extra={"request_id": record.request_id, "pending": len(self._pending), "error": str(exc)})
         return values
+
+    @property
+    def pending(self) -> int:
+        """Ledger additions waiting for the store to come back."""
+        return len(self._pending)
+
+    async def _add(self, entry: _Pending) -> None:
+        await self._ledger.add(day=entry.day, tenant=entry.tenant, model=entry.model, tier=entry.tier,
+                               values=entry.values, once=entry.once)
+
+    async def _flush_pending(self) -> None:
+        while self._pending:
+            entry = self._pending.popleft()  # taken before the await: concurrent flushers never share one
+            try:
+                await self._add(entry)
+            except StoreUnavailableError:
+                self._pending.appendleft(entry)
+                raise
 
     def _observe_metrics(self, record: RequestRecord, *, tier: str, values: dict[str, int]) -> None:
         m = self._metrics

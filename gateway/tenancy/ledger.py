@@ -3,12 +3,16 @@
 Every finished request adds a handful of integer fields (requests, tokens by kind, micro-dollars charged
 and saved) to its row. On Redis one Lua script does all the HINCRBYs of a request, registers the tenant
 in the day's tenant set and refreshes the retention TTL, atomically, so replicas never lose an update and
-a reader never sees half a request. Rows are keyed `{prefix}usage:{<day>}:<tenant>` (the day is the hash
-tag, so one day's rows share a Redis Cluster slot) with fields `<model>\\t<tier>\\t<field>`.
+a reader never sees half a request. An addition may carry a one-time token: the accountant retries
+additions that failed on a store outage, and a retry of one that did land (a timeout after Redis
+applied it) is then dropped instead of counted twice. Rows are keyed `{prefix}usage:{<day>}:<tenant>`
+(the day is the hash tag, so one day's rows share a Redis Cluster slot) with fields
+`<model>\\t<tier>\\t<field>`.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,13 +38,16 @@ FIELDS = (
 SEP = "\t"
 
 ADD_LUA = """
+if KEYS[3] and not redis.call('SET', KEYS[3], '1', 'NX', 'EX', 3600) then
+  return 0
+end
 redis.call('SADD', KEYS[2], ARGV[1])
 for i = 3, #ARGV, 2 do
   redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
-return 0
+return 1
 """
 
 
@@ -54,16 +61,30 @@ class UsageRow:
 
 
 class UsageLedger(Protocol):
-    async def add(self, *, day: str, tenant: str, model: str, tier: str, values: Mapping[str, int]) -> None: ...
+    async def add(
+        self, *, day: str, tenant: str, model: str, tier: str, values: Mapping[str, int], once: str = ""
+    ) -> None:
+        """Add `values` to the row; with `once`, a retry of the same addition is applied only once."""
+        ...
 
     async def read(self, *, days: Sequence[str], tenant: str | None) -> list[UsageRow]: ...
 
 
 class MemoryLedger:
-    def __init__(self) -> None:
+    def __init__(self, *, remember_once: int = 100_000) -> None:
         self._rows: dict[tuple[str, str, str, str], UsageRow] = {}
+        self._once: OrderedDict[str, None] = OrderedDict()
+        self._remember = remember_once
 
-    async def add(self, *, day: str, tenant: str, model: str, tier: str, values: Mapping[str, int]) -> None:
+    async def add(
+        self, *, day: str, tenant: str, model: str, tier: str, values: Mapping[str, int], once: str = ""
+    ) -> None:
+        if once:
+            if once in self._once:
+                return
+            self._once[once] = None
+            if len(self._once) > self._remember:
+                self._once.popitem(last=False)
         row = self._rows.setdefault((day, tenant, model, tier), UsageRow(day, tenant, model, tier))
         for name, amount in values.items():
             row.values[name] = row.values.get(name, 0) + amount
@@ -91,14 +112,17 @@ class RedisLedger:
     def _tenants_key(self, day: str) -> str:
         return f"{self._prefix}usage:{{{day}}}:tenants"
 
-    async def add(self, *, day: str, tenant: str, model: str, tier: str, values: Mapping[str, int]) -> None:
+    async def add(
+        self, *, day: str, tenant: str, model: str, tier: str, values: Mapping[str, int], once: str = ""
+    ) -> None:
         args: list[str | int] = [tenant, self._ttl_s]
         for name, amount in values.items():
             if amount:
                 args += [SEP.join((model, tier, name)), amount]
-        await guarded(
-            self._add(keys=[self._row_key(day, tenant), self._tenants_key(day)], args=args), url=self._url
-        )
+        keys = [self._row_key(day, tenant), self._tenants_key(day)]
+        if once:  # a marker kept for an hour makes a retried addition idempotent
+            keys.append(f"{self._prefix}usage:{{{day}}}:once:{once}")
+        await guarded(self._add(keys=keys, args=args), url=self._url)
 
     async def read(self, *, days: Sequence[str], tenant: str | None) -> list[UsageRow]:
         pairs: list[tuple[str, str]] = []

@@ -6,15 +6,20 @@ import csv
 import io
 from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from fleetgate.core.errors import InvalidRequestError
+from fleetgate.core.kvstore import StoreUnavailableError
 from fleetgate.core.types import Usage
 from fleetgate.gateway.stages import RequestRecord, Tenant
+from fleetgate.gateway.tenancy.accounting import TenancyAccountant
 from fleetgate.gateway.tenancy.build import build_tenancy
 from fleetgate.gateway.tenancy.config import TenancyConfig
+from fleetgate.gateway.tenancy.ledger import RedisLedger
+from fleetgate.gateway.tenancy.redis_client import redis_client
 from fleetgate.gateway.tenancy.report import day_range, usage_csv, usage_json
 from fleetgate.gateway.tenancy.stage import TenancyStage
 
@@ -110,3 +115,53 @@ def test_day_range_validates() -> None:
         day_range(start="yesterday", end=None, today=date(2026, 3, 1))
     with pytest.raises(InvalidRequestError):
         day_range(start="2020-01-01", end="2026-01-01", today=date(2026, 3, 1))
+
+
+class FlakyLedger:
+    """A real ledger behind a switch: `down` fails every call; `lost_replies` applies, then fails."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.down = False
+        self.lost_replies = 0
+
+    async def add(self, **kw: Any) -> None:
+        if self.down:
+            raise StoreUnavailableError("down")
+        await self.inner.add(**kw)
+        if self.lost_replies:
+            self.lost_replies -= 1
+            raise StoreUnavailableError("timeout after the write")
+
+    async def read(self, **kw: Any) -> Any:
+        return await self.inner.read(**kw)
+
+
+async def test_ledger_outage_is_retried_exactly_once(tenancy: tuple[TenancyStage, CollectorRegistry]) -> None:
+    t, _ = tenancy
+    flaky = FlakyLedger(t.ledger)
+    accountant = TenancyAccountant(ledger=flaky, prices=t.prices)
+    usage = Usage(prompt_tokens=100, completion_tokens=10)
+    flaky.down = True
+    for _ in range(3):
+        await accountant.record(rec("acme", "small", usage))  # store down: kept in memory
+    assert accountant.pending == 3
+    flaky.down = False
+    flaky.lost_replies = 1  # the next write lands but its reply is lost: it stays pending and is retried
+    await accountant.record(rec("acme", "small", usage))
+    assert accountant.pending >= 1
+    await accountant.record(rec("acme", "small", usage))
+    assert accountant.pending == 0
+    days = [datetime.now(UTC).date().isoformat()]
+    totals = usage_json(await t.ledger.read(days=days, tenant="acme"), days=days, scope="acme")["totals"]
+    assert totals["requests"] == 5 and totals["prompt_tokens"] == 500
+
+
+async def test_redis_ledger_applies_a_one_time_addition_once(redis_url: str) -> None:
+    client = redis_client(redis_url)
+    ledger = RedisLedger(client, prefix="t:", retention_days=1)
+    for once in ("a", "a", "b", "", ""):
+        await ledger.add(day="2026-01-01", tenant="x", model="m", tier="", values={"requests": 1}, once=once)
+    (row,) = await ledger.read(days=["2026-01-01"], tenant="x")
+    assert row.values["requests"] == 4  # "a" once, "b" once, and both additions without a token
+    await client.aclose()
