@@ -10,7 +10,8 @@
   expanded, Snowball (Porter2) stems, `SYNONYMS` folded to one representative, `STOPWORDS` dropped (and
   tokens one typo away from a framing word such as "waht");
 - `pairs`: (verb stem, particle) for "turn on", "log out", ...;
-- `markers`: marker -> (first content token after it, first non-number content token after it).
+- `markers`: marker -> (first content token after it, first non-number content token after it);
+- `proper`: stems of capitalised words that do not start a sentence (names, places, products).
 
 The word lists live in `fleetgate.cache.lexicon`.
 """
@@ -56,6 +57,7 @@ _CONTRACTIONS = (
 _QUOTED = re.compile(r"```.*?```|`[^`]+`|\"[^\"]+\"|“[^”]+”|(?<![\w])'(?=\S)[^'\n]*[^'\s]'(?![\w])", re.DOTALL)
 _TOKEN = re.compile(r"op[-+*/^=<>]|w/o?|[a-z0-9µ]+(?:[.+#\-/'][a-z0-9]+)*(?:\+\+|#)?|%|\$|€|£")
 _NUMERIC = re.compile(r"^\d+(?:[.,/]\d+)*$")
+_PROPER = re.compile(r"(?<![.!?:\n]\s)(?<![.!?:\n])(?<!^)\b([A-Z][A-Za-z]+)\b")
 NEGATION = "<not>"  # every negation word ("not", "no", "never", "without", ...) becomes this one word
 
 
@@ -67,6 +69,7 @@ class Analysis:
     words: tuple[str, ...]
     pairs: frozenset[tuple[str, str]]
     markers: dict[str, tuple[str, str]]
+    proper: frozenset[str] = frozenset()  # stems of capitalised words inside a sentence (names, products)
 
 
 @lru_cache(maxsize=1)
@@ -141,8 +144,21 @@ def _is_stop(tok: str, stops: frozenset[str]) -> bool:
     return any(OSA.distance(tok, w, score_cutoff=1) <= 1 for w in lexicon.TYPO_STOPWORDS if abs(len(w) - len(tok)) <= 1)
 
 
+def _proper(frame: str) -> frozenset[str]:
+    """Capitalised words that do not start a sentence ("flights to Los Angeles"), as content stems."""
+    synonyms = _tables()[0]
+    out = set()
+    for m in _PROPER.finditer(frame):
+        word = m.group(1).lower()
+        if word != "i":
+            out.add(synonyms.get(stem(word), stem(word)))
+    return frozenset(out)
+
+
 def analyse(text: str) -> Analysis:
-    text = unicodedata.normalize("NFKC", text).replace("\u2019", "'").lower()
+    text = unicodedata.normalize("NFKC", text).replace("\u2019", "'")
+    proper = _proper(_payload(text)[0])
+    text = text.lower()
     frame, spans = _payload(text)
     synonyms, stops, _ = _tables()
     numbers: list[str] = []
@@ -178,4 +194,4 @@ def analyse(text: str) -> Analysis:
             if after:
                 markers[tok] = (after[0], next((w for w in after if not w.isdigit()), ""))
     return Analysis(quoted=tuple(spans), numbers=tuple(numbers), idents=tuple(idents), words=tuple(words),
-                    pairs=frozenset(pairs), markers=markers)
+                    pairs=frozenset(pairs), markers=markers, proper=proper)

@@ -16,6 +16,7 @@ paraphrases), so a semantic candidate must also pass these rules on the two last
    "-er"/"-est" suffix). For the unmatched stems ("the difference"):
    - a negation or a `CRITICAL` word (polar opposite, format, natural or programming language, unit, date,
      scope, comparative, constraint) rejects, reported by its kind;
+   - a capitalised word inside a sentence (a name, place or product) rejects (`entity`);
    - no difference accepts;
    - words on one side only reject (`constraint`: an added requirement or detail);
    - one word against one word rejects (`entity`: a substitution, "laptop" vs "mattress");
@@ -106,6 +107,8 @@ def compare(a: Analysis, b: Analysis, *, similarity: float, rewrite_min: float =
     kinds = [k for k in map(critical_kind, diff) if k]
     if kinds:
         return Verdict(False, kinds[0])
+    if any(w in a.proper or w in b.proper for w in diff):
+        return Verdict(False, "entity")
     if not diff:
         return Verdict(True)
     if not left or not right:
