@@ -1,5 +1,9 @@
 """Relaying an engine's server-sent events to the client, chunk by chunk, as they arrive.
 
+Each network read from the engine is relayed at once: every complete event in it is rewritten and
+the results go out in one write (under load several events arrive together and cost one syscall;
+the gateway never waits for more data before sending what it has).
+
 Upstream the gateway always asks for `include_usage` + `continuous_usage_stats`, so every engine
 chunk carries the usage so far: accounting is exact even when the client leaves mid-stream.
 Each chunk is rewritten for the client: usage is removed unless the client asked for it (then
@@ -88,21 +92,37 @@ class RelayStream:
         self._on_done = on_done
         self._outcome = StreamOutcome()
         self._ended = False  # [DONE] (ours or the engine's) was produced
+        self._buf = b""  # bytes read from the engine, not yet relayed
+        self._pos = 0
         self._closed = False
 
     def __aiter__(self) -> RelayStream:
         return self
 
     async def __anext__(self) -> bytes:
+        """Everything the engine sent in one network read, rewritten; waits only when nothing is buffered."""
         if self._ended:
             raise StopAsyncIteration
-        out = self._outcome
-        content = self._resp.content
+        parts: list[bytes] = []
         while True:
-            timeout = self._inter_timeout if out.chunks else self._first_timeout
+            buf = self._buf
+            while not self._ended:
+                end = buf.find(b"\n", self._pos)
+                if end < 0:
+                    break
+                line = buf[self._pos : end]
+                self._pos = end + 1
+                event = self._event(line)
+                if event is not None:
+                    parts.append(event)
+            if parts or self._ended:
+                return b"".join(parts)
+            self._buf = buf[self._pos :]
+            self._pos = 0
+            timeout = self._inter_timeout if self._outcome.chunks else self._first_timeout
             try:
                 async with asyncio.timeout(timeout):
-                    line = await content.readline()
+                    data = await self._resp.content.readany()
             except TimeoutError:
                 return self._fail(
                     "timeout", f"engine {self._endpoint_id} sent nothing for {timeout:g}s", "upstream_timeout"
@@ -110,29 +130,31 @@ class RelayStream:
             except aiohttp.ClientError as exc:
                 message = f"engine {self._endpoint_id} broke off the stream: {exc or type(exc).__name__}"
                 return self._fail("midstream", message, "upstream_error")
-            if not line:
+            if not data:
                 return self._fail(
                     "midstream", f"engine {self._endpoint_id} closed the stream before it finished", "upstream_error"
                 )
-            if not line.startswith(b"data:"):
-                continue  # blank separators, comments, event names
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                self._ended = True
-                out.ok = out.error_kind is None
-                return DONE
-            try:
-                chunk = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                return self._fail("midstream", f"engine {self._endpoint_id} sent an invalid chunk", "bad_gateway")
-            if not isinstance(chunk, dict):
-                continue
-            if "error" in chunk or chunk.get("object") == "error":
-                out.error_kind = "engine_error"
-                return b"data: " + payload + b"\n\n"
-            rewritten = self._rewrite(chunk)
-            if rewritten is not None:
-                return rewritten
+            self._buf += data
+
+    def _event(self, line: bytes) -> bytes | None:
+        """One SSE line from the engine -> the bytes for the client, or None to drop it."""
+        if not line.startswith(b"data:"):
+            return None  # blank separators, comments, event names
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self._ended = True
+            self._outcome.ok = self._outcome.error_kind is None
+            return DONE
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return self._fail("midstream", f"engine {self._endpoint_id} sent an invalid chunk", "bad_gateway")
+        if not isinstance(chunk, dict):
+            return None
+        if "error" in chunk or chunk.get("object") == "error":
+            self._outcome.error_kind = "engine_error"
+            return b"data: " + payload + b"\n\n"
+        return self._rewrite(chunk)
 
     def _rewrite(self, chunk: dict[str, Any]) -> bytes | None:
         out = self._outcome
