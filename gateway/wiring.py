@@ -51,10 +51,15 @@ def build_cache(settings: GatewaySettings, *, registry: CollectorRegistry, kvsto
     return build_response_cache(settings.cache, kvstore=kvstore, registry=registry)
 
 
-def build_tiers(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> TierResolver:
+def build_tiers(
+    settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore, cache: ResponseCache | None = None
+) -> TierResolver:
+    """The tier resolver; it shares the semantic cache's MiniLM embedder when there is one (one model per process)."""
+    from fleetgate.cache.embedding import MiniLMEmbedder
     from fleetgate.router.tiers.build import build_tiers as build_tier_resolver
 
-    return build_tier_resolver(settings.tiers)
+    shared = getattr(cache, "embedder", None)
+    return build_tier_resolver(settings.tiers, embedder=shared if isinstance(shared, MiniLMEmbedder) else None)
 
 
 def build_tenancy_stage(
@@ -89,10 +94,11 @@ def build_stages(
     if auth is None or limiter is None or accountant is None:
         built_auth, built_limiter, built_accountant = build_tenancy_stage(settings, registry=r, kvstore=kv)
         auth, limiter, accountant = auth or built_auth, limiter or built_limiter, accountant or built_accountant
+    cache = cache or build_cache(settings, registry=r, kvstore=kv)
     return Stages(
         scheduler=scheduler or build_scheduler(settings, registry=r, kvstore=kv, endpoint_source=source),
-        cache=cache or build_cache(settings, registry=r, kvstore=kv),
-        tiers=tiers or build_tiers(settings, registry=r, kvstore=kv),
+        cache=cache,
+        tiers=tiers or build_tiers(settings, registry=r, kvstore=kv, cache=cache),
         auth=auth,
         limiter=limiter,
         accountant=accountant,

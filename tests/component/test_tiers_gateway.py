@@ -147,3 +147,22 @@ async def test_no_fallback_policy_reports_the_cheap_tier_unavailable(start_engin
         r = await client.post("/v1/chat/completions", json=chat("auto", EASY))
     assert r.status_code == 503
     assert len(large.received) == 0
+
+
+@pytest.mark.parametrize(("embedder", "shared"), [("minilm", True), ("hashing", False)])
+def test_the_tier_router_shares_the_cache_minilm_model(embedder: str, shared: bool) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from fleetgate.core.kvstore import MemoryKVStore
+    from fleetgate.gateway.wiring import build_stages
+    from fleetgate.router.tiers.resolver import TieredResolver
+
+    cfg = GatewaySettings.model_validate(
+        {"cache": {"enabled": True, "semantic": {"embedder": embedder}}, "tiers": {"aliases": {"auto": {
+            "tiers": [SMALL, LARGE]}}}}
+    )
+    stages = build_stages(cfg, registry=CollectorRegistry(), kvstore=MemoryKVStore())
+    assert isinstance(stages.tiers, TieredResolver)
+    cache_embedder = getattr(stages.cache, "embedder", None)
+    assert cache_embedder is not None
+    assert (stages.tiers._embedder is cache_embedder) is shared  # a 256-d hashing vector is no MiniLM
