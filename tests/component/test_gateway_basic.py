@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
 import httpx
 
+from fleetgate.core.localredis import free_port
 from fleetgate.gateway.settings import ModelRoute
 from fleetgate.sim.fake_engine import FakeEngine
 
@@ -71,3 +79,39 @@ async def test_served_name_differs_from_public_name(start_gateway, engine: FakeE
     assert r.status_code == 200
     assert engine.received[-1].body["model"] == "engine-name"
     assert r.json()["model"] == "public"
+
+
+def test_fleetgate_gateway_command_serves_from_a_config_file(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "gw.yaml"
+    config.write_text("server: {port: 1}\nmodels: [{name: m1, endpoints: ['http://127.0.0.1:9']}]\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetgate", "gateway", "--config", str(config), "--port", str(port)],
+        env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        body = None
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
+                    body = r.read()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.05)
+        assert body is not None and b'"id":"m1"' in body
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert b"Application shutdown complete" in err  # graceful stop on SIGTERM (lifespan ran)
+
+
+def test_fleetgate_gateway_command_reports_config_errors(tmp_path: Path) -> None:
+    config = tmp_path / "gw.yaml"
+    config.write_text("server: {prot: 1}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetgate", "gateway", "--config", str(config)],
+        env={**os.environ, "PYTHONSAFEPATH": "1"}, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert "server.prot" in result.stderr

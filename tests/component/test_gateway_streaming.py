@@ -155,3 +155,19 @@ async def test_ttft_and_tpot_metrics_have_model_tier_tenant_labels(engine: FakeE
     assert f"fleetgate_time_per_output_token_seconds_count{{{labels}}} 1.0" in metrics
     assert 'fleetgate_requests_total{cache="bypass",model="m1",status="200",tenant="anonymous",tier=""} 1.0' in metrics
     assert "fleetgate_requests_in_flight 0.0" in metrics
+
+
+async def test_client_leaving_during_prefill_cancels_upstream_at_once(start_engine, start_gateway) -> None:  # type: ignore[no-untyped-def]
+    engine: FakeEngine = await start_engine(model="m1", prefill_delay_s=30)
+    gw = await start_gateway(settings_for({"m1": [engine.url]}))
+    started = time.monotonic()
+    async with httpx.AsyncClient(base_url=gw.url) as client, client.stream(
+        "POST", "/v1/chat/completions", json=chat()
+    ) as r:
+        assert r.status_code == 200  # headers came, no token yet: the client gives up
+    assert await eventually(lambda: engine.stats.cancelled == 1)
+    assert time.monotonic() - started < 10
+    await gw.pipeline.drain()
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        metrics = (await client.get("/metrics")).text
+    assert 'fleetgate_requests_total{cache="bypass",model="m1",status="499",tenant="anonymous",tier=""} 1.0' in metrics
