@@ -7,8 +7,10 @@ an API resource and applies (`kubectl apply --server-side`, as Helm 4 installs) 
 names; the operator, started with exactly the arguments of the applied Deployment (scope, Kopf peering,
 priority; cluster-wide, see the test), finds the chart's peering object, keeps its heartbeat there and
 reconciles the CPU InferenceService from examples/ into an engine Deployment; the gateway's Kubernetes
-discovery, built from the applied gateway.yaml, then routes the model to the engine's ready pod; deleting
-the templates (what `helm uninstall` does) leaves nothing of the release but the CRDs.
+discovery, built from the applied gateway.yaml, then routes the model to the engine's ready pod; every API
+call the operator and the gateway made is granted by the Role/ClusterRole the chart binds to them (in the
+namespace the call names); deleting the templates (what `helm uninstall` does) leaves nothing of the
+release but the CRDs.
 
 Why kubectl and not `helm install`: Helm keeps its release record in a Secret that client-go writes as
 protobuf, which kmock cannot read, and Helm's in-memory driver swaps in a fake client that applies
@@ -101,6 +103,39 @@ async def apiserver(tmp_path: Path) -> AsyncIterator[tuple[Any, str, Path]]:
         yield server, url, kubeconfig
 
 
+TEST_TOKEN = "test-client"  # the test's own client, told apart from the operator's calls by its token
+VERBS_BY_METHOD = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+
+
+def _calls(requests: list[Any]) -> set[tuple[str | None, str, str, str]]:
+    """(namespace, group, resource[/subresource], verb) of each API request, without the test's own."""
+    out = set()
+    for req in requests:
+        headers = {k.lower(): v for k, v in req.headers.items()}
+        if req.resource is None or req.resource.plural is None:  # discovery, /version
+            continue
+        if headers.get("user-agent", "").startswith("kubectl"):
+            continue
+        if headers.get("authorization") == f"Bearer {TEST_TOKEN}":
+            continue
+        if req.method == "GET":
+            verb = "watch" if req.params.get("watch") in {"true", "1"} else ("get" if req.name else "list")
+        else:
+            verb = VERBS_BY_METHOD[req.method]
+        resource = req.resource.plural + (f"/{req.subresource}" if req.subresource else "")
+        out.add((req.namespace, req.resource.group, resource, verb))
+    return out
+
+
+def _granted(rendered: Any, component: str, namespace: str | None, group: str, resource: str, verb: str) -> bool:
+    """Whether a Role (in `namespace`) or ClusterRole that the chart binds to `component` grants the call."""
+    roles = rendered.component("ClusterRole", component)
+    if namespace is not None:
+        roles += [r for r in rendered.component("Role", component) if r["metadata"]["namespace"] == namespace]
+    return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+               for role in roles for rule in role["rules"])
+
+
 def _live(server: Any) -> dict[tuple[str, str | None, str], dict[str, Any]]:
     return {(res.plural, ns, name): obj.raw for (res, ns, name), obj in server.objects.items() if not obj.deleted}
 
@@ -142,6 +177,7 @@ async def test_apply_run_operator_and_delete(
     run_cli.add_arguments(parser)
     args = parser.parse_args(container["args"])
 
+    # Phase 1: the real operator (Kopf + handlers + reconciler) with the applied Deployment's arguments.
     registry = kopf.OperatorRegistry()
     register(
         registry=registry,
@@ -150,19 +186,19 @@ async def test_apply_run_operator_and_delete(
         login=lambda **_: kopf.ConnectionInfo(server=url, insecure=True),
     )
     stop, ready = asyncio.Event(), asyncio.Event()
+    operator_from = len(list(server))
     task = asyncio.create_task(kopf.operator(
         registry=registry, clusterwide=not args.namespace, namespaces=args.namespace, standalone=args.standalone,
         peering_name=args.peering, priority=args.priority, stop_flag=stop, ready_flag=ready, memo=kopf.Memo(),
     ))
-    client = KubeApi.from_server(url=url, field_manager="test")
+    client = KubeApi.from_server(url=url, field_manager="test", token=TEST_TOKEN)
+    example = yaml.safe_load(EXAMPLE.read_text())
+    example["metadata"]["namespace"] = NAMESPACE
+    name = example["metadata"]["name"]
     try:
         await asyncio.wait_for(ready.wait(), timeout=30)
-        example = yaml.safe_load(EXAMPLE.read_text())
-        example["metadata"]["namespace"] = NAMESPACE
         cls = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
         await client._client.create(cls.from_dict(example))
-        name = example["metadata"]["name"]
-
         deadline = time.monotonic() + 30
         engines: list[str] = []
         while not engines and time.monotonic() < deadline:
@@ -177,37 +213,46 @@ async def test_apply_run_operator_and_delete(
         assert not task.done(), "the operator stopped"
         peering = _live(server)[("clusterkopfpeerings", None, args.peering)]
         assert peering.get("status"), "the operator never wrote its heartbeat into the chart's peering object"
-
-        # The gateway's discovery, built by the real wiring from the applied gateway.yaml, finds the engine
-        # once a ready pod is listed in an EndpointSlice (the emulator has no EndpointSlice controller, so
-        # the test plays it: labels copied from the operator's Service, as Kubernetes does).
-        service = _live(server)[("services", NAMESPACE, name)]
-        endpoint_slice = {
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-            "metadata": {"name": f"{name}-abcde", "namespace": NAMESPACE, "labels": {
-                **service["metadata"].get("labels", {}), "kubernetes.io/service-name": name}},
-            "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": True},
-                           "targetRef": {"kind": "Pod", "name": f"{name}-0", "namespace": NAMESPACE}}],
-            "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
-        }
-        await _kubectl(kubeconfig, "apply", "--server-side", "--validate=false", stdin=json.dumps(endpoint_slice))
-        config = tmp_path / "gateway.yaml"
-        config.write_text(_live(server)[("configmaps", NAMESPACE, "fg-fleetgate-gateway")]["data"]["gateway.yaml"])
-        settings = load_model(GatewaySettings, config)
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-        source = build_source(settings, registry=CollectorRegistry())
-        await source.start()
-        try:
-            served = example["spec"]["model"]["servedName"]
-            assert source.models() == [served]
-            assert [e.url for e in source.endpoints(served)] == ["http://10.0.0.7:8000"]
-        finally:
-            await source.aclose()
     finally:
         stop.set()
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(task, timeout=10)
         await client.aclose()
+    operator_calls = _calls(list(server)[operator_from:])
+
+    # Phase 2: the gateway's discovery, built by the real wiring from the applied gateway.yaml, finds the
+    # engine once a ready pod is listed in an EndpointSlice (the emulator has no EndpointSlice controller,
+    # so the test plays it: labels copied from the operator's Service, as Kubernetes does).
+    service = _live(server)[("services", NAMESPACE, name)]
+    endpoint_slice = {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+        "metadata": {"name": f"{name}-abcde", "namespace": NAMESPACE, "labels": {
+            **service["metadata"].get("labels", {}), "kubernetes.io/service-name": name}},
+        "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": True},
+                       "targetRef": {"kind": "Pod", "name": f"{name}-0", "namespace": NAMESPACE}}],
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+    }
+    await _kubectl(kubeconfig, "apply", "--server-side", "--validate=false", stdin=json.dumps(endpoint_slice))
+    config = tmp_path / "gateway.yaml"
+    config.write_text(_live(server)[("configmaps", NAMESPACE, "fg-fleetgate-gateway")]["data"]["gateway.yaml"])
+    settings = load_model(GatewaySettings, config)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    gateway_from = len(list(server))
+    source = build_source(settings, registry=CollectorRegistry())
+    await source.start()
+    try:
+        served = example["spec"]["model"]["servedName"]
+        assert source.models() == [served]
+        assert [e.url for e in source.endpoints(served)] == ["http://10.0.0.7:8000"]
+    finally:
+        await source.aclose()
+    gateway_calls = _calls(list(server)[gateway_from:])
+
+    # Phase 3: every call each component made is granted by the RBAC the chart bound to its account.
+    for component, calls in (("operator", operator_calls), ("gateway", gateway_calls)):
+        assert calls, f"no {component} calls recorded"
+        denied = sorted(c for c in calls if not _granted(expected, component, *c))
+        assert not denied, f"RBAC denies these {component} calls (namespace, group, resource, verb): {denied}"
 
     await _kubectl(kubeconfig, "delete", "--wait=false", stdin=templates_only.stdout)
     left = {key for key, obj in _live(server).items()
