@@ -29,13 +29,15 @@ class StreamResponse:
         task = asyncio.current_task()
         assert task is not None
         left = asyncio.Event()
+        sent_all = False
 
         async def watch() -> None:
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
-                    left.set()
-                    task.cancel()
+                    if not sent_all:  # servers also report a disconnect once the response is complete
+                        left.set()
+                        task.cancel()
                     return
 
         watcher = asyncio.ensure_future(watch())
@@ -44,8 +46,9 @@ class StreamResponse:
             await send({"type": "http.response.start", "status": self.status, "headers": self.raw_headers})
             async for chunk in self.stream:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
             finished = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            sent_all = True
         except asyncio.CancelledError:
             if not left.is_set():
                 raise
