@@ -8,6 +8,7 @@ gateway does at start-up. The paths in the config and the command line match the
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -124,8 +125,9 @@ def test_config_changes_roll_the_gateway_pods(chart: Any) -> None:
 
 
 def test_probe_and_metrics_paths_are_served_by_the_gateway_app(chart: Any, tmp_path: Path) -> None:
-    """The Deployment's probes, the ServiceMonitor and the NOTES' first request hit paths that the real
-    app built from the rendered config answers (any status but 404/405)."""
+    """The Deployment's probes, the ServiceMonitor, `helm test` and the NOTES' first request hit paths
+    that the real app built from the rendered config answers; the readiness probe passes with no engine
+    at all (a gateway in front of an empty or scaled-to-zero fleet must stay in its Service)."""
     from starlette.testclient import TestClient
 
     from fleetgate.core.kvstore import MemoryKVStore
@@ -140,9 +142,14 @@ def test_probe_and_metrics_paths_are_served_by_the_gateway_app(chart: Any, tmp_p
     app = create_app(settings, endpoint_source=StaticEndpointSource([]), auth=OpenAuth(), kvstore=MemoryKVStore())
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     (monitor,) = rendered.of_kind("ServiceMonitor")
-    gets = {container[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")}
-    gets |= {e["path"] for e in monitor["spec"]["endpoints"]} | {"/v1/models"}
-    client = TestClient(app, raise_server_exceptions=False)
-    for path in sorted(gets):
-        assert client.get(path).status_code not in {404, 405}, path
-    assert client.post("/v1/chat/completions", content=b"{}").status_code not in {404, 405}
+    (test_pod,) = rendered.component("Pod", "test")
+    script = test_pod["spec"]["containers"][0]["command"][-1]
+    tested = set(re.findall(r'"(/[a-z]+)"', script))
+    assert tested, "the helm test Pod checks no path"
+    with TestClient(app, raise_server_exceptions=False) as client:  # runs the app's start-up
+        ready = container["readinessProbe"]["httpGet"]["path"]
+        assert client.get(ready).status_code == 200, "not ready without engines: kept out of the Service"
+        paths = {container["livenessProbe"]["httpGet"]["path"]} | {e["path"] for e in monitor["spec"]["endpoints"]}
+        for path in sorted(paths | tested | {"/v1/models"}):
+            assert client.get(path).status_code not in {404, 405}, path
+        assert client.post("/v1/chat/completions", content=b"{}").status_code not in {404, 405}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import re
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +185,24 @@ def test_service_monitor_targets_the_gateway(chart: Any) -> None:
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
     assert not chart.render().of_kind("ServiceMonitor"), "ServiceMonitor rendered while disabled"
+
+
+def test_kube_version_floor(chart: Any) -> None:
+    """Chart.yaml's kubeVersion is enforced: 1.27 renders, 1.26 is refused by Helm itself."""
+    assert chart.template(extra=["--kube-version", "1.27.0"]).returncode == 0
+    refused = chart.template(extra=["--kube-version", "1.26.9"])
+    assert refused.returncode != 0 and "kubeVersion" in refused.stderr
+
+
+def test_packaged_chart_holds_what_the_templates_read(chart: Any, tmp_path: Path) -> None:
+    proc = chart.run("package", str(chart.path), "--destination", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    (archive,) = tmp_path.glob("fleetgate-*.tgz")
+    with tarfile.open(archive) as tar:
+        members = {name.split("/", 1)[1] for name in tar.getnames()}
+    chart_dir = chart.path
+    needed = {str(p.relative_to(chart_dir)) for pattern in ("crds/*.yaml", "files/*", "dashboards/*.json",
+                                                             "templates/**/*", "values.schema.json", "README.md")
+              for p in chart_dir.glob(pattern) if p.is_file()}
+    assert needed <= members, f"missing from the package: {sorted(needed - members)}"
+    assert not any(m.startswith("ci/") for m in members), "scenario values files belong to the repository only"
