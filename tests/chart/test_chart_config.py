@@ -122,6 +122,12 @@ def test_config_changes_roll_the_gateway_pods(chart: Any) -> None:
 
     assert checksum() == checksum()
     assert checksum() != checksum("gateway.config.server.first_byte_timeout_s=30")
+    # Key rotation needs no restart: the mounted file is refreshed by the kubelet and re-read by the gateway.
+    deployment, _ = _gateway(chart.render(set_values=[f"gateway.apiKeys.adminKeyHashes={{sha256:{'f' * 64}}}"]))
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert all("subPath" not in m for m in container["volumeMounts"]), "subPath mounts never see Secret updates"
+    old_key, new_key = (f"gateway.apiKeys.adminKeyHashes={{sha256:{c * 64}}}" for c in "fe")
+    assert checksum(old_key) == checksum(new_key)
 
 
 def test_probe_and_metrics_paths_are_served_by_the_gateway_app(chart: Any, tmp_path: Path) -> None:
