@@ -16,8 +16,9 @@ and evicts past `max_entries`.
 
 Fail open: any store error turns the lookup into a `bypass` ("cache backend unavailable") and the store
 into a no-op; `StoreUnavailableError` additionally marks the backend down (gauge, one warning log line).
-While down, the store is pinged at most every `backend_retry_s`; once it answers, the index is rebuilt
-from the log (the store may have restarted empty) and caching resumes.
+While down, lookups answer `bypass` at once and a background task pings the store at most every
+`backend_retry_s`; once it answers, the index is rebuilt from the log (the store may have restarted
+empty) and caching resumes.
 
 Warm-up: `start()` (called by the gateway's lifespan) loads the embedder in a thread; until it is loaded,
 semantic lookups answer `miss` ("semantic layer warming up") instead of holding requests for seconds.
@@ -69,6 +70,7 @@ class TwoLayerCache:
         self._up = True
         self._next_ping = 0.0
         self._warming: asyncio.Task[Any] | None = None
+        self._probe: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Gateway lifespan hook: load the embedder in a thread without holding up start-up."""
@@ -77,9 +79,10 @@ class TwoLayerCache:
             self._warming = asyncio.create_task(asyncio.to_thread(load), name="cache-embedder-load")
 
     async def aclose(self) -> None:
-        if self._warming is not None and not self._warming.done():
-            with contextlib.suppress(BaseException):
-                await self._warming
+        for task in (self._warming, self._probe):
+            if task is not None and not task.done():
+                with contextlib.suppress(BaseException):
+                    await task
 
     def _still_warming(self) -> bool:
         return self._warming is not None and not self._warming.done()
@@ -100,18 +103,22 @@ class TwoLayerCache:
             log.exception("response cache %s failed; request goes on uncached", op)
 
     async def _available(self) -> bool:
+        """Up, or (while down) start a background probe at most every `backend_retry_s` and answer False:
+        a request never waits for a ping to a dead store."""
         if self._up:
             return True
-        if time.monotonic() < self._next_ping:
-            return False
-        self._next_ping = time.monotonic() + self.config.backend_retry_s
+        if time.monotonic() >= self._next_ping and (self._probe is None or self._probe.done()):
+            self._next_ping = time.monotonic() + self.config.backend_retry_s
+            self._probe = asyncio.create_task(self._ping(), name="cache-store-probe")
+        return False
+
+    async def _ping(self) -> None:
         if not await self.kv.ping():
-            return False
+            return
         log.warning("response cache back on: the store answers again; rebuilding the index from its log")
+        self.index.reset()
         self._up = True
         self.metrics.backend_up.set(1)
-        self.index.reset()
-        return True
 
     async def sync(self, *, force: bool = False) -> None:
         """Replay the shared log into the local index (at most every `sync_interval_s` unless forced)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -79,6 +80,11 @@ async def test_redis_outage_fails_open_and_recovers(caplog: pytest.LogCaptureFix
         server.stop()
         with caplog.at_level(logging.WARNING, logger="fleetgate.cache"):
             down = await cache.lookup(req(Q))
+        start = time.perf_counter()
+        for _ in range(5):  # while down, lookups bypass at once (no connect timeout on the request path)
+            assert (await cache.lookup(req(Q2))).status == CacheStatus.BYPASS
+            await asyncio.sleep(0.1)
+        assert time.perf_counter() - start < 0.5 + 5 * 0.05
         assert down.status == CacheStatus.BYPASS and down.reason == "cache backend unavailable"
         assert cache.metrics.backend_up._value.get() == 0
         assert cache.metrics.backend_errors._value.get() >= 1
@@ -87,9 +93,12 @@ async def test_redis_outage_fails_open_and_recovers(caplog: pytest.LogCaptureFix
         assert (await cache.lookup(req(Q2))).status == CacheStatus.BYPASS
 
         server = LocalRedis(port=port).start()  # back, and empty
-        await asyncio.sleep(0.15)
         with caplog.at_level(logging.WARNING, logger="fleetgate.cache"):
-            back = await cache.lookup(req(Q))
+            for _ in range(100):  # lookups never wait for the probe: poll until it has seen the store
+                back = await cache.lookup(req(Q))
+                if back.status != CacheStatus.BYPASS:
+                    break
+                await asyncio.sleep(0.05)
         assert back.status == CacheStatus.MISS
         assert cache.metrics.backend_up._value.get() == 1
         assert any("response cache back on" in r.getMessage() for r in caplog.records)
