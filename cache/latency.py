@@ -69,7 +69,6 @@ async def measure(
         await kv.set(f"{config.key_prefix}x:{key}", record)
         if (i + 1) % 10_000 == 0:
             progress(f"  stored {i + 1}/{entries} entries ({time.perf_counter() - start:.1f} s)")
-    cache.index.last_sync = time.monotonic() + 3600  # nothing to replay: the entries were applied directly
     build_s = time.perf_counter() - start
 
     import faiss

@@ -8,7 +8,8 @@ in the same order, whoever stored them.
 Staleness: a replica replays the log before a semantic lookup when its last replay is older than
 `sync_interval_s` (default 0.25 s), so an entry stored by another replica is found by exact lookups at
 once (they read the KV key) and by semantic lookups within `sync_interval_s` plus one round trip. Entries
-stored by this replica are indexed immediately. A replica that starts (or that reconnects after the store
+stored by this replica are indexed immediately (with the in-process `MemoryKVStore` that is all there
+is: one process, one writer, no replay). A replica that starts (or that reconnects after the store
 was down) replays the whole log, which is trimmed to `log_max_len` (default 2 x `max_entries`).
 
 Eviction: when more than `max_entries` entries are live, the oldest in log order go first (every replica

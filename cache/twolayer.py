@@ -45,7 +45,7 @@ from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.cache.verifier import verify
-from fleetgate.core.kvstore import KVStore, StoreUnavailableError
+from fleetgate.core.kvstore import KVStore, MemoryKVStore, StoreUnavailableError
 
 log = logging.getLogger("fleetgate.cache")
 _DOWN = "cache backend unavailable"
@@ -71,6 +71,7 @@ class TwoLayerCache:
         self._next_ping = 0.0
         self._warming: asyncio.Task[Any] | None = None
         self._probe: asyncio.Task[None] | None = None
+        self._replicated = not isinstance(kvstore, MemoryKVStore)
 
     async def start(self) -> None:
         """Gateway lifespan hook: load the embedder in a thread without holding up start-up."""
@@ -121,7 +122,12 @@ class TwoLayerCache:
         self.metrics.backend_up.set(1)
 
     async def sync(self, *, force: bool = False) -> None:
-        """Replay the shared log into the local index (at most every `sync_interval_s` unless forced)."""
+        """Replay the shared log into the local index (at most every `sync_interval_s` unless forced).
+
+        An in-process `MemoryKVStore` has one writer, this cache, whose stores are indexed as they happen:
+        its log is replayed only when forced (scanning it grows with its length)."""
+        if not force and not self._replicated:
+            return
         if not force and time.monotonic() - self.index.last_sync < self.config.semantic.sync_interval_s:
             return
         if self._sync_lock.locked() and not force:
