@@ -8,6 +8,7 @@ completion routes do not need any of it (the pipeline parses and validates itsel
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
@@ -69,10 +70,31 @@ def completion_handler(kind: Kind, *, pipeline: Pipeline, max_body_bytes: int) -
             return
         except ClientLeft:
             return
-        result = await pipeline.handle(kind=kind, raw=raw, headers=headers)
-        if result.stream is None:
-            await send_json(send, result)
-        else:
+        # Until the answer starts, a client that leaves cancels the request (and so the engine call):
+        # an abandoned non-streaming generation must not keep a GPU busy.
+        task = asyncio.current_task()
+        assert task is not None
+        left = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            left.set()
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            result = await pipeline.handle(kind=kind, raw=raw, headers=headers)
+            if result.stream is None:
+                await send_json(send, result)
+        except asyncio.CancelledError:
+            if not left.is_set():
+                raise
+            task.uncancel()
+            return
+        finally:
+            watcher.cancel()
+        if result.stream is not None:
             await StreamResponse(result.stream, status=result.status, headers=result.headers,
                                  media_type=result.media_type)(scope, receive, send)
 

@@ -9,6 +9,7 @@ is retried once the engine answered: the first response (any status) is returned
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -101,6 +102,9 @@ class Forwarder:
                 except FleetGateError as exc:
                     kind = "timeout" if exc.status == 504 else "bad_response"
                     self._metrics.upstream_errors.labels(model, endpoint.id, kind).inc()
+                    self._scheduler.on_complete(routing, endpoint, ok=False, usage=None)
+                    raise
+                except asyncio.CancelledError:
                     self._scheduler.on_complete(routing, endpoint, ok=False, usage=None)
                     raise
                 attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)

@@ -79,6 +79,10 @@ class Pipeline:
             response = await self._run(ctx, kind, raw, headers)
         except FleetGateError as exc:
             response = self._error(ctx, exc)
+        except asyncio.CancelledError:  # the client left before a non-streaming answer: engine call aborted
+            self._m.in_flight.dec()
+            self._finish(ctx, status=499, usage=Usage(), records=self._rejected_records(ctx, 499))
+            raise
         except Exception:
             self._log.exception("unexpected error", extra={"request_id": ctx.request_id})
             response = GatewayResponse(500, self._headers(ctx), internal_error_body(ctx.request_id))
@@ -131,6 +135,7 @@ class Pipeline:
             return self._serve_hit(ctx, parsed, lookup)
         decision = await self._s.tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding)
         ctx.tier = decision
+        ctx.served_model, ctx.served_tier = decision.model, decision.tier  # until an engine call says otherwise
         targets = [(decision.model, decision.tier), *decision.fallbacks]
         if parsed.stream:
             return await self._stream(ctx, parsed, targets)
@@ -193,7 +198,7 @@ class Pipeline:
             if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
                 self._m.upstream_errors.labels(attempt.model, ep.id, "bad_response").inc()
                 raise UpstreamBadResponseError(f"engine {ep.id} returned a response that is not an OpenAI completion")
-        except FleetGateError:
+        except (FleetGateError, asyncio.CancelledError):
             self._s.scheduler.on_complete(attempt.routing, ep, ok=False, usage=None)
             raise
         usage = Usage.from_openai(obj.get("usage"))
@@ -276,13 +281,15 @@ class Pipeline:
 
     # ---- responses, records, finishing --------------------------------------------------------
 
+    def _rejected_records(self, ctx: RequestContext, status: int) -> list[RequestRecord]:
+        """The record of a request that got no answer (only once the tenant is known)."""
+        if not ctx.authenticated or ctx.parsed is None:
+            return []
+        model = ctx.served_model or ctx.parsed.model
+        return [self._record(ctx, model=model, tier=ctx.served_tier, endpoint=None, usage=Usage(), status=status)]
+
     def _error(self, ctx: RequestContext, exc: FleetGateError) -> GatewayResponse:
-        records = []
-        if ctx.authenticated and ctx.parsed is not None:
-            model = ctx.served_model or ctx.parsed.model
-            records.append(self._record(ctx, model=model, tier=ctx.served_tier, endpoint=None,
-                                        usage=Usage(), status=exc.status))
-        self._finish(ctx, status=exc.status, usage=Usage(), records=records)
+        self._finish(ctx, status=exc.status, usage=Usage(), records=self._rejected_records(ctx, exc.status))
         return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
 
     def _headers(self, ctx: RequestContext, attempt: Attempt | None = None) -> dict[str, str]:

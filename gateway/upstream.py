@@ -86,5 +86,8 @@ async def read_body(response: aiohttp.ClientResponse, *, endpoint: Endpoint, tim
         raise UpstreamBadResponseError(
             f"engine {endpoint.id} broke off its response: {exc or type(exc).__name__}"
         ) from exc
+    except asyncio.CancelledError:
+        response.close()  # drop the connection: the engine aborts the request
+        raise
     finally:
         response.release()

@@ -11,7 +11,7 @@ import pytest
 from fleetgate.core.localredis import free_port
 from fleetgate.sim.fake_engine import FakeEngine
 
-from .conftest import RunningGateway, settings_for
+from .conftest import RunningGateway, eventually, settings_for
 
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -129,3 +129,17 @@ async def test_unknown_route_is_openai_shaped_404(gateway: RunningGateway) -> No
     async with httpx.AsyncClient(base_url=gateway.url) as client:
         r = await client.get("/v1/nothing")
     assert_openai_error(r, 404)
+
+
+async def test_client_leaving_a_non_streaming_request_aborts_the_engine_call(start_engine, start_gateway) -> None:  # type: ignore[no-untyped-def]
+    engine = await start_engine(model="m1", prefill_delay_s=30)
+    gw = await start_gateway(settings_for({"m1": [engine.url]}))
+    async with httpx.AsyncClient(base_url=gw.url, timeout=0.5) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/v1/chat/completions", json=CHAT)
+    assert await eventually(lambda: engine.stats.cancelled == 1)
+    await gw.pipeline.drain()
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        metrics = (await client.get("/metrics")).text
+    assert 'fleetgate_requests_total{cache="bypass",model="m1",status="499",tenant="anonymous",tier=""} 1.0' in metrics
+    assert "fleetgate_requests_in_flight 0.0" in metrics
