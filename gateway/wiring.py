@@ -59,7 +59,8 @@ def build_tiers(
     from fleetgate.router.tiers.build import build_tiers as build_tier_resolver
 
     shared = getattr(cache, "embedder", None)
-    return build_tier_resolver(settings.tiers, embedder=shared if isinstance(shared, MiniLMEmbedder) else None)
+    embedder = shared if isinstance(shared, MiniLMEmbedder) else None
+    return build_tier_resolver(settings.tiers, embedder=embedder, registry=registry)
 
 
 def build_tenancy_stage(

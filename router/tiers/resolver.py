@@ -19,6 +19,7 @@ import bisect
 import contextvars
 import logging
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,6 +29,7 @@ import numpy as np
 from fleetgate.router.tiers.config import Alias, Tier, TierConfig
 from fleetgate.router.tiers.escalation import compile_refusals, escalation_reason
 from fleetgate.router.tiers.features import normalize_embedding, scoring_text
+from fleetgate.router.tiers.metrics import TierMetrics
 from fleetgate.router.tiers.scorer import Score, TierScorer
 from fleetgate.router.tiers.types import TierDecision
 
@@ -64,13 +66,17 @@ def fallback_order(*, tiers: list[Tier], chosen: int, policy: str) -> list[tuple
 
 
 class TieredResolver:
-    def __init__(self, *, config: TierConfig, scorer: TierScorer | None, embedder: Embedder | None = None) -> None:
+    def __init__(
+        self, *, config: TierConfig, scorer: TierScorer | None, embedder: Embedder | None = None,
+        metrics: TierMetrics | None = None,
+    ) -> None:
         if scorer is None and any(a.route == "scorer" and len(a.tiers) > 1 for a in config.aliases.values()):
             raise ValueError("an alias routes by score, so a scorer is required")
         self._config = config
         self._scorer = scorer
         self._embedder = embedder
         self._warming: asyncio.Task[Any] | None = None
+        self._metrics = metrics or TierMetrics()
         self._embedder_broken = False  # set on the first failure (e.g. sentence-transformers not installed)
         self._plans = {
             name: _AliasPlan(name=name, alias=alias, refusals=compile_refusals(alias.cascade.refusal_patterns))
@@ -113,20 +119,30 @@ class TieredResolver:
         self._request_alias.set("" if plan is None else requested_model)  # "": explicit name
         if plan is None:
             return TierDecision(model=requested_model)
+        start = time.perf_counter()
         vector: np.ndarray | None = None
+        source = "none"
         text = scoring_text(prompt_text)
         if plan.alias.route == "scorer" and len(plan.alias.tiers) > 1:
             vector = normalize_embedding(embedding)
+            source = "reused" if vector is not None else "none"
             warming = self._warming is not None and not self._warming.done()
             compute = self._config.embedding == "reuse_or_compute" and not warming and not self._embedder_broken
             if vector is None and compute and self._embedder is not None:
                 try:
                     rows = await asyncio.to_thread(self._embedder.embed, [text])
                     vector = normalize_embedding(rows[0])
+                    source = "computed"
                 except Exception:  # fail open, once: the structural model decides from now on
                     self._embedder_broken = True
                     log.exception("tier router: computing prompt embeddings failed; using the structural scorer")
-        return self.decide(alias=requested_model, prompt_text=text, embedding=vector)
+        decision = self.decide(alias=requested_model, prompt_text=text, embedding=vector)
+        m = self._metrics
+        m.decision_seconds.labels(requested_model, source).observe(time.perf_counter() - start)
+        m.decisions.labels(requested_model, decision.tier or "", decision.reason).inc()
+        if decision.score is not None:
+            m.scores.labels(requested_model).observe(decision.score)
+        return decision
 
     def decide(self, *, alias: str, prompt_text: str, embedding: np.ndarray | None) -> TierDecision:
         """Synchronous decision for an alias, given the text to score and a normalised embedding (or None)."""
@@ -173,4 +189,6 @@ class TieredResolver:
             plan = self._by_model.get(str(response.get("model", "")))
         if plan is None or not plan.alias.cascade.enabled:
             return None
-        return escalation_reason(response, cascade=plan.alias.cascade, refusals=plan.refusals)
+        reason = escalation_reason(response, cascade=plan.alias.cascade, refusals=plan.refusals)
+        self._metrics.escalation_checks.labels(plan.name, reason or "kept").inc()
+        return reason

@@ -115,6 +115,8 @@ async def test_cascade_escalates_a_cut_off_cheap_answer(start_engine: Start, sta
     assert (len(small.received), len(large.received)) == (2, 1)
     text = await _metrics(gw)
     assert 'fleetgate_cascade_escalations_total{' in text
+    assert 'fleetgate_tier_escalation_checks_total{alias="cascade",outcome="length"} 1.0' in text
+    assert 'fleetgate_tier_decisions_total{alias="lenient",reason="cheapest",tier="small"} 1.0' in text
 
 
 async def _metrics(gw: RunningGateway) -> str:

@@ -247,3 +247,30 @@ async def test_start_warms_the_embedder_without_blocking_and_scores_structurally
     assert embedder.loaded
     after = await r.resolve("auto", "Tell me.")
     assert after.reason == "score" and after.tier == "large"
+
+
+async def test_metrics_count_decisions_scores_timings_and_cascade_checks() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from fleetgate.router.tiers.metrics import TierMetrics
+
+    registry = CollectorRegistry()
+    config = TierConfig.model_validate({"aliases": {"auto": {"tiers": [SMALL, LARGE], "cascade": {"enabled": True}}}})
+    r = TieredResolver(config=config, scorer=TierScorer(artifact=ARTIFACT), embedder=RecordingEmbedder(TOWARD_LARGE),
+                       metrics=TierMetrics(registry))
+    await r.resolve("auto", "x", embedding=TOWARD_SMALL)
+    await r.resolve("auto", "y")
+    r.should_escalate({"model": "m-small", "choices": [{"finish_reason": "length", "message": {"content": "a"}}]})
+    await r.resolve("m-large", "z")  # explicit names are not tier decisions
+
+    def value(name: str, **labels: str) -> float:
+        v = registry.get_sample_value(name, labels)
+        return 0.0 if v is None else v
+
+    assert value("fleetgate_tier_decisions_total", alias="auto", tier="small", reason="score") == 1
+    assert value("fleetgate_tier_decisions_total", alias="auto", tier="large", reason="score") == 1
+    assert value("fleetgate_tier_decision_seconds_count", alias="auto", embedding="reused") == 1
+    assert value("fleetgate_tier_decision_seconds_count", alias="auto", embedding="computed") == 1
+    assert value("fleetgate_tier_score_count", alias="auto") == 2
+    assert value("fleetgate_tier_score_bucket", alias="auto", le="1.0") == 2
+    assert value("fleetgate_tier_escalation_checks_total", alias="auto", outcome="length") == 1
