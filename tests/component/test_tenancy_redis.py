@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from fleetgate.core.types import Usage
+from fleetgate.gateway.settings import ModelRoute
 from fleetgate.gateway.tenancy.config import ListPrice
 from fleetgate.gateway.tenancy.pricing import cost_micros, list_rates
 from fleetgate.sim.fake_engine import FakeEngine, FakeEngineConfig
@@ -90,17 +91,21 @@ async def settle_all(gws: list[RunningGateway], engine: FakeEngine) -> None:
 async def test_totals_equal_engine_usage_streamed_plain_and_cancelled(
     redis_url: str, start_gateway: Callable[..., Awaitable[RunningGateway]]
 ) -> None:
-    # Tokens 0.1 s apart: far longer than the gateway takes to notice a client leaving and close the engine
-    # connection, so "what the engine sent before the cut" is well defined (see the README's caveat).
-    engine = RecordingEngine(FakeEngineConfig(model="m1", inter_token_delay_s=0.1))
-    await engine.start()
+    engine = await RecordingEngine(FakeEngineConfig(model="m1", inter_token_delay_s=0.01)).start()
+    # Cancelled streams go to model m2, whose engine goes silent after two tokens: the client leaves
+    # once it has read the second one, so what the engine sent before the cut is exact, not a race
+    # between the engine's next token and the gateway closing the connection.
+    stalling = await RecordingEngine(FakeEngineConfig(model="m2", hang_after_chunks=2)).start()
     try:
-        gws = await gateways(3, start_gateway, engine_url=engine.url, redis_url=redis_url)
+        config = settings(engine.url, redis_url=redis_url,
+                          tenants=[{"id": t, "key_hashes": [KEYS[t][1]]} for t in ("acme", "globex")])
+        config.models[1] = ModelRoute(name="m2", endpoints=[stalling.url])
+        gws = [await start_gateway(config) for _ in range(3)]
         # acme's prompts have 5 words, globex's 8: the engine's usage says whose request it was.
         words = {"acme": 5, "globex": 8}
         rng = random.Random(11)
         jobs = [(gws[i % 3], ["acme", "globex"][i % 2], ["plain", "stream", "stream_usage", "cancel"][i % 4],
-                 rng.randint(3, 8)) for i in range(24)]
+                 rng.randint(3, 12)) for i in range(24)]
 
         async def run(gw: RunningGateway, tenant: str, kind: str, n: int) -> None:
             async with httpx.AsyncClient(base_url=gw.url, timeout=20) as c:
@@ -111,32 +116,35 @@ async def test_totals_equal_engine_usage_streamed_plain_and_cancelled(
                     return
                 extra = {"stream_options": {"include_usage": True}} if kind == "stream_usage" else {}
                 body = chat(words[tenant], max_tokens=n, stream=True, **extra)
+                if kind == "cancel":
+                    body["model"] = "m2"
                 async with c.stream("POST", "/v1/chat/completions", json=body, headers=auth(tenant)) as r:
                     assert r.status_code == 200
-                    seen = 0
                     async for line in r.aiter_lines():
-                        if line.startswith("data: {"):
-                            seen += 1
-                            if kind == "cancel" and seen == 3:
-                                break  # leave mid-stream: the connection is closed
+                        if kind == "cancel" and '"t1 "' in line:
+                            break  # leave mid-stream: the connection is closed
 
         await asyncio.gather(*(run(*job) for job in jobs))
         await settle_all(gws, engine)
-        assert engine.stats.cancelled >= 1  # some streams really were cut off at the engine
+        assert await eventually(lambda: stalling.stats.cancelled == 6, timeout_s=10)  # cut off at the engine
+        for gw in gws:
+            await gw.pipeline.drain()
 
         async with httpx.AsyncClient(base_url=gws[1].url) as c:
             report = (await c.get("/v1/usage", headers=auth("admin"))).json()
         by_tenant = {g["tenant"]: g for g in report["by_tenant"]}
+        reported = engine.usages() + stalling.usages()
         for tenant, w in words.items():
-            mine = [u for u in engine.usages() if u.prompt_tokens == w]
+            mine = [u for u in reported if u.prompt_tokens == w]
             assert by_tenant[tenant]["requests"] == 12
             assert by_tenant[tenant]["prompt_tokens"] == sum(u.prompt_tokens for u in mine)
             assert by_tenant[tenant]["completion_tokens"] == sum(u.completion_tokens for u in mine)
             assert by_tenant[tenant]["cost_micros"] == sum(cost_micros(u, RATES) for u in mine)
-        # Cancelled streams were charged what the engine produced before the cut, not what was asked for.
-        assert report["totals"]["completion_tokens"] < sum(n for *_, n in jobs)
+        # Cancelled streams were charged the two tokens the engine produced, not what they asked for.
+        assert [u.completion_tokens for u in stalling.usages()] == [2] * 6
     finally:
         await engine.stop()
+        await stalling.stop()
 
 
 async def _spend_race(
