@@ -156,7 +156,8 @@ async def test_apply_run_operator_and_delete(
     server, url, kubeconfig = apiserver
     # Cluster-wide: kmock cannot list namespaces (GET /api/v1/namespaces fails), which Kopf does when it
     # serves a list of namespaces; the per-namespace RBAC and peering are covered by the render tests.
-    mode = ["operator.watchAllNamespaces=true"]
+    # A fixed Redis password, so that the separate renders below agree (a generated one differs each time).
+    mode = ["operator.watchAllNamespaces=true", "redis.auth.password=emulator-only"]
     # `helm test` Pods are not installed by `helm install` (and the emulator has no pods).
     with_crds = chart.template(extra=["--include-crds", "--skip-tests"], set_values=mode)
     templates_only = chart.template(extra=["--skip-tests"], set_values=mode)
@@ -235,7 +236,8 @@ async def test_apply_run_operator_and_delete(
     }
     await _kubectl(kubeconfig, "apply", "--server-side", "--validate=false", stdin=json.dumps(endpoint_slice))
     config = tmp_path / "gateway.yaml"
-    config.write_text(_live(server)[("configmaps", NAMESPACE, "fg-fleetgate-gateway")]["data"]["gateway.yaml"])
+    # gateway.yaml is a Secret here: it carries the bundled Redis's password.
+    config.write_text(_live(server)[("secrets", NAMESPACE, "fg-fleetgate-gateway")]["stringData"]["gateway.yaml"])
     settings = load_model(GatewaySettings, config)
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     gateway_from = len(list(server))

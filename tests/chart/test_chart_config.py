@@ -8,11 +8,16 @@ gateway does at start-up. The paths in the config and the command line match the
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import re
+import time
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
+import redis.exceptions
 import yaml
 
 from fleetgate.core.config import load_model, parse_model
@@ -21,9 +26,14 @@ from fleetgate.gateway.tenancy.config import TenancyConfig, load_keys_file, merg
 
 
 def _gateway(rendered: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The gateway Deployment and the object holding gateway.yaml (a ConfigMap, or a Secret when the config
+    carries a Redis password), reduced to {"metadata", "kind", "data": {file: text}}."""
     (deployment,) = rendered.component("Deployment", "gateway")
-    (configmap,) = rendered.component("ConfigMap", "gateway")
-    return deployment, configmap
+    holders = [o for o in rendered.component("ConfigMap", "gateway") + rendered.component("Secret", "gateway")
+               if "gateway.yaml" in (o.get("data") or o.get("stringData") or {})]
+    (holder,) = holders
+    return deployment, {"kind": holder["kind"], "metadata": holder["metadata"],
+                        "data": holder.get("data") or holder["stringData"]}
 
 
 def _mounted_file(deployment: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:
@@ -56,7 +66,9 @@ def test_gateway_config_loads_with_the_real_settings(chart: Any, scenario: Path,
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     config_arg = next(a for a in container["args"] if a.startswith("--config="))
     volume, filename = _mounted_file(deployment, config_arg.removeprefix("--config="))
-    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    source = volume.get("configMap", {}).get("name") or volume["secret"]["secretName"]
+    assert ("secret" in volume) == (configmap["kind"] == "Secret")
+    assert source == configmap["metadata"]["name"]
     assert filename in configmap["data"]
 
     assert settings.server.host == "0.0.0.0"
@@ -74,7 +86,16 @@ def test_gateway_config_loads_with_the_real_settings(chart: Any, scenario: Path,
     if redis_services:
         service = next(s for s in redis_services if s["spec"].get("clusterIP") != "None")
         name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
-        assert settings.redis_url == f"redis://{name}.{namespace}.svc:{service['spec']['ports'][0]['port']}/0"
+        url = urlsplit(settings.redis_url)
+        port = service["spec"]["ports"][0]["port"]
+        assert (url.scheme, url.hostname, url.port) == ("redis", f"{name}.{namespace}.svc", port)
+        secrets = rendered.component("Secret", "redis")
+        if secrets:
+            password = base64.b64decode(secrets[0]["data"]["redis-password"]).decode()
+            assert unquote(url.password or "") == password and len(password) >= 32
+            assert configmap["kind"] == "Secret", "a password must not sit in a ConfigMap"
+        else:
+            assert url.password is None
 
     tenancy = parse_model(TenancyConfig, settings.tenancy, source="tenancy section")
     if tenancy.keys_file is None:
@@ -116,7 +137,8 @@ def test_api_key_hashes_reach_their_tenants(chart: Any, tmp_path: Path) -> None:
 
 def test_config_changes_roll_the_gateway_pods(chart: Any) -> None:
     def checksum(*args: str) -> str:
-        deployment, _ = _gateway(chart.render(set_values=list(args)))
+        # A fixed Redis password: a generated one differs between renders (and rightly rolls the pods).
+        deployment, _ = _gateway(chart.render(set_values=["redis.auth.password=fixed", *args]))
         annotations: dict[str, str] = deployment["spec"]["template"]["metadata"]["annotations"]
         return annotations["checksum/config"]
 
@@ -159,3 +181,47 @@ def test_probe_and_metrics_paths_are_served_by_the_gateway_app(chart: Any, tmp_p
         for path in sorted(paths | tested | {"/v1/models"}):
             assert client.get(path).status_code not in {404, 405}, path
         assert client.post("/v1/chat/completions", content=b"{}").status_code not in {404, 405}
+
+
+@pytest.mark.parametrize("password", ["", "p@ss word/with:\"odd\" chars"])
+async def test_bundled_redis_auth_works_end_to_end(chart: Any, tmp_path: Path, password: str) -> None:
+    """redis-server started as the StatefulSet starts it (its config file from the chart's Secret) refuses
+    anonymous clients and accepts the gateway's KV store built from the rendered redis_url."""
+    import redis.asyncio as aioredis
+
+    from fleetgate.core.kvstore import make_kvstore
+    from fleetgate.core.localredis import free_port
+
+    args = ["redis.persistence.enabled=false"] + ([f"redis.auth.password={password}"] if password else [])
+    rendered = chart.render(set_values=args)
+    (sts,) = rendered.of_kind("StatefulSet")
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    (secret,) = rendered.component("Secret", "redis")
+    conf = tmp_path / "auth.conf"
+    conf.write_bytes(base64.b64decode(secret["data"]["auth.conf"]))
+    port = free_port()
+    command = [str(conf) if a == "/etc/redis/auth.conf" else a for a in container["command"]]
+    command = [str(tmp_path) if a == "/data" else a for a in command]
+    command[command.index("--port") + 1] = str(port)
+    proc = await asyncio.create_subprocess_exec(
+        *command, "--bind", "127.0.0.1", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    try:
+        _, configmap = _gateway(rendered)
+        url = urlsplit(_load_settings(configmap, tmp_path).redis_url or "")
+        local_url = url._replace(netloc=f":{url.password}@127.0.0.1:{port}").geturl()
+        store = make_kvstore(local_url)
+        deadline = time.monotonic() + 10
+        while not await store.ping():
+            assert time.monotonic() < deadline, "redis-server did not accept the gateway's URL"
+            await asyncio.sleep(0.05)
+        await store.set("k", b"v")
+        assert await store.get("k") == b"v"
+        await store.close()
+        anonymous = aioredis.Redis(host="127.0.0.1", port=port)
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            await anonymous.get("fg:k")
+        await anonymous.aclose()
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=10)

@@ -152,8 +152,9 @@ def test_pods_reference_only_rendered_or_declared_objects(chart: Any, scenario: 
                 name = vol["secret"]["secretName"]
                 if name != external_secret:
                     secret = rendered.get("Secret", name)
+                    keys = {*secret.get("data", {}), *secret.get("stringData", {})}
                     for item in vol["secret"].get("items", []):
-                        assert item["key"] in secret["stringData"], f"Secret {name} lacks key {item['key']}"
+                        assert item["key"] in keys, f"Secret {name} lacks key {item['key']}"
         mounted = {m["name"] for c in spec["containers"] for m in c.get("volumeMounts", [])}
         declared = {v["name"] for v in spec.get("volumes", [])}
         claims = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}

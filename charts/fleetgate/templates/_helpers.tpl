@@ -85,13 +85,43 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/*
+Password of the bundled Redis: redis.auth.password, else the one in the chart's Secret from an earlier
+install (`lookup`; empty under `helm template`), else a fresh random one. Stored back into the values,
+so every template of one render sees the same password.
+*/}}
+{{- define "fleetgate.redis.password" -}}
+{{- $auth := .Values.redis.auth }}
+{{- if not $auth.password }}
+{{- $name := include "fleetgate.componentName" (dict "root" . "component" "redis") }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $name }}
+{{- if and $existing $existing.data (hasKey $existing.data "redis-password") }}
+{{- $_ := set $auth "password" (index $existing.data "redis-password" | b64dec) }}
+{{- else }}
+{{- $_ := set $auth "password" (randAlphaNum 32) }}
+{{- end }}
+{{- end }}
+{{- $auth.password }}
+{{- end }}
+
 {{/* Redis URL the gateway uses: the bundled StatefulSet's Service, the external URL, or "" (none). */}}
 {{- define "fleetgate.redisUrl" -}}
 {{- if .Values.redis.enabled }}
-{{- printf "redis://%s.%s.svc:%d/0" (include "fleetgate.componentName" (dict "root" . "component" "redis")) .Release.Namespace (int .Values.redis.port) }}
+{{- $host := printf "%s.%s.svc:%d" (include "fleetgate.componentName" (dict "root" . "component" "redis")) .Release.Namespace (int .Values.redis.port) }}
+{{- if .Values.redis.auth.enabled }}
+{{- /* urlquery writes a space as "+", which URL userinfo would read literally: use %20 (a real "+" is %2B). */ -}}
+{{- printf "redis://:%s@%s/0" (include "fleetgate.redis.password" . | urlquery | replace "+" "%20") $host }}
+{{- else }}
+{{- printf "redis://%s/0" $host }}
+{{- end }}
 {{- else if .Values.redis.externalUrl }}
 {{- .Values.redis.externalUrl }}
 {{- end }}
+{{- end }}
+
+{{/* "true" when gateway.yaml holds a credential (a Redis password) and so must live in a Secret. */}}
+{{- define "fleetgate.gateway.configIsSecret" -}}
+{{- if contains "@" (include "fleetgate.redisUrl" .) }}true{{ end }}
 {{- end }}
 
 {{/* Namespaces the operator watches: the listed ones, or the release namespace when the list is empty
