@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 import time
 from pathlib import Path, PurePosixPath
@@ -225,3 +226,17 @@ async def test_bundled_redis_auth_works_end_to_end(chart: Any, tmp_path: Path, p
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), timeout=10)
+
+
+def test_a_credential_in_the_config_keeps_it_out_of_configmaps(chart: Any) -> None:
+    def holder(*args: str) -> str:
+        _, config = _gateway(chart.render(set_values=list(args)))
+        return str(config["kind"])
+
+    external = ["redis.enabled=false", "gateway.replicas=3"]
+    assert holder(*external, "redis.externalUrl=rediss://:s3cret@cache.internal:6380/0") == "Secret"
+    assert holder(*external, "redis.externalUrl=redis://cache.internal:6379/0") == "ConfigMap"
+    assert holder("redis.auth.enabled=false") == "ConfigMap"
+    assert holder() == "Secret"
+    for obj in chart.render(set_values=["redis.auth.password=s3cret-value"]).of_kind("ConfigMap"):
+        assert "s3cret-value" not in json.dumps(obj), obj["metadata"]["name"]
