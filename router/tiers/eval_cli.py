@@ -75,6 +75,12 @@ def run_eval(
                 f"({m.fewer_large_calls:.1%} fewer large calls) savings={m.savings or 0.0:.1%}; "
                 f"thresholds {', '.join(f'{v:.3f}' for v in nested.thresholds)}"
             )
+            shipped = routing_metrics(oos, y, threshold=model.threshold) if oos is not None else None
+            for label, fig in (("out-of-sample at the shipped threshold", shipped), ("nested CV", m)):
+                if fig is not None:
+                    met = fig.recall_large >= 0.95 and fig.fewer_large_calls >= 0.40
+                    print(f"target (recall(large) >= 0.95 and >= 40% fewer large calls), {label}: "
+                          f"{'MET' if met else 'NOT MET'}")
         basis = oos if oos is not None else in_sample
         missed = Counter(r.category for r, s in zip(rows, basis, strict=True) if r.large and s < model.threshold)
         extra = Counter(r.category for r, s in zip(rows, basis, strict=True) if not r.large and s >= model.threshold)

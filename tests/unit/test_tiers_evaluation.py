@@ -82,5 +82,6 @@ def test_eval_report_end_to_end(rows: list[LabelledPrompt], tmp_path: Path,
     assert run_eval(args, embed=embed, prices=prices) == 0
     out = capsys.readouterr().out
     assert out.count("<- shipped") == 2  # full and structural models
-    assert out.count("nested CV") == 2 and "length traps" in out
+    assert out.count("nested CV (threshold re-chosen") == 2 and "length traps" in out
+    assert out.count("target (recall(large) >= 0.95") == 4  # out-of-sample and nested, per model
     assert "with cache embedding" in out and "MiniLM" not in out.split("decision latency")[1]
