@@ -14,6 +14,7 @@ A_HASH = "sha256:" + "cd" * 32
 def test_notes_show_port_forward_and_a_first_request(chart: Any) -> None:
     notes = chart.notes()
     assert "kubectl -n fleet port-forward svc/fg-fleetgate-gateway 8080:80" in notes
+    assert "helm test fg -n fleet" in notes
     assert "curl -s http://127.0.0.1:8080/v1/chat/completions" in notes
     assert "Authorization: Bearer $FLEETGATE_API_KEY" in notes
     assert "No API keys are configured yet, so the gateway answers 401" in notes
