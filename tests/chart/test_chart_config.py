@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import re
+import shutil
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -193,6 +194,8 @@ async def test_bundled_redis_auth_works_end_to_end(chart: Any, tmp_path: Path, p
     from fleetgate.core.kvstore import make_kvstore
     from fleetgate.core.localredis import free_port
 
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed: run `scripts/install` (apt-get install redis-server)")
     args = ["redis.persistence.enabled=false"] + ([f"redis.auth.password={password}"] if password else [])
     rendered = chart.render(set_values=args)
     (sts,) = rendered.of_kind("StatefulSet")
