@@ -1,8 +1,9 @@
 """An in-process Kubernetes API for tests and benchmarks: kmock's emulator plus what the operator relies on.
 
 kmock (by Kopf's author) stores objects as plain JSON and merges patches. Three API-server behaviours are
-added here: server-side apply creates a missing object, `generateName` gets a suffix, and
-`metadata.generation` grows when the spec changes (with a fresh `uid` on create). Garbage collection through
+added here: server-side apply creates a missing object, `generateName` gets a suffix, lists honour
+equality-based `labelSelector`s, and `metadata.generation` grows when the spec changes (with a fresh `uid`
+on create). Garbage collection through
 owner references, admission (CEL) and defaulting are not emulated. kmock is a development dependency:
 import this module only from tests and benchmarks.
 """
@@ -63,6 +64,31 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                             gen = int(current.get("metadata", {}).get("generation") or 1) + 1
                             request.data.setdefault("metadata", {})["generation"] = gen
         return await super()._handle(request)
+
+    async def _serve_list(self, request: Any) -> Any:
+        """kmock ignores `labelSelector`; an API server filters by it (lists stay O(matches), not O(all))."""
+        result = await super()._serve_list(request)
+        selector = request.params.get("labelSelector")
+        if selector and isinstance(result, dict):
+            items = result.get("items") or []
+            result["items"] = [i for i in items if _matches((i.get("metadata") or {}).get("labels") or {}, selector)]
+        return result
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    """Equality-based label selectors (`a=b,c==d,e!=f`), the subset the operator and the gateway use."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+        elif term not in labels:
+            return False
+    return True
 
 
 def new_emulator() -> ApiServerEmulator:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +50,9 @@ def register(
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
         )
-        settings.posting.level = logging.WARNING
+        # The reconciler posts the Events that matter (InvalidSpec, DoesNotFit, ...); Kopf's own would add one
+        # per retry while pods start ("failed temporarily"), which is noise in `kubectl describe`.
+        settings.posting.enabled = False
         api = make_api()
         effective = operator_settings
         if detect_capabilities:
@@ -92,7 +93,7 @@ def register(
         api: KubeApi = memo.api
         isvc = await api.get_inference_service(namespace=namespace, name=owner)
         if isvc is not None:
-            await memo.reconciler.refresh_status(isvc)
+            await memo.reconciler.refresh_status(isvc, deployment=_plain(body))
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

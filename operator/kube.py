@@ -13,6 +13,7 @@ applied Deployment so it is never contested).
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -143,18 +144,24 @@ class KubeApi:
         return self._plain(result)
 
     async def list_children(self, *, namespace: str, owner_name: str, kinds: list[str]) -> list[dict[str, Any]]:
-        """Children of one InferenceService, found by its labels (ownership is checked by the plan)."""
-        out: list[dict[str, Any]] = []
+        """Children of one InferenceService, found by its labels (ownership is checked by the plan).
+
+        One list call per kind, issued concurrently: reconcile latency is one round trip, not four."""
         selector: dict[str, Any] = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_INSTANCE: owner_name}
-        for kind in kinds:
-            group, _version, plural = KINDS[kind]
+
+        async def one(kind: str) -> list[dict[str, Any]]:
+            group, version, plural = KINDS[kind]
             self._check(group, plural, "list")
+            items = []
             async for obj in self._client.list(self._resource(kind), namespace=namespace, labels=selector):
                 item = self._plain(obj)
                 item.setdefault("kind", kind)
-                item.setdefault("apiVersion", "/".join(p for p in KINDS[kind][:2] if p))
-                out.append(item)
-        return out
+                item.setdefault("apiVersion", f"{group}/{version}" if group else version)
+                items.append(item)
+            return items
+
+        results = await asyncio.gather(*(one(kind) for kind in kinds))
+        return [item for items in results for item in items]
 
     async def get_child(self, *, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         group, _version, plural = KINDS[kind]

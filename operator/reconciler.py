@@ -10,6 +10,7 @@ written at all). Outcomes, for the Kopf wiring to translate:
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,11 @@ def _validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _comparable(previous: dict[str, Any] | None, status: dict[str, Any]) -> dict[str, Any]:
+    """The previous status restricted to the keys we write (None for absent), to skip no-op writes."""
+    return {key: (previous or {}).get(key) for key in status}
+
+
 def _condition(status: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == type_), {})
 
@@ -96,13 +102,12 @@ class Reconciler:
         fits = resolved.plan is None or resolved.plan.fits
         actions = plan(desired=desired, observed=observed, owner_uid=owner.uid, hold=frozenset() if fits else POD_KINDS)
         deployment = next((o for o in observed if o["kind"] == "Deployment"), None)
-        for action in actions:
-            if action.verb in ("create", "update") and action.manifest is not None:
-                stored = await self._api.apply(action.manifest)
-                if action.kind == "Deployment":
-                    deployment = stored
-            elif action.verb == "delete":
-                await self._api.delete_child(kind=action.kind, namespace=owner.namespace, name=action.name)
+        # Children are independent objects: apply and delete them concurrently (one round trip, not N).
+        writes = [a for a in actions if a.verb in ("create", "update", "delete")]
+        results = await asyncio.gather(*(self._write(owner, a) for a in writes))
+        for action, stored in zip(writes, results, strict=True):
+            if action.kind == "Deployment" and stored is not None:
+                deployment = stored
         conflicts = tuple(f"{a.kind}/{a.name}" for a in actions if a.verb == "conflict")
         status = compute_status(
             owner=owner,
@@ -115,11 +120,19 @@ class Reconciler:
             conflicts=conflicts,
             cluster_domain=self._settings.cluster_domain,
         )
-        await self._api.patch_status(namespace=owner.namespace, name=owner.name, status=status)
+        if status != _comparable(previous, status):
+            await self._api.patch_status(namespace=owner.namespace, name=owner.name, status=status)
         await self._announce(body, previous, status)
         return Outcome(actions=actions, status=status, fits=fits)
 
-    async def refresh_status(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _write(self, owner: Owner, action: Action) -> dict[str, Any] | None:
+        if action.verb == "delete":
+            await self._api.delete_child(kind=action.kind, namespace=owner.namespace, name=action.name)
+            return None
+        assert action.manifest is not None
+        return await self._api.apply(action.manifest)
+
+    async def refresh_status(self, body: dict[str, Any], *, deployment: dict[str, Any] | None = None) -> dict[str, Any]:
         """Recompute status from the children as they are now (a Deployment changed); writes nothing else."""
         owner = Owner.from_body(body)
         previous = body.get("status")
@@ -127,7 +140,8 @@ class Reconciler:
             spec, resolved = self._validate(body, owner)
         except SpecRejected:
             return dict(previous or {})
-        deployment = await self._api.get_child(kind="Deployment", namespace=owner.namespace, name=owner.name)
+        if deployment is None:
+            deployment = await self._api.get_child(kind="Deployment", namespace=owner.namespace, name=owner.name)
         status = compute_status(
             owner=owner,
             spec=spec,
@@ -138,11 +152,7 @@ class Reconciler:
             now=self._clock(),
             cluster_domain=self._settings.cluster_domain,
         )
-        if {k: v for k, v in status.items() if k != "conditions"} != {
-            k: (previous or {}).get(k) for k in status if k != "conditions"
-        } or [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] != [
-            (c.get("type"), c.get("status"), c.get("reason")) for c in (previous or {}).get("conditions") or []
-        ]:
+        if status != _comparable(previous, status):
             await self._api.patch_status(namespace=owner.namespace, name=owner.name, status=status)
         return status
 
