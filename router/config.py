@@ -73,7 +73,7 @@ def _default_plugins() -> list[PluginSpec]:
 
 
 def _default_profiles() -> list[SchedulingProfile]:
-    refs = [("healthy", 1.0), ("prefix", 3.0), ("inflight", 1.0), ("queue", 1.0),
+    refs = [("healthy", 1.0), ("prefix", 2.0), ("inflight", 1.0), ("queue", 1.0),
             ("kv-usage", 0.5), ("session", 1.0), ("max-score", 1.0)]
     return [SchedulingProfile(name="default", plugins=[PluginRef(plugin_ref=r, weight=w) for r, w in refs])]
 

@@ -93,9 +93,9 @@ class PluginScheduler:
         order = self.profile.picker.pick(endpoints, totals) if n > 1 else [0]
         self._t_pick.observe(perf_counter() - t0)
         best = order[0]
-        reasons = {name: w[best] for name, w in per_scorer}
+        reasons = {name: round(w[best], 3) for name, w in per_scorer}
         if per_scorer:
-            reasons["total"] = totals[best]
+            reasons["total"] = round(totals[best], 3)
         decision = Decision(
             endpoint=endpoints[best],
             fallbacks=[endpoints[i] for i in order[1:2]],

@@ -20,6 +20,8 @@ Observer: on start, record the prompt's blocks on the chosen endpoint, bounded b
 capacity (`vllm:cache_config_info` when scraped, else `defaultCapacityTokens`), converted to
 blocks with `charsPerToken`.
 Parameters: blockChars (512), maxBlocks (256), charsPerToken (4), defaultCapacityTokens (16384),
+capacityTokens (overrides the scraped capacity: set it for hybrid-attention models such as Gemma 3,
+whose `num_gpu_blocks` are shared by several KV-cache groups, so blocks x block size overstates it),
 hotspotMargin (2 requests; null disables the guard), shared (auto: on when the KV store is not
 the in-memory one), syncIntervalS (0.05).
 """
@@ -54,6 +56,7 @@ class PrefixAffinityScorer:
         chars_per_token: int = 4,
         default_capacity_tokens: int = 16_384,
         hotspot_margin: float | None = 2.0,
+        capacity_tokens: int | None = None,
         sync: PrefixIndexSync | None = None,
         index: PrefixIndex | None = None,
     ) -> None:
@@ -67,6 +70,7 @@ class PrefixAffinityScorer:
         self.max_blocks = max_blocks
         self.chars_per_token = chars_per_token
         self.hotspot_margin = hotspot_margin
+        self.capacity_tokens = capacity_tokens
         default_blocks = max(1, default_capacity_tokens * chars_per_token // block_chars)
         self.index = index or (sync.index if sync else PrefixIndex(default_capacity_blocks=default_blocks))
         self.sync = sync
@@ -108,7 +112,7 @@ class PrefixAffinityScorer:
 
     def on_start(self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint) -> None:
         st = self.state.stats.get(endpoint.id)
-        cap_tokens = st.kv_capacity_tokens if st is not None else None
+        cap_tokens = self.capacity_tokens or (st.kv_capacity_tokens if st is not None else None)
         if cap_tokens and self._capacity_seen.get(endpoint.id) != cap_tokens:
             self._capacity_seen[endpoint.id] = cap_tokens
             self.index.set_capacity(endpoint.id, cap_tokens * self.chars_per_token // self.block_chars)
@@ -154,5 +158,6 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Prefi
         chars_per_token=chars_per_token,
         default_capacity_tokens=capacity,
         hotspot_margin=param(parameters, "hotspotMargin", 2.0, float),
+        capacity_tokens=param(parameters, "capacityTokens", None, int),
         sync=sync,
     )

@@ -79,3 +79,6 @@ def test_capacity_follows_scraped_kv_capacity() -> None:
     scorer.on_start(_req(1, "x" * 8 * 20), {}, EPS[0])
     assert scorer.index.size("e0") == 8
     assert scorer.index.match("e0", chained_block_hashes("x" * 160, block_chars=8)) == 8  # the head survives
+    fixed = PrefixAffinityScorer(name="prefix", state=state, block_chars=8, capacity_tokens=4)
+    fixed.on_start(_req(1, "x" * 8 * 20), {}, EPS[0])
+    assert fixed.index.size("e0") == 2  # the configured capacity wins over the scraped one
