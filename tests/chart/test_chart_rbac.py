@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +137,32 @@ def test_gateway_discovery_follows_the_operator(chart: Any) -> None:
     assert namespaces() == ["fleet"]
     assert namespaces("operator.watchNamespaces={team-a,team-b}") == ["team-a"]
     assert namespaces("operator.watchNamespaces={team-a,team-b}", "gateway.discovery.namespace=team-b") == ["team-b"]
+
+
+def _scopes(chart: Any) -> dict[tuple[str, str], bool]:
+    """(group, plural) -> namespaced, from a Kubernetes discovery dump (kmock ships one for the built-in
+    APIs) and the chart's own CRDs."""
+    raw = (resources.files("kmock._internal") / "resources.json.gz").read_bytes()
+    out: dict[tuple[str, str], bool] = {}
+    for api in json.loads(gzip.decompress(raw)):
+        group = api["groupVersion"].rpartition("/")[0]
+        for res in api["resources"]:
+            out[(group, res["name"])] = bool(res["namespaced"])
+    for crd in chart.render(extra=["--include-crds"]).of_kind("CustomResourceDefinition"):
+        out[(crd["spec"]["group"], crd["spec"]["names"]["plural"])] = crd["spec"]["scope"] == "Namespaced"
+    return out
+
+
+def test_cluster_scoped_resources_go_to_the_cluster_role(chart: Any) -> None:
+    """In namespaced mode a Role cannot grant a cluster-scoped resource and a ClusterRole must not grant a
+    namespaced one: each resource of RULES lands on the side its API scope says. Resources of third-party
+    CRDs missing from both sources (KEDA, Prometheus Operator) are namespaced kinds."""
+    scopes = _scopes(chart)
+    rendered = chart.render(set_values=["operator.watchNamespaces={team-a}"])
+    cluster = _triples(r for c in rendered.component("ClusterRole", "operator") for r in c["rules"])
+    (role,) = rendered.component("Role", "operator")
+    namespaced = _triples(role["rules"])
+    for group, resource, verb in _triples(RULES):
+        is_namespaced = scopes.get((group, resource.split("/")[0]), True)
+        side, other = (namespaced, cluster) if is_namespaced else (cluster, namespaced)
+        assert (group, resource, verb) in side and (group, resource, verb) not in other, (group, resource, verb)
