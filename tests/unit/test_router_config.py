@@ -90,3 +90,11 @@ def test_default_and_presets_build() -> None:
         assert build_scheduler(preset(name), scrape=False).profile.name == name
     with pytest.raises(ValueError, match="unknown routing preset"):
         preset("nope")
+
+
+def test_shipped_example_is_the_default_profile() -> None:
+    example = load_model(RoutingConfig, Path(__file__).resolve().parents[2] / "router" / "examples" / "routing.yaml")
+    default = RoutingConfig()
+    assert example.profile() == default.profile()
+    assert [(p.type, p.ref) for p in example.plugins] == [(p.type, p.ref) for p in default.plugins]
+    assert example.scrape == default.scrape and example.ejection == default.ejection
