@@ -117,7 +117,7 @@ def _wait_http(url: str, *, timeout_s: float, proc: subprocess.Popen[bytes]) -> 
 
 
 @contextmanager
-def running_stack(*, gateway_log: bool) -> Iterator[Stack]:
+def running_stack(*, gateway_log: bool, minimal_stages: bool) -> Iterator[Stack]:
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     engine_port, gateway_port, passthrough_port = free_port(), free_port(), free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
@@ -135,13 +135,16 @@ def running_stack(*, gateway_log: bool) -> Iterator[Stack]:
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             stack.procs.append(engine)
+            command = (["fleetgate.bench.gateway_overhead", "minimal", str(config)] if minimal_stages
+                       else ["fleetgate", "gateway", "--config", str(config)])
             gateway = subprocess.Popen(
-                [sys.executable, "-m", "fleetgate", "gateway", "--config", str(config)],
+                [sys.executable, "-m", *command],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             stack.procs.append(gateway)
             passthrough = subprocess.Popen(
-                [sys.executable, "-m", "fleetgate.bench.gateway_overhead", str(passthrough_port), engine_url],
+                [sys.executable, "-m", "fleetgate.bench.gateway_overhead", "passthrough", str(passthrough_port),
+                 engine_url],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             stack.procs.append(passthrough)
@@ -272,7 +275,8 @@ def _latency_lines(lat: dict[str, list[float]]) -> None:
 def _report(results: dict[str, Any], args: argparse.Namespace) -> None:
     lat = results["latency"]
     load = os.getloadavg()[0]
-    print(f"fleetgate bench gateway  ({os.cpu_count()} CPUs, load average {load:.1f} at the end, "
+    stages = "no-op stages" if args.minimal_stages else "configured stages"
+    print(f"fleetgate bench gateway  ({stages}, {os.cpu_count()} CPUs, load average {load:.1f} at the end, "
           f"loadgen={args.loadgen}, {len(lat['direct'])} requests per path at concurrency 1, "
           f"{args.concurrency} connections x {args.duration:g}s)")
     print("\n0. non-streaming latency at concurrency 1, engine + gateway + client in one process (ms)")
@@ -313,6 +317,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loadgen", choices=["python", "wrk"], default="wrk" if shutil.which("wrk") else "python",
                         help="throughput load generator (default: wrk when it is on PATH)")
     parser.add_argument("--no-gateway-log", action="store_true", help="turn the per-request log line off")
+    parser.add_argument("--minimal-stages", action="store_true",
+                        help="run the gateway with no-op stages (the pipeline's own cost, phases 1-4)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -324,16 +330,37 @@ def run(args: argparse.Namespace) -> int:
     body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "say something short"}],
                          "max_tokens": 16})
     in_process = uvloop.run(_in_process(args, body))
-    with running_stack(gateway_log=not args.no_gateway_log) as stack:
+    with running_stack(gateway_log=not args.no_gateway_log, minimal_stages=args.minimal_stages) as stack:
         results = uvloop.run(_measure(stack, args))
     results["in_process"] = in_process
     _report(results, args)
     return 0
 
 
+def serve_minimal_gateway(config: str) -> None:
+    """The gateway with every stage a no-op (round-robin, auth off, no limits, no accounting, no cache,
+    no tiers): what the pipeline itself costs, apart from the configured stages."""
+    from fleetgate.cache.types import NoCache
+    from fleetgate.core.config import load_model
+    from fleetgate.gateway.serve import build_server
+    from fleetgate.gateway.settings import GatewaySettings
+    from fleetgate.gateway.stages import NoAccounting, NoLimits, OpenAuth
+    from fleetgate.router.roundrobin import RoundRobinScheduler
+    from fleetgate.router.tiers.types import PassThroughTiers
+
+    settings = load_model(GatewaySettings, config)
+    build_server(settings, scheduler=RoundRobinScheduler(), auth=OpenAuth(), limiter=NoLimits(),
+                 accountant=NoAccounting(), cache=NoCache(), tiers=PassThroughTiers()).run()
+
+
 def main(argv: list[str]) -> int:
-    """`python -m fleetgate.bench.gateway_overhead PORT ENGINE_URL`: the pass-through floor server."""
-    serve_passthrough(port=int(argv[0]), engine_url=argv[1])
+    """Helper servers the benchmark starts in their own processes:
+    `python -m fleetgate.bench.gateway_overhead passthrough PORT ENGINE_URL` (the floor) and
+    `python -m fleetgate.bench.gateway_overhead minimal CONFIG` (the gateway with no-op stages)."""
+    if argv[0] == "passthrough":
+        serve_passthrough(port=int(argv[1]), engine_url=argv[2])
+    else:
+        serve_minimal_gateway(argv[1])
     return 0
 
 
