@@ -1,0 +1,188 @@
+"""Measure one local vLLM CPU engine serving the prepared Gemma 3 270M (a benchmark, not a test).
+
+Run: `python -m fleetgate.local.engine_bench [--replicas-threads N] [--json]` (PYTHONSAFEPATH=1 from
+the repository root). Prints, for this machine:
+- model preparation time (cached check; `--fresh-cache DIR` also times a first preparation);
+- engine start-up: launch -> `/health` 200 and the model listed;
+- memory: resident set size of the engine's whole process group (API server + engine core);
+- KV cache: the engine's own `vllm:cache_config_info` (block size, number of blocks) and the token
+  capacity it logs;
+- first-request latency (chat, 16 tokens), time to first token and decode rate of one stream
+  (`max_tokens` tokens, `ignore_eos`), aggregate decode rate of `--concurrency` streams;
+- prefix caching: the engine's `vllm:prefix_cache_queries/hits` deltas and the time to first token
+  for a long prompt sent cold, then again (warm), as the ratio cold/warm.
+Decode rate = (tokens - 1) / (time of last token - time of first token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from fleetgate.local.config import EngineConfig
+from fleetgate.local.engines import EngineFleet
+from fleetgate.local.model_prep import prepare_model
+from fleetgate.local.vllm_command import vllm_specs
+
+MODEL = "gemma-3-270m"
+
+
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as response:
+        return dict(json.loads(response.read()))
+
+
+def stream_times(url: str, *, prompt: str, max_tokens: int) -> tuple[float, list[float]]:
+    """(request start, arrival time of each token event) for one streamed completion."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    start = time.monotonic()
+    arrivals: list[float] = []
+    with urllib.request.urlopen(req, timeout=600) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    arrivals.append(time.monotonic())
+    return start, arrivals
+
+
+def decode_rate(arrivals: list[float]) -> float:
+    return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else 0.0
+
+
+def metric_values(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:") and " " in line:
+            name_labels, value = line.rsplit(" ", 1)
+            name = name_labels.split("{", 1)[0]
+            if name == "vllm:cache_config_info":
+                values.update({f"cache_config.{k}": v for k, v in _labels(name_labels).items()})
+            else:
+                values[name] = values.get(name, 0.0) + float(value)
+    return values
+
+
+def _labels(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    inner = text.split("{", 1)[1].rstrip("}")
+    for part in inner.split(","):
+        key, _, raw = part.partition("=")
+        try:
+            out[key.strip()] = float(raw.strip().strip('"'))
+        except ValueError:
+            continue
+    return out
+
+
+def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def group_rss_mib(pgid: int) -> float:
+    total_kib = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kib += int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total_kib / 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, help="OpenMP threads for the engine (default: all CPUs)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per decode stream")
+    parser.add_argument("--concurrency", type=int, default=4, help="parallel streams for the aggregate rate")
+    parser.add_argument("--fresh-cache", type=Path, help="also time a first preparation into this empty dir")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    figures: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg()[0]}
+    if args.fresh_cache is not None:
+        t = time.monotonic()
+        prepare_model(cache_dir=args.fresh_cache)
+        figures["prep_first_s"] = time.monotonic() - t
+    t = time.monotonic()
+    model_path = prepare_model()
+    figures["prep_cached_s"] = time.monotonic() - t
+    logs = Path(tempfile.mkdtemp(prefix="fleetgate-engine-bench-"))
+    config = EngineConfig(base_port=0, max_model_len=2048, threads=args.threads, log_dir=logs)
+    with EngineFleet(specs=vllm_specs(config=config, model_path=model_path)) as fleet:
+        figures["engine_start_s"] = fleet.start()
+        url, pgid = fleet.urls[0], fleet.processes[0].pid
+        figures["threads"] = config.threads_per_engine()
+        figures["rss_mib_idle"] = group_rss_mib(pgid)
+        log = (logs / "engine-0.log").read_text(errors="replace")
+        for line in log.splitlines():
+            if "KV cache size:" in line:
+                figures["kv_log"] = line.split("] ", 1)[-1].strip()
+        metrics = metric_values(url)
+        figures.update({k: v for k, v in metrics.items() if k.startswith("cache_config.")})
+        t = time.monotonic()
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        _post(f"{url}/v1/chat/completions", {"model": MODEL, "max_tokens": 16, "temperature": 0, "messages": question})
+        figures["first_request_s"] = time.monotonic() - t
+        start, arrivals = stream_times(url, prompt="Once upon a time", max_tokens=args.max_tokens)
+        figures["ttft_short_s"] = arrivals[0] - start
+        figures["decode_tok_s_1_stream"] = decode_rate(arrivals)
+        results: list[list[float]] = []
+
+        def one(i: int) -> None:
+            results.append(stream_times(url, prompt=f"Story {i}: once upon a time", max_tokens=args.max_tokens)[1])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(args.concurrency)]
+        t = time.monotonic()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        figures[f"decode_tok_s_aggregate_{args.concurrency}_streams"] = sum(len(r) for r in results) / (
+            time.monotonic() - t)
+        figures["rss_mib_after_load"] = group_rss_mib(pgid)
+        prompt = "You are a support assistant for a bakery. Be kind and brief. " * 40 + "When do you open?"
+        before = metric_values(url)
+        s0, a0 = stream_times(url, prompt=prompt, max_tokens=2)
+        mid = metric_values(url)
+        s1, a1 = stream_times(url, prompt=prompt, max_tokens=2)
+        after = metric_values(url)
+        figures["prompt_tokens_long"] = _delta(mid, after, "vllm:prompt_tokens_total")
+        for tag, x, y in (("cold", before, mid), ("warm", mid, after)):
+            figures[f"prefix_queries_{tag}"] = _delta(x, y, "vllm:prefix_cache_queries_total")
+            figures[f"prefix_hits_{tag}"] = _delta(x, y, "vllm:prefix_cache_hits_total")
+        figures["ttft_long_cold_s"] = a0[0] - s0
+        figures["ttft_long_warm_s"] = a1[0] - s1
+        figures["ttft_cold_over_warm"] = figures["ttft_long_cold_s"] / max(1e-9, figures["ttft_long_warm_s"])
+    figures["loadavg_at_end"] = os.getloadavg()[0]
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        for key, value in figures.items():
+            print(f"{key:40s} {value:.3f}" if isinstance(value, float) else f"{key:40s} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m fleetgate.local.engine_bench", description=__doc__)
+    add_arguments(parser)
+    raise SystemExit(run(parser.parse_args()))

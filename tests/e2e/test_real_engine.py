@@ -1,0 +1,162 @@
+"""End to end: the gateway in front of a real vLLM CPU engine serving the prepared Gemma 3 270M.
+
+One engine and one in-process gateway for the whole module (an engine takes about a minute to
+start). The model directory is prepared on first use into the normal cache (`$FLEETGATE_CACHE` or
+`~/.cache/fleetgate`), exactly as `fleetgate up` does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from fleetgate.gateway.serve import build_server
+from fleetgate.gateway.settings import GatewaySettings, ModelRoute, ServerSettings
+from fleetgate.local.config import EngineConfig
+from fleetgate.local.engines import EngineFleet, free_port
+from fleetgate.local.model_prep import prepare_model
+from fleetgate.local.vllm_command import vllm_specs
+
+pytestmark = pytest.mark.real_engine
+
+MODEL = "gemma-3-270m"
+MAX_MODEL_LEN = 512
+
+
+@dataclass(frozen=True)
+class Stack:
+    gateway: str
+    engine: str
+
+
+def _request(url: str, body: dict[str, Any] | None = None, *, timeout: float = 300) -> tuple[int, dict[str, Any]]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return str(response.read().decode())
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    model_path = prepare_model()
+    logs = tmp_path_factory.mktemp("engine-logs")
+    config = EngineConfig(base_port=0, max_model_len=MAX_MODEL_LEN, max_num_seqs=4, log_dir=logs)
+    fleet = EngineFleet(specs=vllm_specs(config=config, model_path=model_path), startup_timeout_s=900)
+    with fleet:
+        fleet.start()
+        port = free_port()
+        settings = GatewaySettings(
+            server=ServerSettings(port=port, log_requests=False),
+            models=[ModelRoute(name=MODEL, endpoints=fleet.urls)],
+        )
+        server = build_server(settings)
+        thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the gateway did not start"
+            time.sleep(0.05)
+        try:
+            yield Stack(gateway=f"http://127.0.0.1:{port}", engine=fleet.urls[0])
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
+
+
+def test_chat_completion_answers_with_real_text(stack: Stack) -> None:
+    status, body = _request(
+        f"{stack.gateway}/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+         "max_tokens": 24, "temperature": 0},
+    )
+    assert status == 200, body
+    answer = body["choices"][0]["message"]["content"]
+    # A correctly prepared model (weights, BOS, template, end tokens) answers this; a broken one babbles.
+    assert "Paris" in answer, answer
+    assert body["choices"][0]["finish_reason"] == "stop"
+    usage = body["usage"]
+    assert usage["prompt_tokens"] > 5 and 0 < usage["completion_tokens"] < 24
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_streamed_completion_reports_usage(stack: Stack) -> None:
+    # ignore_eos (a vLLM extension the gateway passes through): exactly max_tokens tokens, so usage is known.
+    body = {"model": MODEL, "prompt": "The three primary colours are", "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(f"{stack.gateway}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    events: list[str] = []
+    arrivals: list[float] = []
+    with urllib.request.urlopen(req, timeout=300) as response:
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[len("data: "):])
+                arrivals.append(time.monotonic())
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert text.strip(), chunks
+    assert len(usage) == 1 and usage[0]["completion_tokens"] == 12
+    assert sum(1 for c in chunks if c["choices"]) >= 6, "tokens must arrive as separate events"
+    assert arrivals[-1] - arrivals[0] > 0, "events were buffered into one write"
+
+
+def test_unknown_model_is_an_openai_shaped_404(stack: Stack) -> None:
+    status, body = _request(
+        f"{stack.gateway}/v1/chat/completions",
+        {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert status == 404
+    assert set(body["error"]) >= {"message", "type", "code"}
+    assert "no-such-model" in body["error"]["message"]
+
+
+def test_prompt_over_max_model_len_is_the_engines_400_relayed(stack: Stack) -> None:
+    long_prompt = "one two three four five six seven eight nine ten " * 80  # ~800 tokens > 512
+    status, body = _request(f"{stack.gateway}/v1/completions", {"model": MODEL, "prompt": long_prompt, "max_tokens": 8})
+    assert status == 400, body
+    assert body["error"]["type"] in {"invalid_request_error", "BadRequestError"}
+    assert re.search(r"context length|maximum|too long|max_model_len", body["error"]["message"], re.I), body
+
+
+def _counter(metrics: str, name: str) -> float:
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_prefix_cache_hits_on_a_repeated_prompt(stack: Stack) -> None:
+    # vLLM CPU caches whole blocks of 128 tokens: the shared part must span at least one (~360 tokens here).
+    prompt = "You are a helpful assistant for a bakery. " * 40 + "Question: what time do you open?"
+    before = _counter(_text(f"{stack.engine}/metrics"), "vllm:prefix_cache_hits_total")
+    for _ in range(2):
+        status, _body = _request(f"{stack.gateway}/v1/completions",
+                                 {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0})
+        assert status == 200
+    metrics = _text(f"{stack.engine}/metrics")
+    after = _counter(metrics, "vllm:prefix_cache_hits_total")
+    assert _counter(metrics, "vllm:prefix_cache_queries_total") > after
+    assert after - before >= 128, f"prefix cache hits went {before} -> {after}"
