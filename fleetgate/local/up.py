@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 
 from fleetgate.core.errors import ConfigError
+from fleetgate.core.telemetry import configure_logging
 from fleetgate.gateway.settings import GatewaySettings, ModelRoute
 from fleetgate.local.banner import banner
 from fleetgate.local.check import CheckResult, send_check
@@ -127,6 +128,9 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
 
     engine = config.engine
     settings = route_models(gateway=config.gateway, model=engine.model, served_name=served_name, urls=urls)
+    if not check:
+        # Interactive: one structured line per request on stderr. --check keeps its output to the answer.
+        configure_logging(level=settings.server.log_level)
     host = settings.server.host
     port = settings.server.port or free_port(host)
     server = build_server(settings, host=host, port=port)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -142,3 +143,29 @@ def test_keyboard_interrupt_while_waiting_stops_engines(tmp_path: Path) -> None:
         fleet.start()
     assert calls["n"] == 1
     assert not [pid for pid in _pids(tmp_path, "engine-0") if _alive(pid)]
+
+
+def test_engines_die_when_their_parent_is_killed(tmp_path: Path) -> None:
+    # `fleetgate up` killed with SIGKILL runs no cleanup: PR_SET_PDEATHSIG must still end its engines.
+    spec = _spec(tmp_path, "engine-0", delay=0.1)
+    parent = tmp_path / "parent.py"
+    parent.write_text(
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from fleetgate.local.engines import EngineFleet, EngineSpec\n"
+        f"spec = EngineSpec(name='engine-0', argv={list(spec.argv)!r}, env=dict(__import__('os').environ),\n"
+        f"                  url={spec.url!r}, log_path=Path({str(spec.log_path)!r}))\n"
+        "EngineFleet(specs=[spec], progress=lambda _: None).start()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(parent)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONSAFEPATH": "1"}, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        leader = _pids(tmp_path, "engine-0")[0]
+        assert _running(leader)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert not _alive(leader, settle_s=10), "the engine outlived a SIGKILLed parent"
