@@ -20,7 +20,7 @@ import aiohttp
 import orjson
 
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
-from fleetgate.core.errors import FleetGateError, NotFoundError, UpstreamBadResponseError
+from fleetgate.core.errors import FleetGateError, NotFoundError, UpstreamBadResponseError, UpstreamUnavailableError
 from fleetgate.core.types import Usage
 from fleetgate.gateway.assembly import StreamAssembler
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
@@ -34,6 +34,7 @@ from fleetgate.gateway.stages import RequestRecord
 from fleetgate.gateway.stageset import Stages
 from fleetgate.gateway.streaming import RelayStream, ReplayStream, StreamOutcome
 from fleetgate.gateway.upstream import read_body
+from fleetgate.router.tiers.types import TierDecision
 
 SAMPLED_OPT_IN = "x-fleetgate-cache-sampled"
 HITS = (CacheStatus.HIT_EXACT, CacheStatus.HIT_SEMANTIC)
@@ -133,7 +134,7 @@ class Pipeline:
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
             return self._serve_hit(ctx, parsed, lookup)
-        decision = await self._s.tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding)
+        decision = await self._resolve(ctx, parsed, lookup)
         ctx.tier = decision
         ctx.served_model, ctx.served_tier = decision.model, decision.tier  # until an engine call says otherwise
         targets = [(decision.model, decision.tier), *decision.fallbacks]
@@ -160,6 +161,17 @@ class Pipeline:
             lookup = CacheLookup(status=CacheStatus.BYPASS, reason="cache error")
         ctx.lookup = lookup
         return lookup
+
+    async def _resolve(self, ctx: RequestContext, parsed: ParsedRequest, lookup: CacheLookup) -> TierDecision:
+        try:
+            return await self._s.tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding)
+        except FleetGateError:
+            raise
+        except Exception as exc:  # a broken tier router must not take explicit models down with it
+            self._log.exception("tier resolution failed", extra={"request_id": ctx.request_id})
+            if parsed.model in self._s.endpoint_source.models():
+                return TierDecision(model=parsed.model, reason="tier router error")
+            raise UpstreamUnavailableError(f"cannot resolve model alias {parsed.model!r}: {exc}") from exc
 
     def _serve_hit(self, ctx: RequestContext, parsed: ParsedRequest, lookup: CacheLookup) -> GatewayResponse:
         assert lookup.response is not None

@@ -261,3 +261,18 @@ async def test_no_retry_after_bytes_reached_the_client(start_engine, start_gatew
     assert len(healthy.received) == 0
     assert await eventually(lambda: ("failed", dying.url) in scheduler.events)
     assert scheduler.events == [("start", dying.url), ("failed", dying.url)]
+
+
+async def test_a_failing_tier_router_fails_open_for_explicit_models(start_gateway, engine: FakeEngine) -> None:  # type: ignore[no-untyped-def]
+    class BrokenTiers(StubTiers):
+        async def resolve(
+            self, requested_model: str, prompt_text: str, *, embedding: Any | None = None
+        ) -> TierDecision:
+            raise RuntimeError("model file missing")
+
+    gw = await start_gateway(settings_for({"m1": [engine.url]}), tiers=BrokenTiers(TierDecision(model="m1")))
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        explicit = await client.post("/v1/chat/completions", json=CHAT)
+        alias = await client.post("/v1/chat/completions", json={**CHAT, "model": "auto"})
+    assert explicit.status_code == 200
+    assert alias.status_code == 503 and "alias 'auto'" in alias.json()["error"]["message"]
