@@ -132,13 +132,17 @@ def create_app(
             runtime.session = None
             await store.close()
 
-    def readiness() -> str | None:
-        if not runtime.ready:
-            return "starting"
+    def readiness() -> tuple[bool, dict[str, Any]]:
+        # Ready = this replica can answer (started, stages up). Engines are reported, not required: a
+        # gateway with no engine answers 503s that say so, and engines scaled to zero must stay reachable.
         source = stages.endpoint_source
-        if not any(source.endpoints(m) for m in source.models()):
-            return "no engine endpoints"
-        return None
+        models = source.models()
+        info = {
+            "status": "ready" if runtime.ready else "starting",
+            "models": len(models),
+            "endpoints": sum(len(source.endpoints(m)) for m in models),
+        }
+        return runtime.ready, info
 
     app = GatewayApp(title="FleetGate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     limit = settings.server.max_body_bytes

@@ -6,6 +6,7 @@ Plain Starlette routes taking the raw `Request`: models, health, readiness and m
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 from fastapi import FastAPI
@@ -19,7 +20,11 @@ JSON = "application/json"
 
 
 def install_routes(
-    app: FastAPI, *, pipeline: Pipeline, registry: CollectorRegistry, readiness: Callable[[], str | None]
+    app: FastAPI,
+    *,
+    pipeline: Pipeline,
+    registry: CollectorRegistry,
+    readiness: Callable[[], tuple[bool, dict[str, Any]]],
 ) -> None:
     async def models(request: Request) -> Response:
         result = await pipeline.list_models(headers=request.headers)
@@ -29,10 +34,8 @@ def install_routes(
         return Response(b'{"status":"ok"}', media_type=JSON)
 
     async def readyz(request: Request) -> Response:
-        problem = readiness()
-        if problem is None:
-            return Response(b'{"status":"ready"}', media_type=JSON)
-        return Response(orjson.dumps({"status": "not ready", "reason": problem}), status_code=503, media_type=JSON)
+        ready, info = readiness()
+        return Response(orjson.dumps(info), status_code=200 if ready else 503, media_type=JSON)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -61,13 +61,26 @@ async def test_models_lists_configured_models(start_gateway, engine: FakeEngine)
 
 
 async def test_health_and_readiness(start_gateway, gateway: RunningGateway) -> None:  # type: ignore[no-untyped-def]
-    empty = await start_gateway(settings_for({}))
+    empty = await start_gateway(settings_for({"m1": [], "m2": []}))
     async with httpx.AsyncClient() as client:
         assert (await client.get(gateway.url + "/healthz")).status_code == 200
-        assert (await client.get(gateway.url + "/readyz")).status_code == 200
-        not_ready = await client.get(empty.url + "/readyz")
-    assert not_ready.status_code == 503
-    assert not_ready.json()["reason"] == "no engine endpoints"
+        ready = await client.get(gateway.url + "/readyz")
+        no_engines = await client.get(empty.url + "/readyz")
+    assert (ready.status_code, ready.json()) == (200, {"status": "ready", "models": 1, "endpoints": 1})
+    # ready without engines: it answers (503s naming the problem); the body tells
+    assert (no_engines.status_code, no_engines.json()) == (200, {"status": "ready", "models": 2, "endpoints": 0})
+
+
+async def test_not_ready_before_start(engine: FakeEngine) -> None:
+    from fleetgate.gateway.app import create_app
+
+    app = create_app(settings_for({"m1": [engine.url]}))
+    transport = httpx.ASGITransport(app=app)  # no lifespan: the app was never started
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        r = await client.get("/readyz")
+        c = await client.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 503 and r.json()["status"] == "starting"
+    assert c.status_code == 503 and "not started" in c.json()["error"]["message"]
 
 
 async def test_served_name_differs_from_public_name(start_gateway, engine: FakeEngine) -> None:  # type: ignore[no-untyped-def]
