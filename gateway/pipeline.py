@@ -193,8 +193,9 @@ class Pipeline:
 
     async def _call(
         self, ctx: RequestContext, targets: list[tuple[str, str | None]]
-    ) -> tuple[Attempt, dict[str, Any], Usage]:
-        """One non-streaming engine call; engine errors are raised as OpenAI-shaped errors."""
+    ) -> tuple[Attempt, dict[str, Any], Usage, bytes]:
+        """One non-streaming engine call: the parsed answer and the bytes for the client (the engine's
+        own unless the model name is rewritten). Engine errors are raised as OpenAI-shaped errors."""
         attempt, resp = await self._forwarder.open(ctx, targets, stream=False)
         ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
         ep = attempt.endpoint
@@ -217,12 +218,13 @@ class Pipeline:
         self._s.scheduler.on_complete(attempt.routing, ep, ok=True, usage=usage)
         if ep.model != attempt.model:
             obj["model"] = attempt.model
-        return attempt, obj, usage
+            raw = orjson.dumps(obj)
+        return attempt, obj, usage, raw
 
     async def _complete(
         self, ctx: RequestContext, parsed: ParsedRequest, targets: list[tuple[str, str | None]]
     ) -> GatewayResponse:
-        attempt, obj, usage = await self._call(ctx, targets)
+        attempt, obj, usage, body = await self._call(ctx, targets)
         records = [self._record(ctx, model=attempt.model, tier=attempt.tier,
                                 endpoint=attempt.endpoint.id, usage=usage, status=200)]
         total = usage
@@ -234,19 +236,21 @@ class Pipeline:
             self._m.escalations.labels(attempt.model, decision.escalate_to).inc()
             records[0].extra["cascade"] = f"escalated: {reason}"
             try:
-                attempt2, obj2, usage2 = await self._call(ctx, [(decision.escalate_to, decision.escalate_tier)])
+                attempt2, obj2, usage2, body2 = await self._call(
+                    ctx, [(decision.escalate_to, decision.escalate_tier)]
+                )
             except FleetGateError as exc:  # the cheap answer still serves the client
                 records[0].extra["escalation_failed"] = exc.message
                 ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
             else:
-                attempt, obj = attempt2, obj2
+                attempt, obj, body = attempt2, obj2, body2
                 total = _add(total, usage2)
                 records.append(self._record(ctx, model=attempt2.model, tier=attempt2.tier,
                                             endpoint=attempt2.endpoint.id, usage=usage2, status=200))
                 records[-1].extra["cascade"] = f"escalation of {records[0].model}: {reason}"
         store = obj if ctx.lookup is not None and ctx.lookup.status == CacheStatus.MISS else None
         self._finish(ctx, status=200, usage=total, records=records, store=store)
-        return GatewayResponse(200, self._headers(ctx, attempt), orjson.dumps(obj))
+        return GatewayResponse(200, self._headers(ctx, attempt), body)
 
     async def _stream(
         self, ctx: RequestContext, parsed: ParsedRequest, targets: list[tuple[str, str | None]]
