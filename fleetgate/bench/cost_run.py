@@ -104,11 +104,9 @@ def gateway_settings(
         "tiers": tiers,
         "tenancy": tenancy,
     }
-    cache_field = GatewaySettings.model_fields["cache"].annotation
-    if cache_field is not dict and hasattr(cache_field, "model_validate"):
-        data["cache"] = cache_field.model_validate({"enabled": config.cache})
-    elif config.cache:
-        raise RuntimeError("this gateway build has no typed cache settings; cannot enable the cache")
+    from fleetgate.cache.config import CacheConfig
+
+    data["cache"] = CacheConfig(enabled=config.cache)
     return GatewaySettings(**data)
 
 
@@ -211,7 +209,7 @@ async def run_config(
 async def _warm_up(session: aiohttp.ClientSession, port: int, *, key: str, model: str, cache: bool) -> None:
     """Load what loads lazily (the embedders) before the clock starts: one request, then wait until the
     cache has stored it (the semantic layer embeds it first)."""
-    body = {"model": model, "max_tokens": 8, "temperature": 0,
+    body = {"model": model, "max_tokens": 512, "temperature": 0,  # room to finish: only "stop" is stored
             "messages": [{"role": "user", "content": "warm-up request, please ignore"}]}
     async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", data=orjson.dumps(body),
                             headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}) as r:
