@@ -19,7 +19,7 @@ from fleetgate.gateway.context import GatewayResponse, request_id_from
 from fleetgate.gateway.errors import error_body
 from fleetgate.gateway.parsing import Kind
 from fleetgate.gateway.pipeline import Pipeline
-from fleetgate.gateway.responses import StreamResponse
+from fleetgate.gateway.responses import ClientWatch, StreamResponse
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -70,33 +70,22 @@ def completion_handler(kind: Kind, *, pipeline: Pipeline, max_body_bytes: int) -
             return
         except ClientLeft:
             return
-        # Until the answer starts, a client that leaves cancels the request (and so the engine call):
-        # an abandoned non-streaming generation must not keep a GPU busy.
-        task = asyncio.current_task()
-        assert task is not None
-        left = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            left.set()
-            task.cancel()
-
-        watcher = asyncio.ensure_future(watch())
+        # A client that leaves cancels the request, and so the engine call: an abandoned generation,
+        # streamed or not, must not keep a GPU busy.
+        watch = ClientWatch(receive)
         try:
             result = await pipeline.handle(kind=kind, raw=raw, headers=headers)
             if result.stream is None:
                 await send_json(send, result)
+            else:
+                response = StreamResponse(result.stream, status=result.status, headers=result.headers,
+                                          media_type=result.media_type)
+                await response.relay(send, watch)
         except asyncio.CancelledError:
-            if not left.is_set():
+            if not watch.absorb():
                 raise
-            task.uncancel()
-            return
         finally:
-            watcher.cancel()
-        if result.stream is not None:
-            await StreamResponse(result.stream, status=result.status, headers=result.headers,
-                                 media_type=result.media_type)(scope, receive, send)
+            watch.stop()
 
     return handle
 

@@ -1,8 +1,10 @@
-"""The ASGI response that relays a `ClientStream` to the client and notices when the client leaves.
+"""Sending a `ClientStream` to the client, and noticing when the client leaves.
 
-A watcher task waits for `http.disconnect`; when it comes first it cancels the sending task, so a
-client that leaves during a long prefill frees the engine at once rather than at the next chunk.
-The stream's `close()` runs exactly once, however the response ends.
+`ClientWatch` is a task waiting for `http.disconnect`; when it comes before the response is complete
+it cancels the request's task, so a client that leaves during a long prefill (or a long non-streaming
+generation) frees the engine at once rather than at the next chunk. One watch serves a request from
+the end of its body to the end of its response. The stream's `close()` runs exactly once, however
+the response ends.
 """
 
 from __future__ import annotations
@@ -12,6 +14,40 @@ import asyncio
 from starlette.types import Receive, Scope, Send
 
 from fleetgate.gateway.context import ClientStream
+
+
+class ClientWatch:
+    """Cancels the current task when the client disconnects, until `done()`."""
+
+    def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._complete = False
+        self.left = False
+        self._watcher = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self._complete:  # servers also report a disconnect once the response is complete
+            self.left = True
+            self._task.cancel()
+
+    def complete(self) -> None:
+        """The last byte is being sent: a disconnect from now on is the normal end."""
+        self._complete = True
+
+    def absorb(self) -> bool:
+        """Inside `except CancelledError`: True, with the cancellation undone, when the client caused it."""
+        if not self.left:
+            return False
+        self._task.uncancel()
+        return True
+
+    def stop(self) -> None:
+        self._complete = True
+        self._watcher.cancel()
 
 
 class StreamResponse:
@@ -26,35 +62,25 @@ class StreamResponse:
         ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        left = asyncio.Event()
-        sent_all = False
+        watch = ClientWatch(receive)
+        try:
+            await self.relay(send, watch)
+        finally:
+            watch.stop()
 
-        async def watch() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    if not sent_all:  # servers also report a disconnect once the response is complete
-                        left.set()
-                        task.cancel()
-                    return
-
-        watcher = asyncio.ensure_future(watch())
+    async def relay(self, send: Send, watch: ClientWatch) -> None:
         finished = False
         try:
             await send({"type": "http.response.start", "status": self.status, "headers": self.raw_headers})
             async for chunk in self.stream:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             finished = True
+            watch.complete()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            sent_all = True
         except asyncio.CancelledError:
-            if not left.is_set():
+            if not watch.absorb():
                 raise
-            task.uncancel()
         except OSError:  # the transport broke while sending
             pass
         finally:
-            watcher.cancel()
             self.stream.close(cancelled=not finished)
