@@ -4,7 +4,7 @@ Run: `python -m fleetgate.local.engine_bench [--replicas-threads N] [--json]` (P
 the repository root). Prints, for this machine:
 - model preparation time (cached check; `--fresh-cache DIR` also times a first preparation);
 - engine start-up: launch -> `/health` 200 and the model listed;
-- memory: resident set size of the engine's whole process group (API server + engine core);
+- memory: RSS and PSS summed over the engine's process group (API server + engine core);
 - KV cache: the engine's own `vllm:cache_config_info` (block size, number of blocks) and the token
   capacity it logs;
 - first-request latency (chat, 16 tokens), time to first token and decode rate of one stream
@@ -93,23 +93,30 @@ def _delta(before: dict[str, float], after: dict[str, float], name: str) -> floa
     return after.get(name, 0.0) - before.get(name, 0.0)
 
 
-def group_rss_mib(pgid: int) -> float:
-    total_kib = 0
+def group_memory_mib(pgid: int) -> dict[str, float]:
+    """RSS and PSS summed over the process group; PSS splits shared pages (torch, weights) fairly."""
+    rss_kib = pss_kib = 0
+    out: dict[str, float] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
                 continue
-            for line in (entry / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total_kib += int(line.split()[1])
+            name = (entry / "comm").read_text().strip()
+            for line in (entry / "smaps_rollup").read_text().splitlines():
+                if line.startswith("Rss:"):
+                    rss_kib += int(line.split()[1])
+                elif line.startswith("Pss:"):
+                    pss_kib += int(line.split()[1])
+                    out[f"pss.{entry.name}.{name}"] = int(line.split()[1]) / 1024
         except (OSError, ValueError, IndexError):
             continue
-    return total_kib / 1024
+    return {"rss": rss_kib / 1024, "pss": pss_kib / 1024, **out}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="prepared weights")
     parser.add_argument("--threads", type=int, help="OpenMP threads for the engine (default: all CPUs)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per decode stream")
     parser.add_argument("--concurrency", type=int, default=4, help="parallel streams for the aggregate rate")
@@ -118,21 +125,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    figures: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg()[0]}
+    figures: dict[str, Any] = {"cpus": os.cpu_count(), "dtype": args.dtype, "loadavg_at_start": os.getloadavg()[0]}
     if args.fresh_cache is not None:
         t = time.monotonic()
-        prepare_model(cache_dir=args.fresh_cache)
+        prepare_model(cache_dir=args.fresh_cache, dtype=args.dtype)
         figures["prep_first_s"] = time.monotonic() - t
     t = time.monotonic()
-    model_path = prepare_model()
-    figures["prep_cached_s"] = time.monotonic() - t
+    model_path = prepare_model(dtype=args.dtype)
+    figures["prep_s"] = time.monotonic() - t
     logs = Path(tempfile.mkdtemp(prefix="fleetgate-engine-bench-"))
-    config = EngineConfig(base_port=0, max_model_len=2048, threads=args.threads, log_dir=logs)
+    config = EngineConfig(base_port=0, max_model_len=2048, threads=args.threads, dtype=args.dtype, log_dir=logs)
     with EngineFleet(specs=vllm_specs(config=config, model_path=model_path)) as fleet:
         figures["engine_start_s"] = fleet.start()
         url, pgid = fleet.urls[0], fleet.processes[0].pid
         figures["threads"] = config.threads_per_engine()
-        figures["rss_mib_idle"] = group_rss_mib(pgid)
+        figures.update({f"{k}_mib_idle": v for k, v in group_memory_mib(pgid).items()})
         log = (logs / "engine-0.log").read_text(errors="replace")
         for line in log.splitlines():
             if "KV cache size:" in line:
@@ -159,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
             th.join()
         figures[f"decode_tok_s_aggregate_{args.concurrency}_streams"] = sum(len(r) for r in results) / (
             time.monotonic() - t)
-        figures["rss_mib_after_load"] = group_rss_mib(pgid)
+        figures.update({f"{k}_mib_after_load": v for k, v in group_memory_mib(pgid).items()})
         prompt = "You are a support assistant for a bakery. Be kind and brief. " * 40 + "When do you open?"
         before = metric_values(url)
         s0, a0 = stream_times(url, prompt=prompt, max_tokens=2)

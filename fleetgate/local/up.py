@@ -22,7 +22,7 @@ from fleetgate.local.banner import banner
 from fleetgate.local.check import CheckResult, send_check
 from fleetgate.local.config import EngineConfig, UpConfig, load_up_config
 from fleetgate.local.engines import EngineFleet, free_port, port_in_use
-from fleetgate.local.errors import LocalStackError
+from fleetgate.local.errors import EngineStartError, LocalStackError
 
 DEFAULT_CHECK_PROMPT = "What is the capital of France?"
 
@@ -103,7 +103,12 @@ def _vllm_engines(engine: EngineConfig) -> Iterator[EngineFleet]:
                         progress=_say)
     _say(f"==> starting {engine.replicas} vLLM CPU engine(s) (about a minute); logs in {engine.log_dir}/")
     try:
-        seconds = fleet.start()
+        try:
+            seconds = fleet.start()
+        except EngineStartError as exc:
+            if "No module named 'vllm" in str(exc):
+                raise EngineStartError(f"{exc}\nvLLM CPU is not installed: run `make install`") from exc
+            raise
         _say(f"==> engines healthy after {seconds:.0f}s")
         yield fleet
     finally:

