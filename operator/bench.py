@@ -29,6 +29,7 @@ SPEC: dict[str, Any] = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, default=100, help="InferenceServices to create (default 100)")
     parser.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
+    parser.add_argument("--verbose", "-v", action="store_true", help="print each CR's latency as it is measured")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -36,7 +37,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-async def _bench(count: int, timeout_s: float) -> dict[str, float]:
+async def _bench(count: int, timeout_s: float, verbose: bool = False) -> dict[str, float]:
     import kopf
     from kmock._internal import apps
 
@@ -102,6 +103,8 @@ async def _bench(count: int, timeout_s: float) -> dict[str, float]:
                     raise TimeoutError(f"{name}: children not created within the time limit")
                 await asyncio.sleep(0.01)  # the poll shares the event loop with kmock and the operator
             latencies.append(time.perf_counter() - t0)
+            if verbose:
+                print(f"  {name}: {latencies[-1] * 1000:.0f} ms", flush=True)
         while not all(reconciled(f"isvc-{i:04d}") for i in range(count)):
             if time.perf_counter() > deadline:
                 raise TimeoutError("not every InferenceService reconciled within the time limit")
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     logging.getLogger("kopf").setLevel(logging.CRITICAL)
-    fig = asyncio.run(_bench(args.count, args.timeout))
+    fig = asyncio.run(_bench(args.count, args.timeout, args.verbose))
     base = fig["baseline_p50"]
     print(f"operator against kmock, {args.count} InferenceServices created one after another")
     print(f"  baseline: bare create round trip p50       {base * 1000:8.1f} ms   (1.0x)")

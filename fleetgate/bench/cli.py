@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "routing": ("fleetgate.bench.routing", "endpoint-picking policies on the simulated fleet"),
     "cost": ("fleetgate.bench.cost", "naive serving vs FleetGate on a mixed multi-tenant workload"),
     "tenancy": ("fleetgate.gateway.tenancy.bench", "exact cost totals, budget race and limiter overhead on Redis"),
+    "operator": ("fleetgate.operator.bench", "InferenceService reconcile latency and throughput against kmock"),
 }
 
 
