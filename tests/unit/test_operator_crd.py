@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 import yaml
 
-from fleetgate.operator.crd import CRD_NAME, build_crd, spec_schema, structural, to_yaml
+from fleetgate.operator.crd import CRD_NAME, build_crd, peering_object, peering_yaml, spec_schema, structural, to_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_CRD = REPO / "charts" / "fleetgate" / "crds" / "inferenceservices.fleetgate.io.yaml"
@@ -31,6 +31,16 @@ def test_chart_crd_file_equals_generated() -> None:
     assert CHART_CRD.read_text() == to_yaml(build_crd()), (
         "the chart CRD is stale: run `fleetgate crd -o charts/fleetgate/crds/inferenceservices.fleetgate.io.yaml`"
     )
+
+
+def test_chart_peering_crds_equal_generated() -> None:
+    assert (CHART_CRD.parent / "kopf-peering.yaml").read_text() == peering_yaml(), (
+        "run `fleetgate crd --peering -o charts/fleetgate/crds/kopf-peering.yaml`"
+    )
+    kinds = {d["spec"]["names"]["kind"] for d in yaml.safe_load_all(peering_yaml())}
+    assert kinds == {"ClusterKopfPeering", "KopfPeering"}
+    assert peering_object()["kind"] == "ClusterKopfPeering"
+    assert peering_object(namespace="ml")["metadata"]["namespace"] == "ml"
 
 
 def test_schema_is_structural() -> None:
