@@ -29,8 +29,11 @@ PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 FORCED_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
-def upstream_body(body: dict[str, Any], *, served_name: str, stream: bool) -> bytes:
-    """The client's body for the engine: its served model name and, when streaming, usage on every chunk."""
+def upstream_body(body: dict[str, Any], *, served_name: str, stream: bool, raw: bytes = b"") -> bytes:
+    """The client's body for the engine: its served model name and, when streaming, usage on every chunk.
+    A non-streaming body that already names the served model is forwarded as received (`raw`)."""
+    if raw and not stream and body.get("model") == served_name:
+        return raw
     out = dict(body)
     out["model"] = served_name
     if stream:
@@ -86,7 +89,7 @@ class Forwarder:
             for attempt_no, endpoint in enumerate(tries):
                 if attempt_no:
                     self._metrics.retries.labels(model).inc()
-                body = upstream_body(parsed.body, served_name=endpoint.model, stream=stream)
+                body = upstream_body(parsed.body, served_name=endpoint.model, stream=stream, raw=parsed.raw)
                 # on_start before sending and on_complete on every failure keep in-flight counts balanced.
                 self._scheduler.on_start(routing, endpoint)
                 try:

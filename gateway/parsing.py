@@ -28,6 +28,7 @@ class ParsedRequest:
     max_tokens: int | None
     prompt_text: str  # stable serialisation of the prompt (prefix hashing, cache, tier scoring)
     session_key: str | None
+    raw: bytes = b""  # the body as received (forwarded unchanged when nothing needs rewriting)
 
 
 def _text_of(content: Any) -> str:
@@ -112,6 +113,7 @@ def parse_request(kind: Kind, raw: bytes, *, session_header: str | None = None) 
         max_tokens=max_tokens,
         prompt_text=_prompt_text(kind, body),
         session_key=session_header or (user if isinstance(user, str) and user else None),
+        raw=raw,
     )
 
 

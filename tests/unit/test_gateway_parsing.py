@@ -84,3 +84,16 @@ def test_request_id_accepts_only_sane_client_ids(given: str, kept: bool) -> None
     assert (rid == given) is kept
     assert rid and rid.isascii()
     assert request_id_from({}) != request_id_from({})
+
+
+def test_upstream_body_is_forwarded_unchanged_unless_it_must_be_rewritten() -> None:
+    from fleetgate.gateway.forwarding import upstream_body
+
+    raw_body = b'{"model": "m", "prompt": "x",   "extra_engine_field": 1}'
+    p = parse_request("completions", raw_body)
+    assert upstream_body(p.body, served_name="m", stream=False, raw=p.raw) is raw_body
+    renamed = orjson.loads(upstream_body(p.body, served_name="org/m", stream=False, raw=p.raw))
+    assert renamed == {"model": "org/m", "prompt": "x", "extra_engine_field": 1}
+    streamed = orjson.loads(upstream_body(p.body, served_name="m", stream=True, raw=p.raw))
+    assert streamed["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert p.body == {"model": "m", "prompt": "x", "extra_engine_field": 1}  # the parsed body is not mutated
