@@ -1,0 +1,188 @@
+"""The operator against a real API server: envtest (KUBEBUILDER_ASSETS) or a cluster (KUBECONFIG).
+
+envtest convention: `KUBEBUILDER_ASSETS` names a folder with `kube-apiserver` and `etcd`; the fixture starts
+them on free loopback ports (static token auth, AlwaysAllow authorization), installs the generated CRD and
+runs the operator in-process. What kmock cannot show is checked here: the API server enforces the CRD's
+CEL rules, enums and defaults; server-side apply is the real one. There is no controller-manager in
+envtest, so no pods and no garbage collection. Without the binaries or a cluster these tests are skipped,
+and the skip says so: they have not run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+
+from fleetgate.operator.crd import build_crd
+from fleetgate.operator.handlers import register
+from fleetgate.operator.kube import KubeApi, resource_class, status_code
+from fleetgate.operator.settings import OperatorSettings
+
+ASSETS = os.environ.get("KUBEBUILDER_ASSETS", "")
+HAVE_ENVTEST = bool(ASSETS) and all((Path(ASSETS) / b).is_file() for b in ("kube-apiserver", "etcd"))
+pytestmark = [
+    pytest.mark.kube,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        not HAVE_ENVTEST,
+        reason="not run: KUBEBUILDER_ASSETS does not point at kube-apiserver and etcd binaries (envtest)",
+    ),
+]
+TOKEN = "fleetgate-envtest-token"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _sa_keys(folder: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (folder / "sa.key").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    (folder / "sa.pub").write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+
+
+@pytest.fixture(scope="module")
+def apiserver() -> Iterator[str]:
+    folder = Path(tempfile.mkdtemp(prefix="fleetgate-envtest-"))
+    etcd_port, peer_port, api_port = _port(), _port(), _port()
+    _sa_keys(folder)
+    (folder / "tokens.csv").write_text(f'{TOKEN},admin,admin,"system:masters"\n')
+    etcd = subprocess.Popen(
+        [f"{ASSETS}/etcd", "--data-dir", str(folder / "etcd"), "--unsafe-no-fsync",
+         "--listen-client-urls", f"http://127.0.0.1:{etcd_port}", "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    api = subprocess.Popen(
+        [f"{ASSETS}/kube-apiserver", "--advertise-address=127.0.0.1", "--bind-address=127.0.0.1",
+         f"--secure-port={api_port}", f"--etcd-servers=http://127.0.0.1:{etcd_port}", f"--cert-dir={folder}",
+         "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=AlwaysAllow",
+         f"--token-auth-file={folder / 'tokens.csv'}", f"--service-account-issuer=https://127.0.0.1:{api_port}",
+         f"--service-account-key-file={folder / 'sa.pub'}", f"--service-account-signing-key-file={folder / 'sa.key'}",
+         "--disable-admission-plugins=ServiceAccount"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"https://127.0.0.1:{api_port}"
+    try:
+        import httpx2
+
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(Exception):
+                response = httpx2.get(f"{url}/readyz", headers={"Authorization": f"Bearer {TOKEN}"}, verify=False)
+                if response.status_code == 200:
+                    break
+            if time.monotonic() > deadline or api.poll() is not None:
+                pytest.fail("kube-apiserver did not become ready within 60 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        for proc in (api, etcd):
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            if proc.poll() is None:
+                proc.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+async def real_api(apiserver: str) -> AsyncIterator[KubeApi]:
+    from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+
+    api = KubeApi.from_server(url=apiserver, field_manager="test", token=TOKEN)
+    crd = CustomResourceDefinition.from_dict(build_crd())
+    with contextlib.suppress(Exception):
+        await api._client.create(crd)
+    deadline = time.monotonic() + 30
+    while True:
+        stored = await api._client.get(CustomResourceDefinition, "inferenceservices.fleetgate.io")
+        conditions = stored.status.conditions if stored.status and stored.status.conditions else []
+        if any(c.type == "Established" and c.status == "True" for c in conditions):
+            break
+        assert time.monotonic() < deadline, "CRD not established"
+        await asyncio.sleep(0.2)
+    try:
+        yield api
+    finally:
+        await api.aclose()
+
+
+@pytest.fixture
+async def real_operator(apiserver: str, real_api: KubeApi) -> AsyncIterator[None]:
+    registry = kopf.OperatorRegistry()
+    register(
+        registry=registry,
+        settings=OperatorSettings(),
+        make_api=lambda: KubeApi.from_server(url=apiserver, field_manager="fleetgate-operator", token=TOKEN),
+        login=lambda **_: kopf.ConnectionInfo(server=apiserver, token=TOKEN, insecure=True),
+    )
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        kopf.operator(registry=registry, clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready)
+    )
+    await asyncio.wait_for(ready.wait(), timeout=30)
+    try:
+        yield
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=15)
+
+
+def _cr(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "fleetgate.io/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": "default"}, "spec": spec}  # fmt: skip
+
+
+SMALL = {"model": {"source": "hf://Qwen/Qwen2.5-7B-Instruct-AWQ"}, "engine": {"quantization": "awq_marlin"}}
+
+
+async def test_api_server_enforces_cel_rules_and_defaults(real_api: KubeApi) -> None:
+    isvc = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
+    bad = {**SMALL, "engine": {"tensorParallelSize": 4}, "resources": {"gpus": 2}}
+    with pytest.raises(Exception) as info:
+        await real_api._client.create(isvc.from_dict(_cr("cel-bad", bad)))
+    assert status_code(info.value) == 422 and "tensorParallelSize" in str(info.value)
+    stored = dict(await real_api._client.create(isvc.from_dict(_cr("defaults", SMALL))))
+    assert stored["spec"]["engine"]["maxModelLen"] == 8192 and stored["spec"]["replicas"] == 1
+    await real_api._client.delete(isvc, "defaults", namespace="default")
+
+
+async def test_children_within_a_second_and_status(real_api: KubeApi, real_operator: None) -> None:
+    isvc = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
+    t0 = time.perf_counter()
+    await real_api._client.create(isvc.from_dict(_cr("qwen", SMALL)))
+    while await real_api.get_child(kind="Deployment", namespace="default", name="qwen") is None:
+        assert time.perf_counter() - t0 < 10, "no Deployment within 10 s"
+        await asyncio.sleep(0.02)
+    latency = time.perf_counter() - t0
+    assert await real_api.get_child(kind="Service", namespace="default", name="qwen") is not None
+    while ((await real_api.get_inference_service(namespace="default", name="qwen")) or {}).get("status", {}).get(
+        "phase"
+    ) != "Pending":
+        assert time.perf_counter() - t0 < 20, "status not written"
+        await asyncio.sleep(0.05)
+    print(f"envtest: CR applied -> Deployment exists in {latency * 1000:.0f} ms")
+    assert latency < 5  # the 1 s p99 target is measured by `fleetgate bench operator`, not asserted on CI
