@@ -7,6 +7,8 @@
 - resume/create/update of an InferenceService: `Reconciler.reconcile`; an invalid spec becomes
   `kopf.PermanentError` (status and Event already written), pods still starting become
   `kopf.TemporaryError` (retried, with the status current meanwhile);
+- events of InferenceServices whose generation is ahead of status.observedGeneration: reconcile at once
+  (a spec edit while the change handler waits out a retry delay);
 - events of engine Deployments: `Reconciler.refresh_status` on the owning InferenceService, so readiness
   shows in status within a watch event, not a retry period.
 No status is returned from handlers (Kopf would write it under status.<handler>): the reconciler owns status.
@@ -14,6 +16,7 @@ No status is returned from handlers (Kopf would write it under status.<handler>)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Callable
@@ -27,6 +30,7 @@ from fleetgate.operator.reconciler import Reconciler, SpecRejected
 from fleetgate.operator.settings import Capabilities, OperatorSettings
 
 WAIT_RETRY_S = 10.0
+WAIT_RETRY_MAX_S = 60.0
 ANNOTATION_PREFIX = "fleetgate.io"
 
 LoginFn = Callable[..., Any]
@@ -75,14 +79,29 @@ def register(
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
-    async def _reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def _reconcile(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
         reconciler: Reconciler = memo.reconciler
         try:
             outcome = await reconciler.reconcile(_plain(body))
         except SpecRejected as exc:
             raise kopf.PermanentError(f"invalid spec: {exc}") from None
         if outcome.waiting:
-            raise kopf.TemporaryError(f"waiting for engine pods: {outcome.status['ready']} ready", delay=WAIT_RETRY_S)
+            # Model loading takes minutes: back off (10 s, 20 s, ... 60 s). Status stays current meanwhile through
+            # the Deployment events, and spec edits are applied at once by `_spec_changed`.
+            delay = min(WAIT_RETRY_MAX_S, WAIT_RETRY_S * (retry + 1))
+            raise kopf.TemporaryError(f"waiting for engine pods: {outcome.status['ready']} ready", delay=delay)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def _spec_changed(body: kopf.Body, memo: kopf.Memo, type: str | None = None, **_: Any) -> None:
+        """A spec edit while `_reconcile` waits out a retry delay is applied now, not at the next retry."""
+        if type == "DELETED" or not hasattr(memo, "reconciler"):
+            return
+        generation = body.get("metadata", {}).get("generation")
+        observed = (body.get("status") or {}).get("observedGeneration")
+        if observed is None or generation == observed:
+            return  # never reconciled yet (the create handler does it) or already current
+        with contextlib.suppress(SpecRejected):  # the change handler reports invalid specs (condition + Event)
+            await memo.reconciler.reconcile(_plain(body))
 
     @kopf.on.event("apps", "v1", "deployments", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
     async def _deployment_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
