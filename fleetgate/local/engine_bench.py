@@ -4,7 +4,8 @@ Run: `python -m fleetgate.local.engine_bench [--replicas-threads N] [--json]` (P
 the repository root). Prints, for this machine:
 - model preparation time (cached check; `--fresh-cache DIR` also times a first preparation);
 - engine start-up: launch -> `/health` 200 and the model listed;
-- memory: RSS and PSS summed over the engine's process group (API server + engine core);
+- memory: RSS and PSS summed over the engine's process group (API server + engine core), and the
+  CPU it burns while idle (5 s sample);
 - KV cache: the engine's own `vllm:cache_config_info` (block size, number of blocks) and the token
   capacity it logs;
 - first-request latency (chat, 16 tokens), time to first token and decode rate of one stream
@@ -115,6 +116,21 @@ def group_memory_mib(pgid: int) -> dict[str, float]:
     return {"rss": rss_kib / 1024, "pss": pss_kib / 1024, **out}
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds consumed so far by the live processes of a process group."""
+    ticks = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                ticks += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="prepared weights")
     parser.add_argument("--threads", type=int, help="OpenMP threads for the engine (default: all CPUs)")
@@ -140,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
         url, pgid = fleet.urls[0], fleet.processes[0].pid
         figures["threads"] = config.threads_per_engine()
         figures.update({f"{k}_mib_idle": v for k, v in group_memory_mib(pgid).items()})
+        cpu0, t0 = group_cpu_seconds(pgid), time.monotonic()
+        time.sleep(5)
+        figures["idle_cpu_percent"] = 100 * (group_cpu_seconds(pgid) - cpu0) / (time.monotonic() - t0)
         log = (logs / "engine-0.log").read_text(errors="replace")
         for line in log.splitlines():
             if "KV cache size:" in line:
