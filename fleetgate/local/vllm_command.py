@@ -4,9 +4,9 @@ Flags come from `fleetgate.engine.args.EngineArgs` (the same builder the operato
 what a laptop needs: prefix caching on, `--enforce-eager` (no torch.compile: start-up in about a
 minute), a small `--max-model-len`. Environment for vLLM's CPU backend:
 `VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache per engine), `VLLM_CPU_OMP_THREADS_BIND=nobind` with
-`OMP_NUM_THREADS` = threads per engine (vLLM's `auto` binding pins every replica's threads to the
-same last core and reserves another for its scheduler; on a 2-core box leaving placement to the
-OS serves several replicas better), hub access off, usage statistics off.
+`OMP_NUM_THREADS` = threads per engine (`EngineConfig.threads_per_engine`: one core per engine is
+left to its API server and scheduler; vLLM's `auto` binding would pin every replica's threads to
+the same core, so placement is left to the OS), hub access off, usage statistics off.
 """
 
 from __future__ import annotations

@@ -59,9 +59,12 @@ def test_gateway_port_inside_engine_ports_is_rejected(tmp_path: Path) -> None:
 
 def test_threads_split_the_cpus_between_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 8)
-    assert EngineConfig(replicas=2).threads_per_engine() == 4
+    assert EngineConfig(replicas=1).threads_per_engine() == 7  # one core left to the API server
+    assert EngineConfig(replicas=2).threads_per_engine() == 3
     assert EngineConfig(replicas=16).threads_per_engine() == 1
-    assert EngineConfig(replicas=2, threads=3).threads_per_engine() == 3
+    assert EngineConfig(replicas=2, threads=4).threads_per_engine() == 4
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert EngineConfig(replicas=1).threads_per_engine() == 1
 
 
 def test_command_line_overrides_the_file() -> None:
