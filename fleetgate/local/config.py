@@ -52,9 +52,9 @@ class EngineConfig(_Strict):
 
         One core per engine is left to its API server and scheduler processes, as vLLM's own CPU
         binding does: when the OpenMP threads take every core, a descheduled thread stalls each
-        parallel region. Measured on the 2-core box (`python -m fleetgate.local.engine_bench`):
-        1 thread decoded 17-21 tokens/s (one stream) and 80-86 tokens/s (4 streams); 2 threads
-        0.9 and 3.6 tokens/s.
+        parallel region. Measured on the shared 2-core box (`python -m fleetgate.local.engine_bench
+        --threads N`, two runs each): 1 thread decoded 17-21 tokens/s (one stream) and 80-86 tokens/s
+        (4 streams); 2 threads 0.9-1.6 and 3.6-66 tokens/s.
         """
         if self.threads is not None:
             return self.threads
