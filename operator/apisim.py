@@ -39,8 +39,16 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self._names = itertools.count()
+        self._keep_requests: int | None = None
+
+    def keep_requests(self, count: int | None) -> None:
+        """Cap the request log. kmock matches each request against views over the whole log, so serving
+        costs O(requests so far): fine for a test, quadratic for a benchmark of thousands of calls."""
+        self._keep_requests = count
 
     async def _handle(self, request: Any) -> Any:
+        if self._keep_requests is not None and len(self._requests) > self._keep_requests:
+            del self._requests[: -self._keep_requests]
         if request.resource is not None and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {}) if request.data else {}
             if request.action == enums.action.CREATE and not meta.get("name") and meta.get("generateName"):
