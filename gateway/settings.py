@@ -36,8 +36,10 @@ class ServerSettings(_Strict):
     keepalive_timeout_s: float = Field(default=30.0, gt=0, description="idle pooled engine connections are closed")
     max_upstream_connections: int = Field(default=0, ge=0, description="pool size over all engines; 0: unlimited")
     debug_headers: bool = Field(default=False, description="add x-fleetgate-endpoint and x-fleetgate-route-reasons")
+    # Keys are required unless a deployment says otherwise: auth off is an explicit local-mode choice
+    # (`fleetgate up` sets it), never what a forgotten setting falls back to.
     auth: Literal["open", "api_key"] = Field(
-        default="open", description="open: no keys (local mode); api_key: tenants from the tenancy section"
+        default="api_key", description="api_key: tenants from the tenancy section; open: no keys (local mode only)"
     )
     default_max_tokens: int = Field(default=256, gt=0, description="estimate for rate limits when unset")
     log_requests: bool = Field(default=True, description="one structured JSON log line per request")

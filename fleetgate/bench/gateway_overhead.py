@@ -173,7 +173,7 @@ async def _in_process(args: argparse.Namespace, body: bytes) -> dict[str, list[f
     engine = await FakeEngine(FakeEngineConfig(model=MODEL)).start()
     port = free_port()
     settings = GatewaySettings.model_validate({
-        "server": {"port": port, "log_requests": not args.no_gateway_log},
+        "server": {"port": port, "log_requests": not args.no_gateway_log, "auth": "open"},
         "models": [{"name": MODEL, "endpoints": [engine.url]}],
     })
     server = build_server(settings)

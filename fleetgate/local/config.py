@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleetgate.core.config import load_model
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.local.model_prep import DEFAULT_DTYPE, MODEL_BASENAME
+
+
+# `fleetgate up` runs the gateway in local mode: no API keys (the gateway's own default requires them).
+LOCAL_GATEWAY: dict[str, Any] = {"server": {"auth": "open"}}
 
 
 class _Strict(BaseModel):
@@ -66,7 +70,19 @@ class EngineConfig(_Strict):
 
 class UpConfig(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    gateway: GatewaySettings = Field(default_factory=lambda: GatewaySettings.model_validate(LOCAL_GATEWAY))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_mode(cls, data: Any) -> Any:
+        """The local stack is local mode: no API keys unless the file asks for them (`server.auth`)."""
+        if isinstance(data, dict) and isinstance(data.get("gateway"), dict):
+            gateway = dict(data["gateway"])
+            server = gateway.get("server")
+            if server is None or (isinstance(server, dict) and "auth" not in server):
+                gateway["server"] = {**(server or {}), "auth": "open"}
+            data = {**data, "gateway": gateway}
+        return data
 
     @model_validator(mode="after")
     def _ports_apart(self) -> UpConfig:

@@ -97,7 +97,7 @@ async def test_served_name_differs_from_public_name(start_gateway, engine: FakeE
 def test_fleetgate_gateway_command_serves_from_a_config_file(tmp_path: Path) -> None:
     port = free_port()
     config = tmp_path / "gw.yaml"
-    config.write_text("server: {port: 1}\nmodels: [{name: m1, endpoints: ['http://127.0.0.1:9']}]\n")
+    config.write_text("server: {port: 1, auth: open}\nmodels: [{name: m1, endpoints: ['http://127.0.0.1:9']}]\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleetgate", "gateway", "--config", str(config), "--port", str(port)],
         env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

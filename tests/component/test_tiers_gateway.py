@@ -39,6 +39,7 @@ def chat(model: str, text: str, **extra: Any) -> dict[str, Any]:
 def settings(small_url: str, large_url: str, aliases: dict[str, Any]) -> GatewaySettings:
     return GatewaySettings.model_validate(
         {
+            "server": {"auth": "open"},
             "models": [{"name": "m-small", "endpoints": [small_url]}, {"name": "m-large", "endpoints": [large_url]}],
             "tiers": {"aliases": aliases, "embedding": "reuse_only"},
         }

@@ -64,7 +64,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         fleet.start()
         port = free_port()
         settings = GatewaySettings(
-            server=ServerSettings(port=port, log_requests=False),
+            server=ServerSettings(port=port, log_requests=False, auth="open"),
             models=[ModelRoute(name=MODEL, endpoints=fleet.urls)],
         )
         server = build_server(settings)

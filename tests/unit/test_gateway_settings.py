@@ -18,6 +18,7 @@ def test_defaults_work_without_a_file() -> None:
     assert (s.server.host, s.server.port, s.server.max_body_bytes) == ("127.0.0.1", 8080, 4 * 1024 * 1024)
     assert s.models == [] and s.discovery.kind == "static" and s.redis_url is None
     assert s.server.debug_headers is False
+    assert s.server.auth == "api_key"  # auth off only by an explicit local-mode setting
 
 
 def test_file_is_loaded_and_endpoints_normalised(tmp_path: Path) -> None:

@@ -93,3 +93,15 @@ def test_routes_listed_in_the_file_keep_their_endpoints(tmp_path: Path) -> None:
         "local": ["http://127.0.0.1:8100"],
         "remote": ["http://10.0.0.1:8000"],
     }
+
+
+def test_local_stack_is_local_mode_unless_the_file_asks_for_keys(tmp_path: Path) -> None:
+    from fleetgate.local.config import load_up_config
+
+    assert load_up_config(None).gateway.server.auth == "open"
+    partial = tmp_path / "up.yaml"
+    partial.write_text("gateway: {server: {port: 9090}}\n")
+    assert load_up_config(partial).gateway.server.auth == "open"
+    keyed = tmp_path / "keyed.yaml"
+    keyed.write_text("gateway: {server: {auth: api_key}}\n")
+    assert load_up_config(keyed).gateway.server.auth == "api_key"
