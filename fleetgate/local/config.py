@@ -18,7 +18,6 @@ from fleetgate.core.config import load_model
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.local.model_prep import DEFAULT_DTYPE, MODEL_BASENAME
 
-
 # `fleetgate up` runs the gateway in local mode: no API keys (the gateway's own default requires them).
 LOCAL_GATEWAY: dict[str, Any] = {"server": {"auth": "open"}}
 

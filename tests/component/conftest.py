@@ -35,7 +35,10 @@ class RunningGateway:
 
 def settings_for(models: dict[str, list[str]], **server: Any) -> GatewaySettings:
     return GatewaySettings.model_validate(
-        {"server": {"auth": "open", **server}, "models": [ModelRoute(name=n, endpoints=urls).model_dump() for n, urls in models.items()]}
+        {
+            "server": {"auth": "open", **server},
+            "models": [ModelRoute(name=n, endpoints=urls).model_dump() for n, urls in models.items()],
+        }
     )
 
 
