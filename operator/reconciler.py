@@ -109,21 +109,32 @@ class Reconciler:
             if action.kind == "Deployment" and stored is not None:
                 deployment = stored
         conflicts = tuple(f"{a.kind}/{a.name}" for a in actions if a.verb == "conflict")
-        status = compute_status(
-            owner=owner,
-            spec=spec,
-            resolved=resolved,
-            invalid=None,
-            deployment=deployment,
-            previous=previous,
-            now=self._clock(),
+        status = await self._write_status(
+            owner, spec=spec, resolved=resolved, invalid=None, deployment=deployment, previous=previous,
             conflicts=conflicts,
-            cluster_domain=self._settings.cluster_domain,
+        )
+        await self._announce(body, previous, status)
+        return Outcome(actions=actions, status=status, fits=fits)
+
+    async def _write_status(
+        self,
+        owner: Owner,
+        *,
+        spec: InferenceServiceSpec | None,
+        resolved: Resolved | None,
+        invalid: str | None,
+        deployment: dict[str, Any] | None,
+        previous: dict[str, Any] | None,
+        conflicts: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
+        """Compute status from the children as they are and patch it only when it changed (level-based)."""
+        status = compute_status(
+            owner=owner, spec=spec, resolved=resolved, invalid=invalid, deployment=deployment, previous=previous,
+            now=self._clock(), conflicts=conflicts, cluster_domain=self._settings.cluster_domain,
         )
         if status != _comparable(previous, status):
             await self._api.patch_status(namespace=owner.namespace, name=owner.name, status=status)
-        await self._announce(body, previous, status)
-        return Outcome(actions=actions, status=status, fits=fits)
+        return status
 
     async def _write(self, owner: Owner, action: Action) -> dict[str, Any] | None:
         if action.verb == "delete":
@@ -142,33 +153,15 @@ class Reconciler:
             return dict(previous or {})
         if deployment is None:
             deployment = await self._api.get_child(kind="Deployment", namespace=owner.namespace, name=owner.name)
-        status = compute_status(
-            owner=owner,
-            spec=spec,
-            resolved=resolved,
-            invalid=None,
-            deployment=deployment,
-            previous=previous,
-            now=self._clock(),
-            cluster_domain=self._settings.cluster_domain,
+        return await self._write_status(
+            owner, spec=spec, resolved=resolved, invalid=None, deployment=deployment, previous=previous
         )
-        if status != _comparable(previous, status):
-            await self._api.patch_status(namespace=owner.namespace, name=owner.name, status=status)
-        return status
 
     async def _reject(self, body: dict[str, Any], owner: Owner, previous: dict[str, Any] | None, message: str) -> None:
         deployment = await self._api.get_child(kind="Deployment", namespace=owner.namespace, name=owner.name)
-        status = compute_status(
-            owner=owner,
-            spec=None,
-            resolved=None,
-            invalid=message,
-            deployment=deployment,
-            previous=previous,
-            now=self._clock(),
-            cluster_domain=self._settings.cluster_domain,
+        await self._write_status(
+            owner, spec=None, resolved=None, invalid=message, deployment=deployment, previous=previous
         )
-        await self._api.patch_status(namespace=owner.namespace, name=owner.name, status=status)
         before = _condition(previous, "Degraded")
         if not (before.get("reason") == "InvalidSpec" and before.get("message") == message):
             await self._api.emit_event(owner=body, event_type="Warning", reason="InvalidSpec", message=message)
