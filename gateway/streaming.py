@@ -8,7 +8,8 @@ Upstream the gateway always asks for `include_usage` + `continuous_usage_stats`,
 chunk carries the usage so far: accounting is exact even when the client leaves mid-stream.
 Each chunk is rewritten for the client: usage is removed unless the client asked for it (then
 `usage: null` on content chunks and the final usage-only chunk, as OpenAI does; every chunk's usage
-if it also asked for continuous stats), and `model` names what the gateway served.
+if it also asked for continuous stats), and `model` names what the gateway served. A malformed usage
+(`engine_usage`) is dropped and flagged in the outcome; the pipeline then charges an estimate.
 
 A silent engine (no chunk within the first-byte / inter-chunk timeout), a broken connection or an
 end without `[DONE]` ends the client stream with an OpenAI-shaped error event and `[DONE]`.
@@ -29,6 +30,7 @@ import aiohttp
 import orjson
 
 from fleetgate.gateway.assembly import StreamAssembler
+from fleetgate.gateway.engine_usage import parse_usage
 
 DONE = b"data: [DONE]\n\n"
 
@@ -43,10 +45,12 @@ class StreamOutcome:
     ok: bool = False  # ended with [DONE] and no error event
     cancelled: bool = False  # the client went away first
     error_kind: str | None = None  # timeout | midstream | engine_error
-    usage: dict[str, Any] | None = None  # the last usage the engine reported
+    usage: dict[str, Any] | None = None  # the last well-formed usage the engine reported
+    bad_usage: bool = False  # the engine sent a usage that is not one (`engine_usage.parse_usage`)
     first_token_at: float | None = None  # perf_counter of the first chunk with generated output
     last_token_at: float | None = None
     chunks: int = 0
+    output_chunks: int = 0  # chunks that carried generated output (>= 1 token each)
     assembled: dict[str, Any] | None = None  # the complete response (when assembling and ok)
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -159,8 +163,13 @@ class RelayStream:
     def _rewrite(self, chunk: dict[str, Any]) -> bytes | None:
         out = self._outcome
         usage = chunk.get("usage")
-        if usage:
-            out.usage = usage
+        if usage is not None and usage != {}:
+            if parse_usage(usage) is None:
+                out.bad_usage = True  # never relayed, never read as numbers: charged by estimate instead
+                usage = None
+                del chunk["usage"]
+            else:
+                out.usage = usage
         choices = chunk.get("choices")
         if not choices:
             if not (usage and self._include_usage):
@@ -169,6 +178,7 @@ class RelayStream:
             now = time.perf_counter()
             out.chunks += 1
             if _has_output(choices):
+                out.output_chunks += 1
                 if out.first_token_at is None:
                     out.first_token_at = now
                 out.last_token_at = now

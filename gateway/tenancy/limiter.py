@@ -136,7 +136,7 @@ class TenancyLimiter:
         now_ms = int(now * 1000)
         checks = self._checks(tenant, reservation, limits, now)
         answer = await self._try_reserve(checks, now_ms=now_ms)
-        if answer is not None and answer[0] and fit_max_tokens:
+        if answer is not None and answer[0] and fit_max_tokens and limits.bounds_spend:
             fitted = self._fit(checks[answer[0] - 1], answer, now_ms=now_ms, prompt=prompt, sequences=sequences,
                                rates=rates)
             if 1 <= fitted < per_seq:
@@ -145,7 +145,7 @@ class TenancyLimiter:
                                              rates=rates)
                 checks = self._checks(tenant, reservation, limits, now)
                 answer = await self._try_reserve(checks, now_ms=now_ms)
-        if fit_max_tokens:
+        if fit_max_tokens and limits.bounds_spend:
             reservation.max_tokens = per_seq
         if answer is None:  # store down, failing open: usage is queued at settle (reconciled later)
             reservation.token = self._held(checks, reserved=False)
