@@ -193,6 +193,33 @@ class RelayStream:
             chunk["model"] = self._model_name
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
+    def _absorb_buffered(self) -> None:
+        """Before hanging up early: count the usage in what the engine sent and the gateway received but
+        did not relay yet (a client that leaves is charged up to the engine's last reported token that
+        reached the gateway, not only up to the last one relayed)."""
+        try:
+            data = self._buf[self._pos :] + self._resp.content.read_nowait()
+        except Exception:  # a broken connection has nothing more to give
+            data = self._buf[self._pos :]
+        for line in data.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            try:
+                chunk = orjson.loads(line[5:].strip())
+            except orjson.JSONDecodeError:
+                continue  # a partial last event, or [DONE]
+            if not isinstance(chunk, dict):
+                continue
+            usage = chunk.get("usage")
+            if usage:
+                if parse_usage(usage) is None:
+                    self._outcome.bad_usage = True
+                else:
+                    self._outcome.usage = usage
+            choices = chunk.get("choices")
+            if isinstance(choices, list) and _has_output(choices):
+                self._outcome.output_chunks += 1
+
     def _fail(self, kind: str, message: str, code: str) -> bytes:
         self._outcome.error_kind = kind
         self._ended = True
@@ -207,6 +234,7 @@ class RelayStream:
         if self._ended and out.ok:
             self._resp.release()
         else:
+            self._absorb_buffered()
             self._resp.close()  # drop the connection: vLLM aborts the request
             out.ok = False
             out.cancelled = cancelled and not self._ended
