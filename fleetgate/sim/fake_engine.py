@@ -142,7 +142,9 @@ class FakeEngine:
             return web.Response(body=b"<html>oops</html>", content_type="text/html")
         chat = request.path.endswith("/chat/completions")
         n = int(body.get("max_completion_tokens") or body.get("max_tokens") or cfg.default_max_tokens)
-        choices = int(body.get("n") or 1)
+        prompt = body.get("prompt")
+        prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) else 1
+        choices = int(body.get("n") or 1) * prompts  # vLLM: n completions for each prompt of a list
         usage = {"prompt_tokens": prompt_tokens_of(body), "completion_tokens": n * choices}
         usage["total_tokens"] = usage["prompt_tokens"] + n * choices
         self.stats.running += 1
@@ -164,7 +166,7 @@ class FakeEngine:
     def _complete(self, body: dict[str, Any], *, chat: bool, n: int, usage: dict[str, int]) -> web.Response:
         text = "".join(f"t{i} " for i in range(n))
         created = int(time.time())
-        count = int(body.get("n") or 1)
+        count = usage["completion_tokens"] // max(n, 1) if n else 1
         if chat:
             choices: list[dict[str, Any]] = [{"index": k, "message": {"role": "assistant", "content": text},
                                               "logprobs": None, "finish_reason": "length"} for k in range(count)]
@@ -189,7 +191,7 @@ class FakeEngine:
                 "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": body.get("model")}
         prompt = usage["prompt_tokens"]
-        count = int(body.get("n") or 1)
+        count = usage["completion_tokens"] // max(n, 1) if n else 1
         override = cfg.usage_override
 
         def event(choice: dict[str, Any], done: int) -> bytes:

@@ -200,6 +200,9 @@ class TenancyLimiter:
         started = self.circuit.admit()
         if started is not None:
             try:
+                # Queued moves first: after a restart they must find the counters as the outage left them
+                # (absent), before this reservation creates them again.
+                await self._write_pending()
                 answer = await self._counters.reserve(checks, now_ms=now_ms)
             except StoreUnavailableError as exc:
                 self._store_error("reserve", exc, started)
@@ -208,7 +211,6 @@ class TenancyLimiter:
                 raise
             else:
                 self.circuit.succeeded(started)
-                await self._replay()
                 return answer
         if self._fail_open:
             return None
@@ -218,7 +220,7 @@ class TenancyLimiter:
         """Settle tokens and dollars, pricing `usage` at the reserved model's rates."""
         money, held_micros = await self.settle_tokens(reservation, usage)
         real = cost_micros(usage, self._prices.rates(reservation.model))
-        await self.charge(money, real - held_micros)
+        await self.charge(money, real - held_micros, real_micros=real)
 
     async def settle_tokens(self, reservation: Reservation, usage: Usage) -> tuple[list[list[Any]], int]:
         """Settle the token windows now; return the dollar windows for `charge` (once the real cost is known)
@@ -228,15 +230,17 @@ class TenancyLimiter:
         held: dict[str, Any] = orjson.loads(reservation.token)
         reservation.token = ""  # settle once, even if called twice
         reserved = bool(held.get("reserved", True))
-        delta = usage.total_tokens - (reservation.estimated_tokens if reserved else 0)
-        await self._adjust([Move(key, delta, ttl) for key, ttl in held["tokens"]], op="settle")
+        real = usage.total_tokens
+        delta = real - (reservation.estimated_tokens if reserved else 0)
+        await self._adjust([Move(key, delta, ttl, real) for key, ttl in held["tokens"]], op="settle")
         return held["micros"], reservation.estimated_micros if reserved else 0
 
-    async def charge(self, keys: Sequence[Sequence[Any]], delta_micros: int) -> None:
-        await self._adjust([Move(key, delta_micros, ttl) for key, ttl in keys], op="settle")
+    async def charge(self, keys: Sequence[Sequence[Any]], delta_micros: int, *, real_micros: int) -> None:
+        """Move the dollar windows by `delta_micros`; a window the store lost is set to `real_micros`."""
+        await self._adjust([Move(key, delta_micros, ttl, real_micros) for key, ttl in keys], op="settle")
 
     async def _adjust(self, moves: list[Move], *, op: str) -> None:
-        moves = [m for m in moves if m.delta]
+        moves = [m for m in moves if m.delta or m.absolute]
         if not moves:
             return
         started = self.circuit.admit()
@@ -244,6 +248,7 @@ class TenancyLimiter:
             self.circuit.queue(moves)
             return
         try:
+            await self._write_pending()
             await self._counters.adjust(moves)
         except StoreUnavailableError as exc:
             self.circuit.queue(moves)
@@ -254,29 +259,18 @@ class TenancyLimiter:
             raise
         else:
             self.circuit.succeeded(started)
-            await self._replay()
 
-    async def _replay(self) -> None:
-        """Write the moves queued while the store was down (after a call that reached it)."""
+    async def _write_pending(self) -> None:
+        """Write the moves queued while the store was down; on any failure they stay queued."""
         moves = self.circuit.take()
         if not moves:
             return
-        started = self.circuit.admit()
-        if started is None:
-            self.circuit.requeue(moves)
-            return
         try:
             await self._counters.adjust(moves)
-        except StoreUnavailableError as exc:
+        except BaseException:
             self.circuit.requeue(moves)
-            self._store_error("replay", exc, started)
-        except asyncio.CancelledError:
-            self.circuit.requeue(moves)
-            self.circuit.abandoned()
             raise
-        else:
-            self.circuit.succeeded(started)
-            log.info("tenancy limits store back; queued settles replayed", extra={"moves": len(moves)})
+        log.info("tenancy limits store back; queued settles replayed", extra={"moves": len(moves)})
 
     async def status(self, tenant_id: str) -> dict[str, dict[str, float | int]]:
         """Current use of each configured limit (settled + in flight), for the usage API and the cost page."""

@@ -13,7 +13,7 @@ Circuit (per gateway replica):
 So with traffic flowing, the store is tried at least every `retry_s` (+ one store timeout), and the
 limits are back that long after the store is.
 
-Queue: counter moves (`key`, `delta`, `ttl_ms`) that could not be written (store down, or the call
+Queue: counter moves (`Move`) that could not be written (store down, or the call
 short-circuited) wait here, bounded (`max_pending` moves, oldest dropped first and counted), and are
 written in one batch by the first call that reaches the store again, merged per key. This is what
 keeps budgets right through an outage: with `on_store_error: open` a request let through unmetered
@@ -30,9 +30,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Move:
+    """Add `delta` to a counter that exists; if it does not (it expired, or Redis lost it in a restart
+    together with the reservation the delta corrects), set it to `absolute` (the real usage alone, never
+    negative) with `ttl_ms`."""
+
     key: str
     delta: int
-    ttl_ms: int  # 0: only move a counter that exists; > 0: create a missing counter with this TTL
+    ttl_ms: int
+    absolute: int = 0
 
 
 class StoreCircuit:
@@ -94,8 +99,9 @@ class StoreCircuit:
         while self._pending:
             m = self._pending.popleft()
             old = merged.get(m.key)
-            merged[m.key] = m if old is None else Move(m.key, old.delta + m.delta, max(old.ttl_ms, m.ttl_ms))
-        return [m for m in merged.values() if m.delta]
+            merged[m.key] = m if old is None else Move(m.key, old.delta + m.delta, max(old.ttl_ms, m.ttl_ms),
+                                                       old.absolute + m.absolute)
+        return [m for m in merged.values() if m.delta or m.absolute]
 
     def requeue(self, moves: list[Move]) -> None:
         """Put moves back at the front after a failed replay (they are older than anything queued since)."""

@@ -2,8 +2,8 @@
 
 Used when no Redis is configured (one gateway process). Check-and-add runs without an `await` in
 between, so on the event loop it is as atomic as the Lua script is in Redis. Counters expire after their
-TTL, checked lazily on access. `adjust` moves only existing counters, except that a positive move with a
-TTL creates a missing one (usage replayed after a store outage), as the Redis script does.
+TTL, checked lazily on access. `adjust` adds to existing counters and sets a missing one to the move's
+`absolute` (the real usage), as the Redis script does.
 """
 
 from __future__ import annotations
@@ -44,13 +44,11 @@ class MemoryCounters:
 
     async def adjust(self, moves: Sequence[Move]) -> None:
         for m in moves:
-            if not m.delta:
-                continue
             if self._get(m.key) is not None:
                 value, expires = self._values[m.key]
                 self._values[m.key] = (value + m.delta, expires)
-            elif m.delta > 0 and m.ttl_ms > 0:
-                self._values[m.key] = (m.delta, time.monotonic() + m.ttl_ms / 1000)
+            elif m.absolute > 0 and m.ttl_ms > 0:
+                self._values[m.key] = (m.absolute, time.monotonic() + m.ttl_ms / 1000)
 
     async def read(self, keys: Sequence[str]) -> list[int]:
         return [self._get(k) or 0 for k in keys]

@@ -75,11 +75,12 @@ class TenancyStage:
         held = self._held.get()
         if held is None or held.tenant_id != record.tenant.id or not held.keys:
             return
-        delta = values.get("cost_micros", 0)
+        cost = values.get("cost_micros", 0)
+        delta = cost
         if not held.released:
             delta -= held.estimate_micros
             held.released = True
-        await self.limiter.charge(held.keys, delta)
+        await self.limiter.charge(held.keys, delta, real_micros=cost)
 
     async def aclose(self) -> None:
         for closer in self.closers:
