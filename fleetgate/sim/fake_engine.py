@@ -51,6 +51,10 @@ class FakeEngineStats:
     completed: int = 0
     cancelled: int = 0
     running: int = 0
+    # What the engine processed, the truth a charge is compared with: a prompt once its prefill is done,
+    # a completion token once it was handed to the connection.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
     received: deque[Received] = field(default_factory=lambda: deque(maxlen=1000))
 
 
@@ -155,6 +159,8 @@ class FakeEngine:
                 if cfg.prefill_delay_s:
                     await asyncio.sleep(cfg.prefill_delay_s)
                 response = self._complete(body, chat=chat, n=n, usage=usage)
+                self.stats.prompt_tokens += usage["prompt_tokens"]
+                self.stats.completion_tokens += usage["completion_tokens"]
             self.stats.completed += 1
             return response
         except asyncio.CancelledError:
@@ -204,6 +210,7 @@ class FakeEngine:
 
         if cfg.prefill_delay_s:
             await asyncio.sleep(cfg.prefill_delay_s)
+        self.stats.prompt_tokens += prompt
         if chat:
             await response.write(event({"index": 0, "delta": {"role": "assistant", "content": ""},
                                         "logprobs": None, "finish_reason": None}, 0))
@@ -220,6 +227,7 @@ class FakeEngine:
             for k in range(count):
                 choice = ({"index": k, "delta": {"content": f"t{i} "}, "logprobs": None, "finish_reason": finish}
                           if chat else {"index": k, "text": f"t{i} ", "logprobs": None, "finish_reason": finish})
+                self.stats.completion_tokens += 1  # generated, whether or not the client still reads it
                 await response.write(event(choice, i * count + k + 1))
         if include_usage:
             final = usage if override is None else override
