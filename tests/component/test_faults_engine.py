@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from aiohttp import web
 
 from fleetgate.core.types import Usage
 from fleetgate.gateway.estimate import estimate_request
@@ -31,43 +30,6 @@ from fleetgate.sim.fake_engine import FakeEngine, FakeEngineConfig
 from .conftest import RunningGateway, eventually
 from .test_tenancy_gateway import KEYS, PRICE, auth, settings
 from .test_tenancy_redis import RecordingEngine
-
-
-class FaultEngine(RecordingEngine):
-    """`RecordingEngine`, also counting a chunk whose write was cancelled after it reached the connection
-    (the engine aborting as the gateway hangs up): only a write that failed on a closed connection did not
-    reach the gateway."""
-
-    async def _prepared(self, request: web.Request, response: web.StreamResponse) -> None:
-        if isinstance(response, web.Response) or not request.path.endswith("completions"):
-            await super()._prepared(request, response)
-            return
-        slot = len(self.reported)
-        self.reported.append(None)
-        write = response.write
-
-        async def recording_write(data: bytes) -> None:
-            try:
-                await write(data)
-            except (ConnectionError, RuntimeError):
-                raise
-            finally:
-                if not _failed_on_closed():
-                    for line in bytes(data).split(b"\n"):
-                        if line.startswith(b"data: {"):
-                            usage = orjson.loads(line[6:]).get("usage")
-                            if usage:
-                                self.reported[slot] = usage
-
-        response.write = recording_write  # type: ignore[method-assign]
-
-
-def _failed_on_closed() -> bool:
-    import sys
-
-    exc = sys.exc_info()[1]
-    return isinstance(exc, (ConnectionError, RuntimeError))
-
 
 RATES = list_rates(ListPrice.model_validate(PRICE))
 TENANTS = [{"id": "acme", "key_hashes": [KEYS["acme"][1]], "daily_budget_usd": "10", "tpm": 10**7}]
@@ -87,7 +49,7 @@ async def start(start_gateway: Callable[..., Awaitable[RunningGateway]], *, redi
                 **engine: Any) -> tuple[Any, RunningGateway]:
     config = FakeEngineConfig(model="m1", **engine)
     # RecordingEngine reads every answer as JSON: a garbage-sending engine is the plain fake one.
-    eng = await (FakeEngine(config) if config.garbage else FaultEngine(config)).start()
+    eng = await (FakeEngine(config) if config.garbage else RecordingEngine(config)).start()
     gw = await start_gateway(settings(eng.url, tenants=TENANTS, redis_url=redis_url, inter_chunk_timeout_s=0.5,
                                       first_byte_timeout_s=5))
     return eng, gw

@@ -57,14 +57,25 @@ class RecordingEngine(FakeEngine):
         write = response.write
 
         async def recording_write(data: bytes) -> None:
-            await write(data)  # counted once it was handed to the connection
-            for line in bytes(data).split(b"\n"):
-                if line.startswith(b"data: {"):
-                    usage = orjson.loads(line[6:]).get("usage")
-                    if usage:
-                        self.reported[slot] = usage
+            # Counted once it was handed to the connection: also when the handler is cancelled while the
+            # write waits (the engine aborting as the gateway hangs up), not when the connection was closed.
+            try:
+                await write(data)
+            except (ConnectionError, RuntimeError):
+                raise
+            except BaseException:
+                self._record(slot, data)
+                raise
+            self._record(slot, data)
 
         response.write = recording_write  # type: ignore[method-assign]
+
+    def _record(self, slot: int, data: bytes) -> None:
+        for line in bytes(data).split(b"\n"):
+            if line.startswith(b"data: {"):
+                usage = orjson.loads(line[6:]).get("usage")
+                if usage:
+                    self.reported[slot] = usage
 
     def usages(self) -> list[Usage]:
         return [Usage.from_openai(u) for u in self.reported if u]
