@@ -256,7 +256,7 @@ class Pipeline:
         relay = RelayStream(
             response=resp, endpoint_id=ep.id, first_byte_timeout_s=self._server.first_byte_timeout_s,
             inter_chunk_timeout_s=self._server.inter_chunk_timeout_s, include_usage=False, continuous_usage=False,
-            model_name=None, assembler=StreamAssembler(ctx.parsed.kind), on_done=outcomes.append,
+            model_name=None, assembler=StreamAssembler(ctx.parsed.kind), on_done=outcomes.append, collect_only=True,
         )
         timed_out = False
         try:

@@ -84,6 +84,7 @@ class RelayStream:
         model_name: str | None,
         assembler: StreamAssembler | None,
         on_done: Callable[[StreamOutcome], None],
+        collect_only: bool = False,
     ) -> None:
         self._resp = response
         self._endpoint_id = endpoint_id
@@ -94,6 +95,7 @@ class RelayStream:
         self._model_name = model_name
         self._assembler = assembler
         self._on_done = on_done
+        self._collect_only = collect_only  # nothing for a client: only usage and the assembled answer
         self._outcome = StreamOutcome()
         self._ended = False  # [DONE] (ours or the engine's) was produced
         self._buf = b""  # bytes read from the engine, not yet relayed
@@ -172,7 +174,7 @@ class RelayStream:
                 out.usage = usage
         choices = chunk.get("choices")
         if not choices:
-            if not (usage and self._include_usage):
+            if self._collect_only or not (usage and self._include_usage):
                 return None  # the usage-only chunk the client did not ask for
         else:
             now = time.perf_counter()
@@ -184,6 +186,8 @@ class RelayStream:
                 out.last_token_at = now
             if self._assembler is not None:
                 self._assembler.add(chunk)
+            if self._collect_only:
+                return None
             if "usage" in chunk and not self._continuous:
                 if self._include_usage:
                     chunk["usage"] = None
