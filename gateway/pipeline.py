@@ -29,6 +29,7 @@ from fleetgate.core.errors import (
 )
 from fleetgate.core.types import Usage
 from fleetgate.gateway.assembly import StreamAssembler
+from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
@@ -252,53 +253,30 @@ class Pipeline:
         """Read a streamed engine answer to its end and assemble the non-streaming response."""
         assert ctx.parsed is not None
         ep = attempt.endpoint
-        outcomes: list[StreamOutcome] = []
-        relay = RelayStream(
-            response=resp, endpoint_id=ep.id, first_byte_timeout_s=self._server.first_byte_timeout_s,
-            inter_chunk_timeout_s=self._server.inter_chunk_timeout_s, include_usage=False, continuous_usage=False,
-            model_name=None, assembler=StreamAssembler(ctx.parsed.kind), on_done=outcomes.append, collect_only=True,
-        )
-        timed_out = False
-        try:
-            async with asyncio.timeout(self._server.request_timeout_s):
-                async for _ in relay:
-                    pass
-        except TimeoutError:
-            timed_out = True
-        finally:  # also on cancellation (the client left): the outcome holds the usage so far
-            relay.close(cancelled=True)  # a no-op flag when the stream had ended
-            out = outcomes[0]
-            usage = self._outcome_usage(ctx, attempt, out)
+        done: list[tuple[StreamOutcome, Usage]] = []
+
+        def on_done(out: StreamOutcome) -> None:  # also when the client left: the usage so far is charged
+            usage = self._charged(ctx, attempt, out)
             ctx.spent = _add(ctx.spent or Usage(), usage)
-            ok = out.ok and out.assembled is not None
-            self._s.scheduler.on_complete(attempt.routing, ep, ok=ok, usage=usage)
+            self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok and out.assembled is not None, usage=usage)
+            done.append((out, usage))
+
+        timed_out = await collect_stream(resp, endpoint_id=ep.id, kind=ctx.parsed.kind, server=self._server,
+                                         on_done=on_done)
+        [(out, usage)] = done
         if timed_out or out.error_kind == "timeout":
             self._m.upstream_errors.labels(attempt.model, ep.id, "timeout").inc()
             raise UpstreamTimeoutError(f"engine {ep.id} did not finish its response in time")
-        if not ok:
+        if not out.ok or out.assembled is None:
             self._m.upstream_errors.labels(attempt.model, ep.id, out.error_kind or "bad_response").inc()
             raise UpstreamBadResponseError(f"engine {ep.id} broke off or sent an answer the gateway cannot assemble")
-        obj = out.assembled
-        assert obj is not None
-        obj["model"] = attempt.model if ep.model != attempt.model else obj.get("model") or ep.model
-        if out.bad_usage or out.usage is None:
-            obj["usage"] = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-                            "total_tokens": usage.total_tokens}
+        obj = answer_of(out, usage, model=attempt.model if ep.model != attempt.model else ep.model)
         return attempt, obj, usage, orjson.dumps(obj)
 
-    def _outcome_usage(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> Usage:
-        """The engine's usage of one streamed call, or the estimate when it is unknown or malformed."""
-        reported = parse_usage(out.usage)
+    def _charged(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> Usage:
         if out.bad_usage:
             self._m.upstream_errors.labels(attempt.model, attempt.endpoint.id, "bad_usage").inc()
-        if reported is not None and not out.bad_usage:
-            return reported
-        estimate = fallback_usage(prompt_estimate=ctx.prompt_estimate, output_chunks=out.output_chunks)
-        if reported is None:
-            return estimate
-        return Usage(prompt_tokens=max(reported.prompt_tokens, estimate.prompt_tokens),
-                     completion_tokens=max(reported.completion_tokens, estimate.completion_tokens),
-                     cached_tokens=reported.cached_tokens)
+        return charged_usage(out, prompt_estimate=ctx.prompt_estimate)
 
     async def _complete(
         self, ctx: RequestContext, parsed: ParsedRequest, targets: list[tuple[str, str | None]]
@@ -361,7 +339,7 @@ class Pipeline:
 
     def _stream_done(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> None:
         self._m.in_flight.dec()
-        usage = self._outcome_usage(ctx, attempt, out)
+        usage = self._charged(ctx, attempt, out)
         ep = attempt.endpoint
         self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok, usage=usage)
         if out.error_kind:
