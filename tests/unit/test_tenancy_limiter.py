@@ -17,7 +17,7 @@ from fleetgate.core.types import Usage
 from fleetgate.gateway.stages import Tenant
 from fleetgate.gateway.tenancy.config import TenancyConfig
 from fleetgate.gateway.tenancy.limiter import CounterBackend, TenancyLimiter
-from fleetgate.gateway.tenancy.limiter_circuit import Move
+from fleetgate.gateway.tenancy.limiter_circuit import Move, StoreCircuit
 from fleetgate.gateway.tenancy.limiter_memory import MemoryCounters
 from fleetgate.gateway.tenancy.limiter_redis import RedisCounters
 from fleetgate.gateway.tenancy.limiter_windows import Check
@@ -287,3 +287,34 @@ async def test_sequences_multiply_the_completion_and_fit_lowers_max_tokens(count
     fitted = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=100, sequences=10, fit_max_tokens=True)
     assert fitted.max_tokens == 68 and fitted.estimated_tokens == 10 + 680  # (690 - 10) // 10
     assert (await lim.status("acme"))["tpm"]["used"] == 1000
+
+
+def test_circuit_admits_one_probe_and_a_cancelled_probe_does_not_wedge_it() -> None:
+    now = [100.0]
+    circuit = StoreCircuit(retry_s=1.0, clock=lambda: now[0])
+    first = circuit.admit()
+    assert first is not None
+    circuit.failed(first)
+    assert circuit.down and circuit.admit() is None  # open: short-circuit, and the window does not move
+    now[0] = 100.9
+    assert circuit.admit() is None
+    now[0] = 101.0
+    probe = circuit.admit()
+    assert probe is not None and circuit.admit() is None  # half-open: one probe at a time
+    circuit.abandoned()  # the probing request was cancelled before Redis answered
+    again = circuit.admit()
+    assert again is not None
+    circuit.succeeded(again)
+    assert not circuit.down
+    circuit.failed(first)  # a failure of a call sent before the store came back is stale
+    assert not circuit.down
+
+
+def test_circuit_queue_is_bounded_counted_and_merged_per_key() -> None:
+    circuit = StoreCircuit(retry_s=1.0, max_pending=3)
+    circuit.queue([Move("a", 5, 10, 5), Move("b", -2, 10, 1), Move("a", 1, 10, 1), Move("c", 7, 10, 7)])
+    assert circuit.pending == 3 and circuit.dropped == 1  # the oldest move went, and was counted
+    assert sorted(circuit.take(), key=lambda m: m.key) == [Move("a", 1, 10, 1), Move("b", -2, 10, 1),
+                                                           Move("c", 7, 10, 7)]
+    circuit.queue([Move("a", 5, 10, 5), Move("a", -3, 20, 2)])
+    assert circuit.take() == [Move("a", 2, 20, 7)]
