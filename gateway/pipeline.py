@@ -20,14 +20,23 @@ import aiohttp
 import orjson
 
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
-from fleetgate.core.errors import FleetGateError, NotFoundError, UpstreamBadResponseError, UpstreamUnavailableError
+from fleetgate.core.errors import (
+    FleetGateError,
+    NotFoundError,
+    UpstreamBadResponseError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
 from fleetgate.core.types import Usage
 from fleetgate.gateway.assembly import StreamAssembler
+from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
+from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
-from fleetgate.gateway.forwarding import Forwarder
+from fleetgate.gateway.estimate import default_max_tokens, estimate_request
+from fleetgate.gateway.forwarding import Forwarder, assembled_upstream
 from fleetgate.gateway.metrics import GatewayMetrics
-from fleetgate.gateway.parsing import Kind, ParsedRequest, estimate_prompt_tokens, parse_request
+from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
 from fleetgate.gateway.replay import replay_chunks
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.stages import RequestRecord
@@ -67,6 +76,7 @@ class Pipeline:
             metrics=metrics,
             session=session,
         )
+        self._context = {m.name: m.max_model_len for m in settings.models if m.max_model_len}
         self._tasks: set[asyncio.Task[None]] = set()
         self._log = logging.getLogger("fleetgate.gateway.requests")
 
@@ -82,7 +92,7 @@ class Pipeline:
             response = self._error(ctx, exc)
         except asyncio.CancelledError:  # the client left before a non-streaming answer: engine call aborted
             self._m.in_flight.dec()
-            self._finish(ctx, status=499, usage=Usage(), records=self._rejected_records(ctx, 499))
+            self._finish(ctx, status=499, usage=self._spent(ctx), records=self._rejected_records(ctx, 499))
             raise
         except Exception:
             self._log.exception("unexpected error", extra={"request_id": ctx.request_id})
@@ -125,11 +135,17 @@ class Pipeline:
         if parsed.model not in self._s.endpoint_source.models() and parsed.model not in self._s.tiers.aliases():
             names = ", ".join(self.known_models()) or "(none configured)"
             raise NotFoundError(f"model {parsed.model!r} does not exist; available models: {names}", param="model")
+        estimate = estimate_request(parsed)
+        ctx.prompt_estimate = estimate.prompt_tokens
         ctx.reservation = await self._s.limiter.reserve(
             ctx.tenant,
             parsed.model,
-            prompt_tokens=estimate_prompt_tokens(parsed.prompt_text),
-            max_tokens=parsed.max_tokens or self._server.default_max_tokens,
+            prompt_tokens=estimate.prompt_tokens,
+            max_tokens=parsed.max_tokens or default_max_tokens(
+                prompt_tokens=estimate.prompt_tokens, context=self._context.get(parsed.model),
+                default=self._server.default_max_tokens),
+            sequences=estimate.sequences,
+            fit_max_tokens=parsed.max_tokens is None,
         )
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
@@ -195,13 +211,19 @@ class Pipeline:
         self, ctx: RequestContext, targets: list[tuple[str, str | None]]
     ) -> tuple[Attempt, dict[str, Any], Usage, bytes]:
         """One non-streaming engine call: the parsed answer and the bytes for the client (the engine's
-        own unless the model name is rewritten). Engine errors are raised as OpenAI-shaped errors."""
-        attempt, resp = await self._forwarder.open(ctx, targets, stream=False)
+        own unless the model name is rewritten or the answer was assembled from a stream). Engine errors
+        are raised as OpenAI-shaped errors; the engine's work so far is added to `ctx.spent` either way."""
+        assert ctx.parsed is not None
+        assembled = assembled_upstream(ctx.parsed.body)
+        attempt, resp = await self._forwarder.open(ctx, targets, stream=assembled)
         ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
         ep = attempt.endpoint
+        if assembled and resp.status == 200:
+            return await self._collect(ctx, attempt, resp)
         try:
             raw = await read_body(resp, endpoint=ep, timeout_s=self._server.request_timeout_s)
             if resp.status != 200:
+                ctx.spent = ctx.spent or Usage()  # the engine refused: no work done
                 self._m.upstream_errors.labels(attempt.model, ep.id, "status").inc()
                 raise from_engine(resp.status, raw, endpoint=ep.id)
             try:
@@ -214,12 +236,47 @@ class Pipeline:
         except (FleetGateError, asyncio.CancelledError):
             self._s.scheduler.on_complete(attempt.routing, ep, ok=False, usage=None)
             raise
-        usage = Usage.from_openai(obj.get("usage"))
+        usage = parse_usage(obj.get("usage"))
+        if usage is None:
+            self._m.upstream_errors.labels(attempt.model, ep.id, "bad_usage").inc()
+            usage = fallback_usage(prompt_estimate=ctx.prompt_estimate, output_chunks=0)
+        ctx.spent = _add(ctx.spent or Usage(), usage)
         self._s.scheduler.on_complete(attempt.routing, ep, ok=True, usage=usage)
         if ep.model != attempt.model:
             obj["model"] = attempt.model
             raw = orjson.dumps(obj)
         return attempt, obj, usage, raw
+
+    async def _collect(
+        self, ctx: RequestContext, attempt: Attempt, resp: aiohttp.ClientResponse
+    ) -> tuple[Attempt, dict[str, Any], Usage, bytes]:
+        """Read a streamed engine answer to its end and assemble the non-streaming response."""
+        assert ctx.parsed is not None
+        ep = attempt.endpoint
+        done: list[tuple[StreamOutcome, Usage]] = []
+
+        def on_done(out: StreamOutcome) -> None:  # also when the client left: the usage so far is charged
+            usage = self._charged(ctx, attempt, out)
+            ctx.spent = _add(ctx.spent or Usage(), usage)
+            self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok and out.assembled is not None, usage=usage)
+            done.append((out, usage))
+
+        timed_out = await collect_stream(resp, endpoint_id=ep.id, kind=ctx.parsed.kind, server=self._server,
+                                         on_done=on_done)
+        [(out, usage)] = done
+        if timed_out or out.error_kind == "timeout":
+            self._m.upstream_errors.labels(attempt.model, ep.id, "timeout").inc()
+            raise UpstreamTimeoutError(f"engine {ep.id} did not finish its response in time")
+        if not out.ok or out.assembled is None:
+            self._m.upstream_errors.labels(attempt.model, ep.id, out.error_kind or "bad_response").inc()
+            raise UpstreamBadResponseError(f"engine {ep.id} broke off or sent an answer the gateway cannot assemble")
+        obj = answer_of(out, usage, model=attempt.model if ep.model != attempt.model else ep.model)
+        return attempt, obj, usage, orjson.dumps(obj)
+
+    def _charged(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> Usage:
+        if out.bad_usage:
+            self._m.upstream_errors.labels(attempt.model, attempt.endpoint.id, "bad_usage").inc()
+        return charged_usage(out, prompt_estimate=ctx.prompt_estimate)
 
     async def _complete(
         self, ctx: RequestContext, parsed: ParsedRequest, targets: list[tuple[str, str | None]]
@@ -259,6 +316,7 @@ class Pipeline:
         ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
         ep = attempt.endpoint
         if resp.status != 200:
+            ctx.spent = ctx.spent or Usage()  # the engine refused: no work done
             try:
                 raw = await read_body(resp, endpoint=ep, timeout_s=self._server.first_byte_timeout_s)
             finally:
@@ -281,7 +339,7 @@ class Pipeline:
 
     def _stream_done(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> None:
         self._m.in_flight.dec()
-        usage = Usage.from_openai(out.usage)
+        usage = self._charged(ctx, attempt, out)
         ep = attempt.endpoint
         self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok, usage=usage)
         if out.error_kind:
@@ -302,10 +360,22 @@ class Pipeline:
         if not ctx.authenticated or ctx.parsed is None:
             return []
         model = ctx.served_model or ctx.parsed.model
-        return [self._record(ctx, model=model, tier=ctx.served_tier, endpoint=None, usage=Usage(), status=status)]
+        endpoint = ctx.attempts[-1].endpoint.id if ctx.attempts else None
+        return [self._record(ctx, model=model, tier=ctx.served_tier, endpoint=endpoint, usage=self._spent(ctx),
+                             status=status)]
+
+    @staticmethod
+    def _spent(ctx: RequestContext) -> Usage:
+        """What a request that got no complete answer is charged: the engine's work so far, else (an engine
+        was reached, its usage unknown) the prompt estimate, else nothing."""
+        if ctx.spent is not None:
+            return ctx.spent
+        if ctx.attempts:
+            return fallback_usage(prompt_estimate=ctx.prompt_estimate, output_chunks=0)
+        return Usage()
 
     def _error(self, ctx: RequestContext, exc: FleetGateError) -> GatewayResponse:
-        self._finish(ctx, status=exc.status, usage=Usage(), records=self._rejected_records(ctx, exc.status))
+        self._finish(ctx, status=exc.status, usage=self._spent(ctx), records=self._rejected_records(ctx, exc.status))
         return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
 
     def _headers(self, ctx: RequestContext, attempt: Attempt | None = None) -> dict[str, str]:

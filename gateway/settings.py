@@ -52,6 +52,9 @@ class ModelRoute(_Strict):
     name: str = Field(min_length=1, description="the name clients ask for")
     endpoints: list[str] = Field(default_factory=list, description="engine base URLs, e.g. http://127.0.0.1:8100")
     served_name: str | None = Field(default=None, description="the engine's own model name, if it differs")
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="context length: bounds the reservation when a request sets no max_tokens"
+    )
 
     @field_validator("endpoints")
     @classmethod
