@@ -145,10 +145,10 @@ def create_app(
         return runtime.ready, info
 
     app = GatewayApp(title="FleetGate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    limit = settings.server.max_body_bytes
+    limit, body_s = settings.server.max_body_bytes, settings.server.body_timeout_s
     app.hot_routes = {
-        "/v1/chat/completions": completion_handler("chat", pipeline=pipeline, max_body_bytes=limit),
-        "/v1/completions": completion_handler("completions", pipeline=pipeline, max_body_bytes=limit),
+        path: completion_handler(kind, pipeline=pipeline, max_body_bytes=limit, body_timeout_s=body_s)
+        for path, kind in (("/v1/chat/completions", "chat"), ("/v1/completions", "completions"))
     }
     _install_error_handlers(app)
     install_routes(app, pipeline=pipeline, registry=registry, readiness=readiness)

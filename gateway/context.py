@@ -70,3 +70,5 @@ class RequestContext:
     served_tier: str | None = None
     authenticated: bool = False
     finished: bool = False
+    # The requested model as records may name it: a placeholder until the name is authorized and known.
+    model_label: str = ""
