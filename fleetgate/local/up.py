@@ -138,7 +138,9 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
         configure_logging(level=settings.server.log_level)
     host = settings.server.host
     port = settings.server.port or free_port(host)
-    server = build_server(settings, host=host, port=port)
+    # A free metrics port too when the gateway's own port is picked freely (`--port 0`: tests, several stacks).
+    metrics_port = 0 if not settings.server.port and settings.server.metrics_port is not None else None
+    server = build_server(settings, host=host, port=port, metrics_port=metrics_port)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -146,8 +148,10 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
             raise LocalStackError(f"the gateway did not start on {host}:{port}")
         await asyncio.sleep(0.05)
     gateway_url = f"http://{host}:{port}"
+    listener = server.config.app.state.metrics_listener
     _say(banner(gateway_url=gateway_url, settings=settings, model=engine.model, engine_urls=urls,
-                log_dir=engine.log_dir if engine.kind == "vllm" else None))
+                log_dir=engine.log_dir if engine.kind == "vllm" else None,
+                metrics_url=listener.url if listener is not None else None))
     if not check:
         await task
         return 0

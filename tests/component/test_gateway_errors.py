@@ -141,6 +141,6 @@ async def test_client_leaving_a_non_streaming_request_aborts_the_engine_call(sta
     assert await eventually(lambda: engine.stats.cancelled == 1)
     await gw.pipeline.drain()
     async with httpx.AsyncClient(base_url=gw.url) as client:
-        metrics = (await client.get("/metrics")).text
+        metrics = (await client.get(gw.metrics_url)).text
     assert 'fleetgate_requests_total{cache="bypass",model="m1",status="499",tenant="anonymous",tier=""} 1.0' in metrics
     assert "fleetgate_requests_in_flight 0.0" in metrics
