@@ -87,7 +87,7 @@ def csv_text(value: str) -> str:
 
 def usage_csv(rows: Sequence[UsageRow]) -> str:
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
+    writer = csv.writer(buf, lineterminator="\r\n")  # RFC 4180; a CR or LF inside a cell is then quoted
     usd_cols = [n.replace("_micros", "_usd") for n in MICRO_FIELDS]
     writer.writerow([*KEY_COLUMNS, *FIELDS, *usd_cols])
     for r in rows:
