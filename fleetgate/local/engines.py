@@ -3,7 +3,9 @@
 Each engine runs in its own session (process group), so Ctrl-C in the terminal reaches only
 `fleetgate up`, which then stops the engines in order: SIGTERM to the whole group (vLLM's API
 server and its engine-core child), SIGKILL to the group after `stop_grace_s`. On Linux each
-engine also gets PR_SET_PDEATHSIG, so it is terminated if `fleetgate up` itself is killed.
+engine runs under `group_guard`, which gets PR_SET_PDEATHSIG: if `fleetgate up` itself is killed, the
+guard ends the engine's whole process group (the death signal alone would reach only one process and
+leave the engine's children orphaned).
 
 Start-up waits for every engine's `GET /health` to answer 200, printing one progress line with
 the elapsed seconds and each engine's last log line; an engine that exits, or a timeout, stops
@@ -153,14 +155,18 @@ class EngineFleet:
         for spec in self.specs:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(spec.log_path, "wb") as log:
+                linux = sys.platform.startswith("linux")
+                # By path, with -P (no script folder or cwd on sys.path): the guard needs only the stdlib.
+                guard = [sys.executable, "-P", str(Path(__file__).with_name("group_guard.py")), str(self.stop_grace_s)]
+                argv = [*guard, "--", *spec.argv] if linux else list(spec.argv)
                 popen = subprocess.Popen(
-                    list(spec.argv),
+                    argv,
                     env=spec.env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                    preexec_fn=_die_with_parent if linux else None,
                 )
             self.processes.append(EngineProcess(spec=spec, popen=popen))
 

@@ -75,6 +75,12 @@ def _check_ports(config: UpConfig) -> None:
         raise LocalStackError(
             f"gateway port {server.port} on {server.host} is in use: stop what holds it or pass --port N"
         )
+    metrics_host = server.metrics_host or server.host
+    if server.port and server.metrics_port and port_in_use(metrics_host, server.metrics_port):
+        raise LocalStackError(
+            f"gateway metrics port {server.metrics_port} on {metrics_host} is in use: stop what holds it, or set "
+            "gateway.server.metrics_port (0: any free port) in --config"
+        )
     engine = config.engine
     if engine.base_port:
         for i in range(engine.replicas):

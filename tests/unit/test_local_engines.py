@@ -169,3 +169,5 @@ def test_engines_die_when_their_parent_is_killed(tmp_path: Path) -> None:
         proc.kill()
         proc.wait(timeout=30)
     assert not _alive(leader, settle_s=10), "the engine outlived a SIGKILLed parent"
+    # ... and so did the engine's own children (the death signal alone reached only one process).
+    assert not [pid for pid in _pids(tmp_path, "engine-0") if _alive(pid)], "an engine's child was orphaned"
