@@ -67,6 +67,14 @@ async def _read_body(receive: Receive, headers: dict[str, str], *, limit: int) -
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+UNREAD_BODY_BYTES = 64 * 1024  # a refused request's body up to this size is drained; past it, the connection closes
+
+
+def _small(headers: dict[str, str]) -> bool:
+    declared = headers.get("content-length")
+    return declared is not None and declared.isdigit() and int(declared) <= UNREAD_BODY_BYTES
+
+
 async def send_json(send: Send, result: GatewayResponse) -> None:
     headers = [
         (b"content-type", result.media_type.encode()),
@@ -87,7 +95,10 @@ def completion_handler(
         try:
             tenant = await pipeline.authenticate(headers=headers)
         except FleetGateError as exc:
-            await send_json(send, pipeline.refuse(headers=headers, exc=exc))
+            refused = pipeline.refuse(headers=headers, exc=exc)
+            if not _small(headers):  # close rather than receive (and discard) megabytes we will never use
+                refused.headers["connection"] = "close"
+            await send_json(send, refused)
             return
         try:
             raw = await read_body(scope, receive, headers, limit=max_body_bytes, timeout_s=body_timeout_s)

@@ -5,13 +5,17 @@ an `InvalidRequestError` (400) whose `param` names the field, e.g. `temperature`
 clients get OpenAI's own error shape instead of whatever the engine (or its pydantic dump) would say.
 
 Only the fields listed here are checked; any other field (vLLM's `top_k`, `min_p`, `guided_json`, ...)
-passes through to the engine untouched. The body's nesting depth is bounded (`MAX_DEPTH`) with an
-iterative walk: later stages re-serialise the body (cache keys, upstream body) with orjson, whose
-recursion limit is 254 levels, and a deep body must be a clean 400 here, not a traceback there.
+passes through to the engine untouched. The body's nesting depth is bounded: later stages re-serialise
+the body (cache keys, upstream body) with orjson, whose recursion limit is 254 levels, and a deep body
+must be a clean 400 here, not a traceback there. The check is that very serialisation (`check_depth`:
+one `orjson.dumps`, about 2 us for a 10-turn chat with tools) rather than a walk in Python (about 50 us).
 
 Hand-written rather than a pydantic model: a model with the same leniency (extra fields allowed, vLLM's
 extra content part types allowed) validated every message twice (model + our own checks) and cost more on
-the hot path than this table of per-field checks, which touch only the fields present.
+the hot path than this table of per-field checks, which touch only the fields present. Parameter names
+(`messages[3].content`) are built only for the error, never on the passing path.
+Measured (`parse_request` before and after, same run, the shared 2-core machine): a short chat 2.5-2.9 ->
+3.9-4.0 us, a 10-turn chat with 5 tools 7.1-7.6 -> 11.0-11.9 us: validation adds about 1-4 us a request.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
+
 from fleetgate.core.errors import InvalidRequestError
 
-MAX_DEPTH = 64  # tool JSON schemas nest maybe 10-20 levels; orjson's own limit is 254
 MAX_N = 128  # OpenAI's documented maximum for `n`
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -153,48 +158,45 @@ COMPLETIONS: dict[str, Check] = {
 }
 
 
-def check_depth(body: Any, *, limit: int = MAX_DEPTH) -> None:
-    """400 when objects and lists nest deeper than `limit` (iterative: a deep body cannot blow the stack)."""
-    stack: list[tuple[Any, int]] = [(body, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > limit:
-            raise InvalidRequestError(f"request body nests deeper than {limit} levels")
-        children = value.values() if isinstance(value, dict) else value
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+def check_depth(body: Any) -> None:
+    """400 when the body nests deeper than orjson (which every later stage uses) can serialise."""
+    try:
+        orjson.dumps(body)
+    except orjson.JSONEncodeError as exc:
+        raise InvalidRequestError(f"request body nests deeper than the gateway accepts: {exc}") from None
 
 
-def _content(param: str, content: Any, *, role: str) -> None:
+def _content(i: int, content: Any, *, role: str) -> None:
     if content is None:
         if role not in ("assistant", "function"):  # an assistant turn with only tool calls has no content
-            raise _fail(param, "is required")
+            raise _fail(f"messages[{i}].content", "is required")
         return
     if isinstance(content, str):
         return
     if not isinstance(content, list):
-        raise _fail(param, "must be a string or a list of content parts")
-    for i, part in enumerate(content):
-        where = f"{param}[{i}]"
+        raise _fail(f"messages[{i}].content", "must be a string or a list of content parts")
+    for j, part in enumerate(content):
         if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
-            raise _fail(where, "must be an object with a string 'type'")
+            raise _fail(f"messages[{i}].content[{j}]", "must be an object with a string 'type'")
         if part["type"] == "text" and not isinstance(part.get("text"), str):
-            raise _fail(f"{where}.text", "must be a string")
+            raise _fail(f"messages[{i}].content[{j}].text", "must be a string")
 
 
 def check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise _fail("messages", "must be a non-empty list")
     for i, message in enumerate(messages):
-        where = f"messages[{i}]"
         if not isinstance(message, Mapping):
-            raise _fail(where, "must be an object")
+            raise _fail(f"messages[{i}]", "must be an object")
         role = message.get("role")
         if not isinstance(role, str) or role not in ROLES:
-            raise _fail(f"{where}.role", f"must be one of {', '.join(sorted(ROLES))}")
-        _content(f"{where}.content", message.get("content"), role=role)
+            raise _fail(f"messages[{i}].role", f"must be one of {', '.join(sorted(ROLES))}")
+        content = message.get("content")
+        if not isinstance(content, str):
+            _content(i, content, role=role)
         name = message.get("name")
         if name is not None and not isinstance(name, str):
-            raise _fail(f"{where}.name", "must be a string")
+            raise _fail(f"messages[{i}].name", "must be a string")
 
 
 def check_prompt(prompt: Any) -> None:

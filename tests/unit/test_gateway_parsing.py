@@ -82,7 +82,10 @@ def deep(levels: int) -> object:
          "tools[0].type"),
         ("completions", raw(model="m", prompt="x", logprobs=True), "logprobs"),
         ("completions", raw(model="m", prompt="x", echo="no"), "echo"),
-        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], extra=deep(65)), None),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}])[:-1] + b',"x":' + b"[" * 300 + b"]" * 300
+         + b"}", None),  # parses (orjson reads 1024 levels) but could not be re-serialised downstream
+        ("chat", raw(model="m", messages=[{"role": "wizard", "content": "x"}])[:-1] + b',"x":' + b"[" * 300
+         + b"]" * 300 + b"}", None),  # the depth is checked first
         ("chat", raw(model="m", messages=[{"role": "user"}], max_tokens=0), "max_tokens"),
         ("chat", raw(model="m", messages=[{"role": "user"}], max_tokens=True), "max_tokens"),
         ("chat", raw(model="m", messages=[{"role": "user"}], n=0), "n"),
