@@ -29,6 +29,7 @@ from fleetgate.gateway.errors import error_body, internal_error_body
 from fleetgate.gateway.fastpath import GatewayApp, completion_handler
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.metrics_listener import MetricsListener
+from fleetgate.gateway.parsing import Kind
 from fleetgate.gateway.pipeline import Pipeline
 from fleetgate.gateway.routes import JSON, install_routes
 from fleetgate.gateway.settings import GatewaySettings
@@ -162,9 +163,10 @@ def create_app(
 
     app = GatewayApp(title="FleetGate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     limit, body_s = settings.server.max_body_bytes, settings.server.body_timeout_s
+    routes: tuple[tuple[str, Kind], ...] = (("/v1/chat/completions", "chat"), ("/v1/completions", "completions"))
     app.hot_routes = {
         path: completion_handler(kind, pipeline=pipeline, max_body_bytes=limit, body_timeout_s=body_s)
-        for path, kind in (("/v1/chat/completions", "chat"), ("/v1/completions", "completions"))
+        for path, kind in routes
     }
     _install_error_handlers(app)
     install_routes(app, pipeline=pipeline, readiness=readiness)

@@ -53,6 +53,14 @@ def build_server(
     return uvicorn.Server(config)
 
 
+def metrics_url(server: uvicorn.Server) -> str | None:
+    """The started server's `/metrics` URL (its own port), or None when the metrics listener is off."""
+    from fleetgate.gateway.metrics_listener import MetricsListener
+
+    listener = getattr(getattr(server.config.app, "state", None), "metrics_listener", None)
+    return listener.url if isinstance(listener, MetricsListener) else None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="gateway YAML file (default: embedded defaults)")
     parser.add_argument("--host", help="listen address (default: server.host)")

@@ -157,7 +157,7 @@ async def run_config(
     time_scale: float,
     progress: Any = None,
 ) -> ConfigResult:
-    from fleetgate.gateway.serve import build_server
+    from fleetgate.gateway.serve import build_server, metrics_url
     from fleetgate.router.roundrobin import RoundRobinScheduler
 
     tenants = sorted({item.tenant for item in workload.items})
@@ -181,7 +181,7 @@ async def run_config(
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
             await _warm_up(session, port, key=keys[tenants[0]], model=model, cache=config.cache,
-                           metrics_url=server.config.app.state.metrics_listener.url)
+                           metrics_url=metrics_url(server) or "")
             fleet.reset_counters()
             t0 = time.perf_counter()
             tasks = []

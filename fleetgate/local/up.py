@@ -135,7 +135,7 @@ async def _sim_engines(engine: EngineConfig) -> AsyncIterator[tuple[list[str], s
 
 
 async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: bool, prompt: str) -> int:
-    from fleetgate.gateway.serve import build_server
+    from fleetgate.gateway.serve import build_server, metrics_url
 
     engine = config.engine
     settings = route_models(gateway=config.gateway, model=engine.model, served_name=served_name, urls=urls)
@@ -154,10 +154,8 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
             raise LocalStackError(f"the gateway did not start on {host}:{port}")
         await asyncio.sleep(0.05)
     gateway_url = f"http://{host}:{port}"
-    listener = server.config.app.state.metrics_listener
     _say(banner(gateway_url=gateway_url, settings=settings, model=engine.model, engine_urls=urls,
-                log_dir=engine.log_dir if engine.kind == "vllm" else None,
-                metrics_url=listener.url if listener is not None else None))
+                log_dir=engine.log_dir if engine.kind == "vllm" else None, metrics_url=metrics_url(server)))
     if not check:
         await task
         return 0
