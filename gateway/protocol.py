@@ -61,8 +61,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
+        busy = self.cycle is not None and not self.cycle.response_complete
         super().on_message_begin()
-        self._arm()
+        if not busy:  # a request pipelined behind a running response: a 408 must not cut into that response
+            self._arm()
 
     def on_headers_complete(self) -> None:
         self._disarm()
