@@ -57,6 +57,7 @@ class EngineProcess:
     spec: EngineSpec
     popen: subprocess.Popen[bytes]
     started_at: float = field(default_factory=time.monotonic)
+    guarded: bool = False  # runs under `group_guard`, which passes a stop to the whole group itself
 
     @property
     def pid(self) -> int:
@@ -168,7 +169,7 @@ class EngineFleet:
                     start_new_session=True,
                     preexec_fn=_die_with_parent if linux else None,
                 )
-            self.processes.append(EngineProcess(spec=spec, popen=popen))
+            self.processes.append(EngineProcess(spec=spec, popen=popen, guarded=linux))
 
     def wait_healthy(self) -> float:
         """Block until every engine answers `/health`; returns the seconds waited."""
@@ -220,7 +221,11 @@ class EngineFleet:
         """SIGTERM each engine's process group, then SIGKILL what is left after the grace period."""
         live = [p for p in self.processes if p.exited() is None]
         for proc in live:
-            _signal_group(proc.pid, signal.SIGTERM)
+            if proc.guarded:  # the guard signals the group once; a second SIGTERM makes vLLM's server force-quit
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+            else:
+                _signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_grace_s
         for proc in live:
             with contextlib.suppress(subprocess.TimeoutExpired):
