@@ -72,3 +72,5 @@ class RequestContext:
     finished: bool = False
     prompt_estimate: int = 0  # the reservation's prompt tokens: charged when an engine's usage is unknown
     spent: Usage | None = None  # engine work so far (None: unknown); charged when no complete answer comes
+    # The requested model as records may name it: a placeholder until the name is authorized and known.
+    model_label: str = ""

@@ -1,8 +1,9 @@
 """The request pipeline: everything between the HTTP layer and the engines, with no web framework.
 
-Order: parse + validate (400) -> authenticate (401) -> authorize the requested model or alias (403)
--> known model or alias (404) -> reserve against limits (429) -> cache lookup (hit: answer, settle
-zero engine usage) -> tier resolution -> endpoint picking and forwarding (fallbacks, one connect
+Order: authenticate from the header (401; before the body is even read, see `fastpath`) -> parse +
+validate (400) -> authorize the requested model or alias (403) -> known model or alias (404) -> reserve
+against limits (429) -> cache lookup (hit: answer, settle zero engine usage) -> tier resolution, whose
+concrete models are authorized too (`authorization`) -> endpoint picking and forwarding (fallbacks, one connect
 retry) -> optional cascade escalation (non-streaming) -> relay -> settle, record, cache store.
 Settling, recording and storing run after the response, in tasks the pipeline tracks (`drain`).
 """
@@ -29,6 +30,7 @@ from fleetgate.core.errors import (
 )
 from fleetgate.core.types import Usage
 from fleetgate.gateway.assembly import StreamAssembler
+from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorized_decision, shown
 from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
@@ -39,7 +41,7 @@ from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
 from fleetgate.gateway.replay import replay_chunks
 from fleetgate.gateway.settings import GatewaySettings
-from fleetgate.gateway.stages import RequestRecord
+from fleetgate.gateway.stages import RequestRecord, Tenant
 from fleetgate.gateway.stageset import Stages
 from fleetgate.gateway.streaming import RelayStream, ReplayStream, StreamOutcome
 from fleetgate.gateway.upstream import read_body
@@ -82,12 +84,24 @@ class Pipeline:
 
     # ---- public -------------------------------------------------------------------------------
 
-    async def handle(self, *, kind: Kind, raw: bytes, headers: Mapping[str, str]) -> GatewayResponse:
-        """`headers` must have lower-case names. Never raises: every failure becomes a response."""
+    async def authenticate(self, *, headers: Mapping[str, str]) -> Tenant:
+        """The caller's tenant from the `authorization` header alone (cheap: one hash and a dict lookup)."""
+        return await self._s.auth.authenticate(headers.get("authorization"))
+
+    def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse:
+        """The answer to a request refused before its body was read (counted like any other)."""
+        ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
+        return self._error(ctx, exc)
+
+    async def handle(
+        self, *, kind: Kind, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None
+    ) -> GatewayResponse:
+        """`headers` must have lower-case names; `tenant`: already authenticated (`authenticate`).
+        Never raises: every failure becomes a response."""
         ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
         self._m.in_flight.inc()
         try:
-            response = await self._run(ctx, kind, raw, headers)
+            response = await self._run(ctx, kind, raw, headers, tenant)
         except FleetGateError as exc:
             response = self._error(ctx, exc)
         except asyncio.CancelledError:  # the client left before a non-streaming answer: engine call aborted
@@ -126,15 +140,24 @@ class Pipeline:
 
     # ---- the pipeline -------------------------------------------------------------------------
 
-    async def _run(self, ctx: RequestContext, kind: Kind, raw: bytes, headers: Mapping[str, str]) -> GatewayResponse:
+    async def _run(
+        self, ctx: RequestContext, kind: Kind, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None
+    ) -> GatewayResponse:
+        # Authenticate before parsing: an unauthenticated client must not cost JSON parsing of a big body.
+        ctx.tenant = tenant if tenant is not None else await self.authenticate(headers=headers)
+        ctx.authenticated = True
         parsed = parse_request(kind, raw, session_header=headers.get("x-session-id"))
         ctx.parsed = parsed
-        ctx.tenant = await self._s.auth.authenticate(headers.get("authorization"))
-        ctx.authenticated = True
+        # Until the name is authorized and known it is the client's arbitrary string: records, ledger rows
+        # and metric labels get a fixed placeholder instead, so they cannot grow with what clients send.
+        ctx.model_label = REFUSED_MODEL
         self._s.auth.authorize(ctx.tenant, parsed.model)
+        ctx.model_label = UNKNOWN_MODEL
         if parsed.model not in self._s.endpoint_source.models() and parsed.model not in self._s.tiers.aliases():
             names = ", ".join(self.known_models()) or "(none configured)"
-            raise NotFoundError(f"model {parsed.model!r} does not exist; available models: {names}", param="model")
+            raise NotFoundError(f"model {shown(parsed.model)} does not exist; available models: {names}",
+                                param="model")
+        ctx.model_label = parsed.model
         estimate = estimate_request(parsed)
         ctx.prompt_estimate = estimate.prompt_tokens
         ctx.reservation = await self._s.limiter.reserve(
@@ -150,7 +173,7 @@ class Pipeline:
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
             return self._serve_hit(ctx, parsed, lookup)
-        decision = await self._resolve(ctx, parsed, lookup)
+        decision = authorized_decision(await self._resolve(ctx, parsed, lookup), tenant=ctx.tenant, auth=self._s.auth)
         ctx.tier = decision
         ctx.served_model, ctx.served_tier = decision.model, decision.tier  # until an engine call says otherwise
         targets = [(decision.model, decision.tier), *decision.fallbacks]
@@ -180,6 +203,10 @@ class Pipeline:
 
     async def _resolve(self, ctx: RequestContext, parsed: ParsedRequest, lookup: CacheLookup) -> TierDecision:
         try:
+            if ctx.tenant.allowed_models is not None:
+                # The alias picks among the tiers this tenant may use (`authorized_decision` re-checks the result).
+                return await self._s.tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding,
+                                                   allowed_models=ctx.tenant.allowed_models)
             return await self._s.tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding)
         except FleetGateError:
             raise
@@ -225,7 +252,7 @@ class Pipeline:
             if resp.status != 200:
                 ctx.spent = ctx.spent or Usage()  # the engine refused: no work done
                 self._m.upstream_errors.labels(attempt.model, ep.id, "status").inc()
-                raise from_engine(resp.status, raw, endpoint=ep.id)
+                raise from_engine(resp.status, raw, endpoint=ep.id, retry_after=resp.headers.get("Retry-After"))
             try:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError:
@@ -322,7 +349,7 @@ class Pipeline:
             finally:
                 self._s.scheduler.on_complete(attempt.routing, ep, ok=False, usage=None)
             self._m.upstream_errors.labels(attempt.model, ep.id, "status").inc()
-            raise from_engine(resp.status, raw, endpoint=ep.id)
+            raise from_engine(resp.status, raw, endpoint=ep.id, retry_after=resp.headers.get("Retry-After"))
         assemble = ctx.lookup is not None and ctx.lookup.status == CacheStatus.MISS
         relay = RelayStream(
             response=resp,
@@ -359,7 +386,7 @@ class Pipeline:
         """The record of a request that got no answer (only once the tenant is known)."""
         if not ctx.authenticated or ctx.parsed is None:
             return []
-        model = ctx.served_model or ctx.parsed.model
+        model = ctx.served_model or ctx.model_label
         endpoint = ctx.attempts[-1].endpoint.id if ctx.attempts else None
         return [self._record(ctx, model=model, tier=ctx.served_tier, endpoint=endpoint, usage=self._spent(ctx),
                              status=status)]

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import httpx
 import pytest
 import redis.exceptions
 import yaml
@@ -168,20 +169,30 @@ def test_probe_and_metrics_paths_are_served_by_the_gateway_app(chart: Any, tmp_p
     rendered = chart.render(set_values=["serviceMonitor.enabled=true"])
     deployment, configmap = _gateway(rendered)
     settings = _load_settings(configmap, tmp_path)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert settings.server.metrics_port == ports["metrics"] != settings.server.port == ports["http"]
+    # Tests listen on loopback and a free port; the paths are what matters here.
+    settings.server.metrics_port, settings.server.metrics_host = 0, "127.0.0.1"
     # Only what needs a cluster or Redis is replaced; everything else is the real app factory.
     app = create_app(settings, endpoint_source=StaticEndpointSource([]), auth=OpenAuth(), kvstore=MemoryKVStore())
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
     (monitor,) = rendered.of_kind("ServiceMonitor")
     (test_pod,) = rendered.component("Pod", "test")
     script = test_pod["spec"]["containers"][0]["command"][-1]
-    tested = set(re.findall(r'"(/[a-z]+)"', script))
-    assert tested, "the helm test Pod checks no path"
+    checks = re.findall(r'\((client|metrics), "(/[a-z]+)"\)', script)
+    tested = {path for base, path in checks if base == "client"}
+    assert tested and ("metrics", "/metrics") in checks, "the helm test Pod checks no path"
     with TestClient(app, raise_server_exceptions=False) as client:  # runs the app's start-up
         ready = container["readinessProbe"]["httpGet"]["path"]
         assert client.get(ready).status_code == 200, "not ready without engines: kept out of the Service"
-        paths = {container["livenessProbe"]["httpGet"]["path"]} | {e["path"] for e in monitor["spec"]["endpoints"]}
+        paths = {container["livenessProbe"]["httpGet"]["path"]}
         for path in sorted(paths | tested | {"/v1/models"}):
             assert client.get(path).status_code not in {404, 405}, path
+        metrics_base = app.state.metrics_listener.url.removesuffix("/metrics")
+        scraped = {e["path"] for e in monitor["spec"]["endpoints"]} | {p for b, p in checks if b == "metrics"}
+        for path in scraped:  # on the metrics port, absent from the client one
+            assert httpx.get(metrics_base + path).status_code == 200, path
+            assert client.get(path).status_code == 404, path
         assert client.post("/v1/chat/completions", content=b"{}").status_code not in {404, 405}
 
 

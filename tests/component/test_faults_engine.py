@@ -154,8 +154,8 @@ async def test_malformed_usage_is_charged_by_estimate_and_breaks_nothing(
         assert r.status_code == 200
         assert r.json()["usage"]["completion_tokens"] == 6  # the estimate, in a well-formed usage
     await check(gw, Usage(prompt_tokens=prompt_estimate(b), completion_tokens=6))
-    async with httpx.AsyncClient(base_url=gw.url) as c:
-        metrics = (await c.get("/metrics")).text
+    async with httpx.AsyncClient() as c:
+        metrics = (await c.get(gw.metrics_url)).text
     assert 'kind="bad_usage"' in metrics
     assert 'fleetgate_requests_total{cache="bypass",model="m1",status="200",tenant="acme",tier=""} 1.0' in metrics
 

@@ -99,7 +99,8 @@ def test_fleetgate_gateway_command_serves_from_a_config_file(tmp_path: Path) -> 
     config = tmp_path / "gw.yaml"
     config.write_text("server: {port: 1, auth: open}\nmodels: [{name: m1, endpoints: ['http://127.0.0.1:9']}]\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetgate", "gateway", "--config", str(config), "--port", str(port)],
+        [sys.executable, "-m", "fleetgate", "gateway", "--config", str(config), "--port", str(port),
+         "--metrics-port", "0"],
         env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:

@@ -245,7 +245,7 @@ async def test_connect_failure_is_retried_once_on_the_fallback_endpoint(start_ga
     gw = await start_gateway(settings_for({"m1": [dead, engine.url]}, debug_headers=True), scheduler=scheduler)
     async with httpx.AsyncClient(base_url=gw.url) as client:
         r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
-        metrics = (await client.get("/metrics")).text
+        metrics = (await client.get(gw.metrics_url)).text
     assert r.status_code == 200
     assert r.headers["x-fleetgate-endpoint"] == engine.url.removeprefix("http://")
     assert r.headers["x-fleetgate-route-reasons"] == "fixed=1.000"

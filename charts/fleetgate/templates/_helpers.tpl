@@ -190,6 +190,7 @@ of the mounted key file.
 {{- $server := deepCopy (default dict $cfg.server) }}
 {{- $_ := set $server "host" "0.0.0.0" }}
 {{- $_ := set $server "port" (int $gw.port) }}
+{{- $_ := set $server "metrics_port" (int $gw.metricsPort) }}
 {{- $_ := set $server "log_level" $gw.logLevel }}
 {{- /* Secure by default in a cluster: API keys are required unless the values say auth: open. */ -}}
 {{- if not (hasKey $server "auth") }}

@@ -18,7 +18,7 @@ and how to fix it; values.schema.json catches wrong types and unknown keys befor
 {{- fail (printf "the gateway can run %d replicas but no Redis is configured: replicas must share caches, rate limits and budgets; set redis.enabled=true or redis.externalUrl, or run one replica (gateway.replicas=1, autoscaling off)" $most) }}
 {{- end }}
 {{- $server := $v.gateway.config.server | default dict }}
-{{- range $key, $instead := dict "host" "(the chart listens on every pod address)" "port" "gateway.port" "log_level" "gateway.logLevel" }}
+{{- range $key, $instead := dict "host" "(the chart listens on every pod address)" "port" "gateway.port" "metrics_port" "gateway.metricsPort" "metrics_host" "(metrics listen on every pod address)" "log_level" "gateway.logLevel" }}
 {{- if hasKey $server $key }}
 {{- fail (printf "gateway.config.server.%s is set by the chart: use %s instead" $key $instead) }}
 {{- end }}
