@@ -24,7 +24,9 @@ def test_calibrate_prints_a_snippet_for_a_target_share(artifact: Path, capsys: p
     before = artifact.read_bytes()
     assert main(["tier", "calibrate", "--target-share", "0.5", "--artifact", str(artifact)]) == 0
     out = capsys.readouterr().out
-    assert "threshold:" in out and "share to large tier  0.50" in out
+    assert "threshold:" in out
+    share = float(out.split("share to large tier")[1].split()[0])
+    assert share == pytest.approx(0.5, abs=1 / len(ScorerArtifact.load(artifact).labels))
     assert artifact.read_bytes() == before  # nothing written without --write
 
 
@@ -35,7 +37,7 @@ def test_calibrate_write_sets_the_threshold_for_the_share(artifact: Path, model:
     saved = ScorerArtifact.load(artifact)
     m = getattr(saved, model)
     share = routing_metrics(np.asarray(m.oos_scores), np.asarray(saved.labels), threshold=m.threshold).share_large
-    assert share == pytest.approx(0.6, abs=1 / 300)
+    assert share == pytest.approx(0.6, abs=1 / len(saved.labels))
 
 
 def test_calibrate_for_recall_and_budget(artifact: Path, capsys: pytest.CaptureFixture[str]) -> None:
