@@ -105,10 +105,13 @@ def _train(args: argparse.Namespace) -> int:
 
     paths: list[Path] = args.data or default_training_data()
     rows = load_many(paths)
-    artifact = train(
-        rows, _embed(rows), seed=args.seed, folds=args.folds, target_recall=args.target_recall,
-        confidence=args.confidence, sources=[(p.name, load_labelled(p)) for p in paths],
-    )
+    try:
+        artifact = train(
+            rows, _embed(rows), seed=args.seed, folds=args.folds, target_recall=args.target_recall,
+            confidence=args.confidence, sources=[(p.name, load_labelled(p)) for p in paths],
+        )
+    except ValueError as exc:  # too few rows of a tier for the folds, a target out of range
+        raise ConfigError(f"cannot train on {', '.join(map(str, paths))}: {exc}") from exc
     artifact.save(args.out)
     y = np.asarray(artifact.labels)
     names = " + ".join(f"{p.name} ({len(load_labelled(p))})" for p in paths)
