@@ -34,3 +34,6 @@ class OperatorSettings:
     startup_load_bytes_per_s: float = 100e6
     startup_max_s: int = 3 * 3600
     capabilities: Capabilities = field(default_factory=Capabilities)
+    # A child the API server refused is applied again after this long (deleted children are recreated at
+    # once, through their watch events).
+    retry_failed_s: float = 60.0

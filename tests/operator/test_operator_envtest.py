@@ -186,3 +186,12 @@ async def test_children_within_a_second_and_status(real_api: KubeApi, real_opera
         await asyncio.sleep(0.05)
     print(f"envtest: CR applied -> Deployment exists in {latency * 1000:.0f} ms")
     assert latency < 5  # the 1 s p99 target is measured by `fleetgate bench operator`, not asserted on CI
+
+
+async def test_api_server_refuses_names_children_cannot_use(real_api: KubeApi) -> None:
+    """The CRD's CEL rule on metadata.name: a dot (not a Service name) or more than 63 characters."""
+    isvc = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
+    for name in ("qwen2.5-7b", "a" * 64):
+        with pytest.raises(Exception) as info:
+            await real_api._client.create(isvc.from_dict(_cr(name, SMALL)))
+        assert status_code(info.value) == 422 and "DNS-1035" in str(info.value), name

@@ -162,3 +162,69 @@ async def test_every_request_the_operator_made_is_granted_by_rbac(
         checked += 1
     assert checked > 5
     assert API_CALLS  # the declared list is what test_operator_rbac checks statically
+
+
+async def test_children_carrying_block_owner_deletion_are_allowed_by_rbac(
+    cluster: Cluster, operator: asyncio.Task[None]
+) -> None:
+    """OwnerReferencesPermissionEnforcement: setting blockOwnerDeletion needs `update` on the owner's
+    finalizers; without it a real API server refuses every child (kmock does not enforce it)."""
+    await cluster.create(_cr("owned", SMALL))
+    await wait_for(lambda: "owned" in cluster.objects("poddisruptionbudgets"), what="children")
+    for plural in ("deployments", "services", "poddisruptionbudgets"):
+        (ref,) = cluster.objects(plural)["owned"]["metadata"]["ownerReferences"]
+        assert ref["blockOwnerDeletion"]
+        group = ref["apiVersion"].split("/")[0]
+        assert allows(group=group, resource="inferenceservices/finalizers", verb="update"), plural
+
+
+@pytest.mark.parametrize("plural", ["services", "poddisruptionbudgets", "deployments"])
+async def test_a_deleted_child_is_recreated_and_status_does_not_stay_ready(
+    cluster: Cluster, operator: asyncio.Task[None], plural: str
+) -> None:
+    from fleetgate.operator.kube import resource_class
+
+    kinds = {"services": ("", "v1", "Service"), "poddisruptionbudgets": ("policy", "v1", "PodDisruptionBudget"),
+             "deployments": ("apps", "v1", "Deployment")}  # fmt: skip
+    await cluster.create(_cr("heal", SMALL))
+    await wait_for(lambda: "heal" in cluster.objects("deployments"), what="children")
+    await cluster.fake_rollout("heal", ready=1)
+    await wait_for(lambda: _status(cluster, "heal").get("phase") == "Ready", what="Ready")
+    old_uid = cluster.objects(plural)["heal"]["metadata"]["uid"]
+    group, version, kind = kinds[plural]
+    await cluster.api._client.delete(resource_class(group, version, kind, plural), "heal", namespace="default")
+    await wait_for(
+        lambda: cluster.objects(plural).get("heal", {}).get("metadata", {}).get("uid") not in (None, old_uid),
+        within=5,
+        what=f"{plural}/heal recreated",
+    )
+    if plural == "deployments":  # a fresh Deployment has no ready pods: status must say so
+        await wait_for(lambda: _status(cluster, "heal").get("phase") == "Pending", within=5, what="not Ready")
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "a" * 64])
+async def test_a_name_children_cannot_use_is_invalid_once_not_an_error_loop(
+    cluster: Cluster, operator: asyncio.Task[None], name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await cluster.create(_cr(name, SMALL))
+    await wait_for(lambda: _status(cluster, name).get("phase") == "Invalid", what="Invalid status")
+    message = next(c["message"] for c in _status(cluster, name)["conditions"] if c["type"] == "Degraded")
+    assert "metadata.name" in message and ("DNS-1035" in message or "at most 63" in message)
+    await wait_for(lambda: bool(_events(cluster, "InvalidSpec")), what="InvalidSpec event")
+    assert not cluster.objects("deployments") and not cluster.objects("services")
+    await asyncio.sleep(0.5)
+    assert len(_events(cluster, "InvalidSpec")) == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR" and r.name.startswith("kopf.objects")]
+
+
+async def test_one_capacity_event_per_edit_and_waiting_is_not_an_error(
+    cluster: Cluster, operator: asyncio.Task[None], caplog: pytest.LogCaptureFixture
+) -> None:
+    await cluster.create(_cr("once", SMALL))
+    await wait_for(lambda: len(_events(cluster, "CapacityPlanned")) == 1, what="first CapacityPlanned")
+    await cluster.patch_spec("once", {"engine": {"maxModelLen": 4096}})
+    await wait_for(lambda: _status(cluster, "once").get("observedGeneration") == 2, what="edit reconciled")
+    await wait_for(lambda: len(_events(cluster, "CapacityPlanned")) == 2, what="second CapacityPlanned")
+    await asyncio.sleep(0.5)
+    assert len(_events(cluster, "CapacityPlanned")) == 2, [e["message"] for e in _events(cluster, "CapacityPlanned")]
+    assert not [r for r in caplog.records if r.levelname == "ERROR" and r.name.startswith("kopf")], "waiting is normal"
