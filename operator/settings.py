@@ -28,6 +28,9 @@ class OperatorSettings:
     # Prometheus that KEDA's prometheus scaler queries.
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     shm_size: str = "16Gi"
+    # Requests of an engine pod whose spec sets no cpu/memory: per GPU (or per CPU-profile replica).
+    engine_cpu_request: int = 4
+    engine_memory_request_gib: int = 16
     cluster_domain: str = "cluster.local"
     # Startup probe budget: base + weights / load rate (download and load), capped.
     startup_base_s: int = 300

@@ -84,6 +84,9 @@ def test_deployment_runs_vllm_with_gpu_scheduling() -> None:
     args = container["args"]
     assert args[args.index("--tensor-parallel-size") + 1] == "4"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    # Not QoS BestEffort: CPU and memory are requested even when the spec names none (per GPU by default).
+    assert container["resources"]["requests"]["cpu"] == "16"
+    assert container["resources"]["requests"]["memory"] == "64Gi"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]

@@ -30,7 +30,7 @@ def _cr(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 SMALL: dict[str, Any] = {
     "model": {"source": "hf://Qwen/Qwen2.5-7B-Instruct-AWQ", "servedName": "qwen"},
-    "engine": {"quantization": "awq_marlin", "maxModelLen": 8192, "maxNumSeqs": 32},
+    "engine": {"quantization": "awq_marlin", "maxModelLen": 8192, "maxNumSeqs": 24},
     "resources": {"accelerator": "nvidia-l4", "gpus": 1},
     "replicas": 1,
 }
@@ -108,6 +108,7 @@ async def test_invalid_spec_sets_condition_and_event_and_operator_survives(
 
 async def test_spec_that_does_not_fit_creates_no_pods(cluster: Cluster, operator: asyncio.Task[None]) -> None:
     doc = yaml.safe_load((EXAMPLES / "does-not-fit.yaml").read_text())
+    doc["metadata"]["namespace"] = "default"  # as `kubectl apply -n default -f` does
     await cluster.create(doc)
     await wait_for(lambda: _status(cluster, "too-big").get("phase") == "DoesNotFit", what="DoesNotFit status")
     assert _cond(cluster, "too-big", "CapacityPlanned") == ("False", "DoesNotFit")
@@ -228,3 +229,29 @@ async def test_one_capacity_event_per_edit_and_waiting_is_not_an_error(
     await asyncio.sleep(0.5)
     assert len(_events(cluster, "CapacityPlanned")) == 2, [e["message"] for e in _events(cluster, "CapacityPlanned")]
     assert not [r for r in caplog.records if r.levelname == "ERROR" and r.name.startswith("kopf")], "waiting is normal"
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "engine", "resources", "expected"),
+    [
+        ("llama-tp3", "hf://meta-llama/Llama-3.1-70B-Instruct", {"tensorParallelSize": 3},
+         {"accelerator": "nvidia-h100-80gb", "gpus": 3}, "does not divide the model's 64 attention heads"),
+        ("idle-gpu", "hf://Qwen/Qwen2.5-7B-Instruct", {"tensorParallelSize": 2},
+         {"accelerator": "nvidia-l4", "gpus": 4}, "set resources.gpus to 2"),
+    ],
+)  # fmt: skip
+async def test_specs_vllm_would_refuse_are_invalid_with_no_pods(
+    cluster: Cluster,
+    operator: asyncio.Task[None],
+    name: str,
+    source: str,
+    engine: dict[str, Any],
+    resources: dict[str, Any],
+    expected: str,
+) -> None:
+    await cluster.create(_cr(name, {"model": {"source": source}, "engine": engine, "resources": resources}))
+    await wait_for(lambda: _status(cluster, name).get("phase") == "Invalid", what="Invalid status")
+    message = next(c["message"] for c in _status(cluster, name)["conditions"] if c["type"] == "Degraded")
+    assert expected in message
+    await wait_for(lambda: expected in " ".join(e["message"] for e in _events(cluster, "InvalidSpec")), what="Event")
+    assert name not in cluster.objects("deployments")

@@ -28,7 +28,8 @@ def test_plan_exits_1_when_a_spec_does_not_fit(capsys: pytest.CaptureFixture[str
 def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--json", str(EXAMPLES / "small-l4-awq.yaml")]) == 0
     (result,) = json.loads(capsys.readouterr().out)
-    assert result["plan"]["fits"] is True and result["plan"]["maxConcurrentSequences"] >= 32
+    target = yaml.safe_load((EXAMPLES / "small-l4-awq.yaml").read_text())["spec"]["engine"]["maxNumSeqs"]
+    assert result["plan"]["fits"] is True and result["plan"]["maxConcurrentSequences"] >= target
 
 
 def test_plan_rejects_an_invalid_file_with_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
