@@ -9,7 +9,8 @@
 - The model cache is an emptyDir capped at `spec.model.cacheSize` (`HF_HOME` points there); `pvc://` sources
   mount their claim read-only under /models.
 - GPUs: the profile's extended resource (limits = requests = `spec.resources.gpus`), node selector and
-  tolerations; CPU and memory requests default per GPU (`OperatorSettings.engine_*_request`), never none. Prometheus scrape annotations on the pod template (vLLM serves `/metrics` on the API port).
+  tolerations; CPU and memory requests default per GPU (`OperatorSettings.engine_*_request`), never
+  none. Prometheus scrape annotations on the pod template (vLLM serves `/metrics` on the API port).
 - Rollout: maxSurge 1, maxUnavailable 0: capacity never drops during a rollout; a new pod that cannot be
   scheduled leaves the old one serving.
 - `replicas` is omitted when an autoscaler owns it, so server-side apply never fights the HPA.
