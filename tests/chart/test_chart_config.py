@@ -251,3 +251,43 @@ def test_values_expose_every_gateway_config_section() -> None:
     schema = json.loads((Path(__file__).resolve().parents[2] / "charts/fleetgate/values.schema.json").read_text())
     allowed = set(schema["properties"]["gateway"]["properties"]["config"]["properties"])
     assert allowed | {"discovery", "redis_url"} == set(GatewaySettings.model_fields)
+
+
+@pytest.mark.parametrize(("auth", "models_status", "passes"), [
+    ("api_key", 401, True), ("api_key", 200, False), ("open", 200, True), ("api_key", 404, False),
+])  # fmt: skip
+def test_helm_test_pod_checks_health_and_auth_and_is_always_deleted(
+    chart: Any, auth: str, models_status: int, passes: bool
+) -> None:
+    """The `helm test` Pod's own script, run against a stub gateway on loopback: it passes when /healthz is
+    200 and /v1/models without a key is 401 under api_key (200 when open), fails otherwise; and the Pod is
+    deleted whatever the outcome (no failed Pod left behind)."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    values = ["gateway.apiKeys.adminKeyHashes={sha256:" + "0" * 64 + "}"] if auth == "api_key" else []
+    if auth == "open":
+        values.append("gateway.config.server.auth=open")
+    (pod,) = chart.render(set_values=values).component("Pod", "test")
+    policy = set(pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"].split(","))
+    assert {"hook-succeeded", "hook-failed", "before-hook-creation"} <= policy
+
+    class Stub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/healthz" else models_status)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        script = pod["spec"]["containers"][0]["command"][-1]
+        script = re.sub(r'base = "[^"]+"', f'base = "http://127.0.0.1:{server.server_port}"', script)
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    finally:
+        server.shutdown()
+    assert (proc.returncode == 0) is passes, proc.stdout + proc.stderr
