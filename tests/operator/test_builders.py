@@ -124,6 +124,19 @@ def test_hpa_or_keda_by_capability() -> None:
     assert 'model_name="llama-3.1-70b-instruct"' in keda["spec"]["triggers"][0]["metadata"]["query"]
 
 
+def test_kubectl_scale_on_an_autoscaled_service_raises_the_autoscaler_floor() -> None:
+    """`kubectl scale fgis --replicas N` sets spec.replicas: honoured as the floor, within maxReplicas."""
+    doc = _example("llama-70b-h100-tp4")  # autoscaling 1..4
+    for replicas, floor in ((1, 1), (3, 3), (9, 4)):
+        doc["spec"]["replicas"] = replicas
+        assert _by_kind(_children(doc))["HorizontalPodAutoscaler"]["spec"]["minReplicas"] == floor
+    keda_settings = OperatorSettings(capabilities=Capabilities(keda=True))
+    doc["spec"]["autoscaling"].update({"minReplicas": 0, "scaleToZero": True})
+    for replicas, floor in ((1, 0), (2, 2)):  # the default replicas: 1 keeps scale to zero
+        doc["spec"]["replicas"] = replicas
+        assert _by_kind(_children(doc, keda_settings))["ScaledObject"]["spec"]["minReplicaCount"] == floor
+
+
 def test_kv_metric_target_in_milli_units() -> None:
     doc = _example("llama-70b-h100-tp4")
     doc["spec"]["autoscaling"].update({"metric": "kvCacheUsage", "targetKvCacheUsage": 0.75})

@@ -123,6 +123,13 @@ async def test_autoscaler_added_and_removed(cluster: Cluster, operator: asyncio.
     await cluster.create(_cr("auto", spec))
     await wait_for(lambda: "auto" in cluster.objects("horizontalpodautoscalers"), what="HPA")
     assert "replicas" not in cluster.objects("deployments")["auto"]["spec"]
+    # `kubectl scale fgis/auto --replicas 3` (spec.replicas) is honoured: the autoscaler's floor rises.
+    await cluster.patch_spec("auto", {"replicas": 3})
+    await wait_for(
+        lambda: cluster.objects("horizontalpodautoscalers")["auto"]["spec"]["minReplicas"] == 3,
+        within=5,
+        what="HPA floor raised by kubectl scale",
+    )
     await cluster.patch_spec("auto", {"autoscaling": None})
     await wait_for(lambda: "auto" not in cluster.objects("horizontalpodautoscalers"), within=5, what="HPA deleted")
 
