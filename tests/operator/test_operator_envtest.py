@@ -129,8 +129,9 @@ async def real_api(apiserver: str) -> AsyncIterator[KubeApi]:
         await api.aclose()
 
 
-@pytest.fixture
-async def real_operator(apiserver: str, real_api: KubeApi) -> AsyncIterator[None]:
+@contextlib.asynccontextmanager
+async def _running_operator(apiserver: str, **peering: Any) -> AsyncIterator[None]:
+    """The operator in this event loop, cluster-wide; `peering` as for kopf.operator (standalone by default)."""
     registry = kopf.OperatorRegistry()
     register(
         registry=registry,
@@ -140,7 +141,9 @@ async def real_operator(apiserver: str, real_api: KubeApi) -> AsyncIterator[None
     )
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
-        kopf.operator(registry=registry, clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready)
+        kopf.operator(
+            registry=registry, clusterwide=True, stop_flag=stop, ready_flag=ready, **(peering or {"standalone": True})
+        )
     )
     await asyncio.wait_for(ready.wait(), timeout=30)
     try:
@@ -149,6 +152,12 @@ async def real_operator(apiserver: str, real_api: KubeApi) -> AsyncIterator[None
         stop.set()
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(task, timeout=15)
+
+
+@pytest.fixture
+async def real_operator(apiserver: str, real_api: KubeApi) -> AsyncIterator[None]:
+    async with _running_operator(apiserver):
+        yield
 
 
 def _cr(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -235,21 +244,8 @@ async def test_peered_operator_creates_its_peering_object_and_reconciles(apiserv
         with contextlib.suppress(Exception):
             await real_api._client.create(CustomResourceDefinition.from_dict(crd))
     await asyncio.sleep(2)  # CRDs established
-    registry = kopf.OperatorRegistry()
-    register(
-        registry=registry,
-        settings=OperatorSettings(),
-        make_api=lambda: KubeApi.from_server(url=apiserver, field_manager="fleetgate-operator", token=TOKEN),
-        login=lambda **_: kopf.ConnectionInfo(server=apiserver, token=TOKEN, insecure=True),
-    )
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(kopf.operator(
-        registry=registry, clusterwide=True, standalone=False, peering_name="fleetgate", stop_flag=stop,
-        ready_flag=ready,
-    ))  # fmt: skip
     isvc = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
-    try:
-        await asyncio.wait_for(ready.wait(), timeout=30)
+    async with _running_operator(apiserver, standalone=False, peering_name="fleetgate"):
         await real_api._client.create(isvc.from_dict(_cr("peered", SMALL)))
         deadline = time.monotonic() + 30
         while ((await real_api.get_inference_service(namespace="default", name="peered")) or {}).get(
@@ -259,9 +255,4 @@ async def test_peered_operator_creates_its_peering_object_and_reconciles(apiserv
             await asyncio.sleep(0.1)
         peering = create_global_resource("kopf.dev", "v1", "ClusterKopfPeering", "clusterkopfpeerings")
         assert await real_api._client.get(peering, "fleetgate") is not None
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=15)
-        with contextlib.suppress(Exception):
-            await real_api._client.delete(isvc, "peered", namespace="default")
+        await real_api._client.delete(isvc, "peered", namespace="default")

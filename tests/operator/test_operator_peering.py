@@ -21,7 +21,6 @@ from typing import Any
 import kmock
 import kopf
 import pytest
-from kmock._internal import apps
 
 from fleetgate.operator.apisim import VERBS, new_emulator
 from fleetgate.operator.crd import build_peering_crds
@@ -29,7 +28,7 @@ from fleetgate.operator.handlers import register
 from fleetgate.operator.kube import KubeApi
 from fleetgate.operator.settings import OperatorSettings
 
-from .conftest import Cluster, wait_for
+from .conftest import Cluster, serving, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(60)]
 SPEC = {"model": {"source": "hf://Qwen/Qwen2.5-7B-Instruct-AWQ"}, "engine": {"quantization": "awq_marlin"},
@@ -42,13 +41,8 @@ async def peering_cluster() -> AsyncIterator[Cluster]:
     server.resources["kopf.dev/v1/clusterkopfpeerings"] = kmock.ResourceInfo(
         kind="ClusterKopfPeering", namespaced=False, subresources=(), verbs=set(VERBS)
     )
-    async with server, apps.Server(server):
-        url = str(server.url).rstrip("/")
-        api = KubeApi.from_server(url=url, field_manager="test")
-        try:
-            yield Cluster(server=server, url=url, api=api)
-        finally:
-            await api.aclose()
+    async with serving(server) as served:
+        yield served
 
 
 async def _install_peering_crd(cluster: Cluster) -> None:
