@@ -196,8 +196,11 @@ class Reconciler:
             return dict(previous or {})
         if deployment is None:
             deployment = await self._api.get_child(kind="Deployment", namespace=owner.namespace, name=owner.name)
+        # A child refused by the last pass is still missing: only a pass that applies it clears the verdict.
+        degraded = _condition(previous, "Degraded")
+        failed = (str(degraded.get("message", "")),) if degraded.get("reason") == "ApplyFailed" else ()
         return await self._write_status(
-            owner, spec=spec, resolved=resolved, invalid=None, deployment=deployment, previous=previous
+            owner, spec=spec, resolved=resolved, invalid=None, deployment=deployment, previous=previous, failed=failed
         )
 
     async def _reject(self, body: dict[str, Any], owner: Owner, previous: dict[str, Any] | None, message: str) -> None:
