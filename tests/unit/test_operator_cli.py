@@ -43,3 +43,19 @@ def test_crd_command_prints_the_crd(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crd"]) == 0
     crd = yaml.safe_load(capsys.readouterr().out)
     assert crd["metadata"]["name"] == "inferenceservices.fleetgate.io"
+
+
+def test_operator_liveness_endpoint_host_and_port_are_configurable() -> None:
+    import argparse
+
+    from fleetgate.operator import run_cli
+
+    parser = argparse.ArgumentParser()
+    run_cli.add_arguments(parser)
+    defaults = parser.parse_args([])
+    assert run_cli.liveness_endpoint(host=defaults.liveness_host, port=defaults.liveness_port) == (
+        "http://127.0.0.1:8080/healthz"  # loopback unless told otherwise (the chart says 0.0.0.0)
+    )
+    args = parser.parse_args(["--liveness-host", "::", "--liveness-port", "9090"])
+    assert run_cli.liveness_endpoint(host=args.liveness_host, port=args.liveness_port) == "http://[::]:9090/healthz"
+    assert run_cli.liveness_endpoint(host="0.0.0.0", port=0) is None
