@@ -154,10 +154,16 @@ def create_app(
         # gateway with no engine answers 503s that say so, and engines scaled to zero must stay reachable.
         source = stages.endpoint_source
         models = source.models()
+        endpoints = [e.id for m in models for e in source.endpoints(m)]
+        # Ejected endpoints (failing health): named, so a probe or an operator can decide what ready means.
+        health = getattr(getattr(stages.scheduler, "state", None), "health", None)
+        ejected = sorted(e for e in endpoints if health is not None and health.is_ejected(e))
         info = {
             "status": "ready" if runtime.ready else "starting",
             "models": len(models),
-            "endpoints": sum(len(source.endpoints(m)) for m in models),
+            "endpoints": len(endpoints),
+            "ejected": ejected,
+            "all_ejected": bool(endpoints) and len(ejected) == len(endpoints),
         }
         return runtime.ready, info
 

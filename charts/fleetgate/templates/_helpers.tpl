@@ -210,6 +210,12 @@ of the mounted key file.
 {{- toYaml $cfg }}
 {{- end }}
 
+{{/* The gateway's auth mode as gateway.yaml will say it: api_key unless gateway.config.server.auth says otherwise. */}}
+{{- define "fleetgate.gateway.authMode" -}}
+{{- $server := .Values.gateway.config.server | default dict }}
+{{- default "api_key" $server.auth }}
+{{- end }}
+
 {{/* The Kopf peering object's name. */}}
 {{- define "fleetgate.operator.peeringName" -}}
 {{- .Values.operator.peering.name }}
