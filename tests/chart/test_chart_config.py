@@ -272,8 +272,8 @@ def test_helm_test_pod_checks_health_and_auth_and_is_always_deleted(
     chart: Any, auth: str, models_status: int, passes: bool
 ) -> None:
     """The `helm test` Pod's own script, run against a stub gateway on loopback: it passes when /healthz (and
-    /metrics on the metrics Service) is 200 and /v1/models without a key is 401 under api_key (200 when open), fails otherwise; and the Pod is
-    deleted whatever the outcome (no failed Pod left behind)."""
+    /metrics on the metrics Service) is 200 and /v1/models without a key is 401 under api_key (200 when
+    open), fails otherwise; and the Pod is deleted whatever the outcome (no failed Pod left behind)."""
     import http.server
     import subprocess
     import sys
