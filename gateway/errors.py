@@ -46,7 +46,7 @@ def internal_error_body(request_id: str) -> bytes:
     )
 
 
-def _safe_message(message: str) -> str | None:
+def safe_message(message: str) -> str | None:
     """An engine's message fit for a client: first line, addresses redacted, bounded; None if it holds
     a traceback (nothing of it is safe to show)."""
     if any(marker in message for marker in TRACEBACK_MARKERS):
@@ -66,7 +66,7 @@ def _retry_after(value: str | None) -> dict[str, str]:
 def from_engine(status: int, raw: bytes, *, endpoint: str, retry_after: str | None = None) -> EngineStatusError:
     """The client's view of an engine's error answer. OpenAI's `{"error": {...}}` and vLLM's older flat
     `{"object": "error", "message": ...}` keep their message, type, code and param when those are safe
-    (`_safe_message`: no tracebacks, internal URLs or addresses); a 5xx or an unreadable body gets a
+    (`safe_message`: no tracebacks, internal URLs or addresses); a 5xx or an unreadable body gets a
     generic message. The original body is logged, never relayed. A 429 or 503 keeps its `Retry-After`."""
     log.warning("engine error answer", extra={"endpoint": endpoint, "status": status,
                                               "body": raw[:2000].decode("utf-8", "replace")})
@@ -79,7 +79,7 @@ def from_engine(status: int, raw: bytes, *, endpoint: str, retry_after: str | No
         inner = data.get("error")
         info = inner if isinstance(inner, dict) else data
     message = info.get("message")
-    safe = _safe_message(message) if isinstance(message, str) and status < 500 else None
+    safe = safe_message(message) if isinstance(message, str) and status < 500 else None
     if safe is None:
         kind = "refused the request" if status < 500 else "failed"
         safe = f"the engine {kind} (HTTP {status}); details are in the gateway log under this request id"

@@ -10,6 +10,7 @@ is retried once the engine answered: the first response (any status) is returned
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,8 @@ from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.settings import ServerSettings
 from fleetgate.gateway.upstream import ConnectFailed, send
 from fleetgate.router.types import RoutingRequest, Scheduler
+
+log = logging.getLogger("fleetgate.gateway.upstream")
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 FORCED_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
@@ -81,13 +84,15 @@ class Forwarder:
         path = PATHS[parsed.kind]
         timeout = self._server.first_byte_timeout_s if stream else self._server.request_timeout_s
         cap = ctx.reservation.max_tokens if ctx.reservation is not None and parsed.max_tokens is None else None
-        problems: list[str] = []
+        problems: list[str] = []  # for the log: names endpoints and addresses
+        public: list[str] = []  # for the client: names models only
         for index, (model, tier) in enumerate(targets):
             if index:
                 self._metrics.retries.labels(model).inc()
             endpoints = self._source.endpoints(model)
             if not endpoints:
                 problems.append(f"no endpoint serves model {model!r}")
+                public.append(problems[-1])
                 continue
             routing = RoutingRequest(
                 request_id=ctx.request_id,
@@ -99,8 +104,9 @@ class Forwarder:
             )
             try:
                 decision = await self._scheduler.pick(routing, endpoints)
-            except UpstreamUnavailableError as exc:
+            except UpstreamUnavailableError as exc:  # the scheduler's messages name models, not endpoints
                 problems.append(exc.message)
+                public.append(exc.message)
                 continue
             tries: list[Endpoint] = [decision.endpoint, *decision.fallbacks[:1]]
             for attempt_no, endpoint in enumerate(tries):
@@ -119,6 +125,7 @@ class Forwarder:
                     self._scheduler.on_connect_error(endpoint)
                     self._metrics.upstream_errors.labels(model, endpoint.id, "connect").inc()
                     problems.append(str(exc))
+                    public.append(f"cannot connect to an engine of model {model!r}")
                     continue
                 except FleetGateError as exc:
                     kind = "timeout" if exc.status == 504 else "bad_response"
@@ -134,4 +141,6 @@ class Forwarder:
                 attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)
                 ctx.attempts.append(attempt)
                 return attempt, response
-        raise UpstreamUnavailableError("no engine could be reached: " + "; ".join(problems))
+        # The problems name endpoints and addresses: the log keeps them, the client gets none.
+        log.warning("no engine reached", extra={"problems": problems, "request_id": ctx.request_id})
+        raise UpstreamUnavailableError("no engine could be reached: " + "; ".join(dict.fromkeys(public)))

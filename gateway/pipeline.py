@@ -259,7 +259,7 @@ class Pipeline:
                 obj = None
             if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
                 self._m.upstream_errors.labels(attempt.model, ep.id, "bad_response").inc()
-                raise UpstreamBadResponseError(f"engine {ep.id} returned a response that is not an OpenAI completion")
+                raise UpstreamBadResponseError("the engine returned a response that is not an OpenAI completion")
         except (FleetGateError, asyncio.CancelledError):
             self._s.scheduler.on_complete(attempt.routing, ep, ok=False, usage=None)
             raise
@@ -293,10 +293,10 @@ class Pipeline:
         [(out, usage)] = done
         if timed_out or out.error_kind == "timeout":
             self._m.upstream_errors.labels(attempt.model, ep.id, "timeout").inc()
-            raise UpstreamTimeoutError(f"engine {ep.id} did not finish its response in time")
+            raise UpstreamTimeoutError("the engine did not finish its response in time")
         if not out.ok or out.assembled is None:
             self._m.upstream_errors.labels(attempt.model, ep.id, out.error_kind or "bad_response").inc()
-            raise UpstreamBadResponseError(f"engine {ep.id} broke off or sent an answer the gateway cannot assemble")
+            raise UpstreamBadResponseError("the engine broke off or sent an answer the gateway cannot assemble")
         obj = answer_of(out, usage, model=attempt.model if ep.model != attempt.model else ep.model)
         return attempt, obj, usage, orjson.dumps(obj)
 

@@ -21,6 +21,7 @@ the upstream connection if the stream did not finish (the engine aborts the requ
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,8 +32,11 @@ import orjson
 
 from fleetgate.gateway.assembly import StreamAssembler
 from fleetgate.gateway.engine_usage import parse_usage
+from fleetgate.gateway.errors import safe_message
 
 DONE = b"data: [DONE]\n\n"
+
+log = logging.getLogger("fleetgate.gateway.upstream")
 
 
 def error_event(message: str, *, code: str, type_: str = "server_error") -> bytes:
@@ -131,14 +135,14 @@ class RelayStream:
                     data = await self._resp.content.readany()
             except TimeoutError:
                 return self._fail(
-                    "timeout", f"engine {self._endpoint_id} sent nothing for {timeout:g}s", "upstream_timeout"
+                    "timeout", f"the engine sent nothing for {timeout:g}s", "upstream_timeout"
                 )
             except aiohttp.ClientError as exc:
-                message = f"engine {self._endpoint_id} broke off the stream: {exc or type(exc).__name__}"
-                return self._fail("midstream", message, "upstream_error")
+                log.warning("engine stream broke off", extra={"endpoint": self._endpoint_id, "error": repr(exc)})
+                return self._fail("midstream", "the engine broke off the stream", "upstream_error")
             if not data:
                 return self._fail(
-                    "midstream", f"engine {self._endpoint_id} closed the stream before it finished", "upstream_error"
+                    "midstream", "the engine closed the stream before it finished", "upstream_error"
                 )
             self._buf += data
 
@@ -154,12 +158,19 @@ class RelayStream:
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return self._fail("midstream", f"engine {self._endpoint_id} sent an invalid chunk", "bad_gateway")
+            return self._fail("midstream", "the engine sent an invalid chunk", "bad_gateway")
         if not isinstance(chunk, dict):
             return None
         if "error" in chunk or chunk.get("object") == "error":
+            # Relayed as a clean event: an engine's message can hold tracebacks or internal addresses.
             self._outcome.error_kind = "engine_error"
-            return b"data: " + payload + b"\n\n"
+            log.warning("engine error event", extra={"endpoint": self._endpoint_id, "body": payload[:2000].decode(
+                "utf-8", "replace")})
+            inner = chunk.get("error")
+            message = (inner if isinstance(inner, dict) else chunk).get("message")
+            safe = safe_message(message) if isinstance(message, str) else None
+            return error_event(safe or "the engine reported an error; details are in the gateway log",
+                               code="engine_error")
         return self._rewrite(chunk)
 
     def _rewrite(self, chunk: dict[str, Any]) -> bytes | None:
@@ -225,6 +236,8 @@ class RelayStream:
                 self._outcome.output_chunks += 1
 
     def _fail(self, kind: str, message: str, code: str) -> bytes:
+        """End the stream with an error event; the message names no endpoint (that goes to the log)."""
+        log.warning("engine stream failed", extra={"endpoint": self._endpoint_id, "kind": kind, "detail": message})
         self._outcome.error_kind = kind
         self._ended = True
         return error_event(message, code=code) + DONE

@@ -9,12 +9,15 @@ the same server on this hardware). Failures are classified here so the pipeline 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 
 from fleetgate.core.errors import UpstreamBadResponseError, UpstreamTimeoutError
 from fleetgate.core.types import Endpoint
 from fleetgate.gateway.settings import ServerSettings
+
+log = logging.getLogger("fleetgate.gateway.upstream")
 
 
 class ConnectFailed(Exception):
@@ -68,10 +71,11 @@ async def send(
         raise ConnectFailed(endpoint, exc) from exc
     except TimeoutError as exc:
         raise UpstreamTimeoutError(
-            f"engine {endpoint.id} sent no response within {headers_timeout_s:g}s"
+            f"the engine sent no response within {headers_timeout_s:g}s"
         ) from exc
     except aiohttp.ClientError as exc:
-        raise UpstreamBadResponseError(f"engine {endpoint.id} failed: {exc or type(exc).__name__}") from exc
+        log.warning("engine request failed", extra={"endpoint": endpoint.id, "error": repr(exc)})
+        raise UpstreamBadResponseError("the engine failed to answer") from exc
 
 
 async def read_body(response: aiohttp.ClientResponse, *, endpoint: Endpoint, timeout_s: float) -> bytes:
@@ -80,12 +84,11 @@ async def read_body(response: aiohttp.ClientResponse, *, endpoint: Endpoint, tim
             return await response.read()
     except TimeoutError as exc:
         response.close()
-        raise UpstreamTimeoutError(f"engine {endpoint.id} did not finish its response within {timeout_s:g}s") from exc
+        raise UpstreamTimeoutError(f"the engine did not finish its response within {timeout_s:g}s") from exc
     except aiohttp.ClientError as exc:
         response.close()
-        raise UpstreamBadResponseError(
-            f"engine {endpoint.id} broke off its response: {exc or type(exc).__name__}"
-        ) from exc
+        log.warning("engine response broke off", extra={"endpoint": endpoint.id, "error": repr(exc)})
+        raise UpstreamBadResponseError("the engine broke off its response") from exc
     except asyncio.CancelledError:
         response.close()  # drop the connection: the engine aborts the request
         raise

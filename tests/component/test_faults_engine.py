@@ -258,3 +258,37 @@ async def test_many_disconnects_at_random_stages_lose_no_spend(start_gateway: An
     assert totals["prompt_tokens"] <= engine.stats.requests * prompt_estimate(body(stream=False, max_tokens=30))
     assert totals["cost_micros"] == counter
     assert in_flight(gw) == 0
+
+
+# ---- what a client sees of a failing engine ---------------------------------------------------------
+
+
+def _closed_port_url() -> str:
+    import socket
+
+    with socket.socket() as s:  # bound then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("fault", ["dead", "drop", "hang", "garbage"])
+async def test_engine_failures_show_clients_no_address_or_traceback(
+    start_gateway: Any, fault: str, stream: bool
+) -> None:
+    """Engine endpoints are internal (pod IPs, ports): failures name the model, never the endpoint, and the
+    details go to the gateway log."""
+    if fault == "dead":
+        url = _closed_port_url()
+        gw = await start_gateway(settings(url, tenants=TENANTS, first_byte_timeout_s=5))
+    else:
+        config = {"drop": {"drop_after_chunks": 1}, "hang": {"hang_after_chunks": 1},
+                  "garbage": {"garbage": True}}[fault]
+        engine, gw = await start(start_gateway, **config)
+        url = engine.url
+    port = url.rsplit(":", 1)[1]
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
+        r = await c.post("/v1/chat/completions", json=body(stream=stream), headers=auth("acme"))
+    text = r.text
+    assert "error" in text
+    assert "127.0.0.1" not in text and port not in text and "Traceback" not in text, text
