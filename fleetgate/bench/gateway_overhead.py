@@ -169,15 +169,16 @@ async def _measure(args: argparse.Namespace, s: Stack) -> tuple[list[Result], di
                               rss_mb=floor.rss_mb()))
         s.stop(floor)
         streaming: dict[str, Any] = {}
-        for kind in ("minimal", "full, cache off", "full, cache on"):
-            gateway = s.gateway(kind=kind, engine_url=engine.url, key_hash=key_hash, embedder=args.embedder,
+        gateways = [("minimal", ""), ("full, cache off", "")] + [("full, cache on", e) for e in args.embedder]
+        for kind, embedder in gateways:
+            gateway = s.gateway(kind=kind, engine_url=engine.url, key_hash=key_hash, embedder=embedder,
                                 log_requests=not args.no_gateway_log)
             idle_rss = gateway.rss_mb()
             workloads = WORKLOADS if kind == "full, cache on" else {"": WORKLOADS["bypass"]}
             for workload, (prompt, temperature, seed) in workloads.items():
                 template = chat_body(prompt, temperature=temperature)
                 seed_body = chat_body(seed, temperature=temperature) if seed else None
-                name = f"{kind}, {workload}" if workload else kind
+                name = f"{embedder}: {workload}" if workload else kind
                 print(f"... {name}", file=sys.stderr, flush=True)
                 results.append(await runner.phase(name, gateway, template, seed_body))
             results[-len(workloads)].cache_headers["rss at start, MB"] = round(idle_rss)
@@ -196,11 +197,12 @@ def _report(args: argparse.Namespace, results: list[Result], streaming: dict[str
            f"{','.join(map(str, sorted(pinning.others or set())))}" if pinning.gateway else "no CPU pinning")
     print(f"fleetgate bench gateway  ({os.cpu_count()} CPUs, {pin}, load average {os.getloadavg()[0]:.1f} "
           f"at the end, loadgen={args.loadgen}, {args.concurrency} connections x {args.duration:g}s, "
-          f"embedder {args.embedder})")
+          f"embedders {', '.join(args.embedder)})")
     print(f"\ndirect-to-engine (the baseline): {direct.rate:8.0f} req/s  p50 {_ms(direct.p50)} ms  "
           f"p99 {_ms(direct.p99)} ms  errors {direct.errors}")
     print("\nper configuration: added latency at concurrency 1 (gateway minus direct, same blocks), "
           f"throughput at {args.concurrency} connections, gateway CPU per request, RSS after the phase")
+    print("  (rows `EMBEDDER: workload` are the full stack with the cache on, one gateway per embedder)")
     print(f"  {'configuration':<34} {'+p50 ms':>8} {'+p99 ms':>8} {'req/s':>8} {'x direct':>8} {'p99 ms':>8} "
           f"{'errors':>6} {'CPU/req ms':>10} {'RSS MB':>7}  cache answers in warm-up")
     for r in results:
@@ -230,8 +232,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loadgen", choices=["python", "wrk"], default="wrk" if shutil.which("wrk") else "python",
                         help="throughput load generator (default: wrk when it is on PATH)")
     parser.add_argument("--no-gateway-log", action="store_true", help="turn the per-request log line off")
-    parser.add_argument("--embedder", choices=["minilm-onnx", "minilm-onnx-int8", "minilm", "hashing"],
-                        default="minilm-onnx", help="the semantic layer's embedder in `full, cache on`")
+    parser.add_argument("--embedder", choices=["minilm-onnx", "minilm-onnx-int8", "minilm", "hashing"], nargs="+",
+                        default=["minilm-onnx"], help="the semantic layer's embedder(s): one `full, cache on` "
+                        "gateway each, in this order (e.g. minilm-onnx minilm: fast path and reference)")
     parser.add_argument("--gateway-cpu", type=int, default=0,
                         help="pin gateways to this CPU, the rest elsewhere (-1: no pinning)")
 
