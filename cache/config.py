@@ -17,7 +17,7 @@ class SemanticConfig(BaseModel):
 
     enabled: bool = True
     # minilm-onnx: MiniLM on ONNX Runtime (fp32, same vectors as the reference); minilm-onnx-int8: its
-    # attention-quantised variant (~20% less CPU, cosine >= 0.99 to the reference); minilm: the reference
+    # block-wise int8 variant (less CPU, cosine >= 0.99 to the reference); minilm: the reference
     # (sentence-transformers + torch); hashing: no model, for tests and tiny deployments.
     embedder: Literal["minilm-onnx", "minilm-onnx-int8", "minilm", "hashing"] = "minilm-onnx"
     model_dir: str | None = None  # an extracted MiniLM folder; default: extracted from the PyPI package

@@ -25,12 +25,10 @@ Embed = Callable[[Sequence[str]], np.ndarray]
 
 
 def eval_prompts(data: Path) -> list[str]:
-    """The user texts of the three eval files (empty and duplicate texts dropped, order kept)."""
+    """The user texts of the eval files in `data` (empty and duplicate texts dropped, order kept)."""
     texts: list[str] = []
-    for name in ("cache_pairs.dev.jsonl", "cache_conversations.dev.jsonl", "tier_queries.dev.jsonl"):
-        path = data / name
-        if not path.is_file():
-            continue
+    for path in sorted(p for stem in ("cache_pairs", "cache_conversations", "tier_queries")
+                       for p in data.glob(f"{stem}*.jsonl")):  # .dev and .frozen sets alike
         for line in path.read_text(encoding="utf-8").splitlines():
             if not line.strip():
                 continue

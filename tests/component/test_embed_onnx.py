@@ -51,9 +51,9 @@ def test_every_prompt_agrees_with_the_reference(reference: np.ndarray, variant: 
         assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
         cosine = (vectors * reference).sum(axis=1)
         assert cosine.min() >= (0.9999 if variant == "fp32" else 0.99), cosine
-    # padding to the batch's longest text does not change a short text's fp32 vector
-    if variant == "fp32":
-        assert np.allclose(one_by_one, batched, atol=1e-5)
+    # grouping and padding within a batch do not change a text's vector (int8: activations are
+    # quantised per block of one row, never with the batch's other texts)
+    assert np.allclose(one_by_one, batched, atol=1e-4)
 
 
 def test_paraphrases_stay_closer_than_unrelated_text() -> None:

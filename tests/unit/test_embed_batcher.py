@@ -140,3 +140,17 @@ def test_load_is_lazy_unless_preload_is_set() -> None:
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError, match="max_batch"):
         BatchingEmbedder(embedder=HashingEmbedder(), max_batch=0)
+
+
+def test_length_groups_cover_every_text_once_with_bounded_padding() -> None:
+    from fleetgate.core.minilm_onnx import length_groups
+
+    lengths = [5, 5, 6, 20, 21, 100, 7, 5, 256, 12, 13, 12] + [9] * 40
+    groups = length_groups(lengths, max_padding=0.2, max_group=32)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        longest = max(lengths[i] for i in g)
+        assert len(g) <= 32
+        assert len(g) == 1 or sum(lengths[i] for i in g) >= 0.8 * longest * len(g) - 1e-9
+    assert [len(g) for g in length_groups([10] * 40)] == [32, 8]
+    assert length_groups([]) == []
