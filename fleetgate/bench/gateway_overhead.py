@@ -232,8 +232,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loadgen", choices=["python", "wrk"], default="wrk" if shutil.which("wrk") else "python",
                         help="throughput load generator (default: wrk when it is on PATH)")
     parser.add_argument("--no-gateway-log", action="store_true", help="turn the per-request log line off")
-    parser.add_argument("--embedder", choices=["minilm-onnx", "minilm-onnx-int8", "minilm", "hashing"], nargs="+",
-                        default=["minilm-onnx"], help="the semantic layer's embedder(s): one `full, cache on` "
+    parser.add_argument("--embedder", choices=["minilm-onnx-int8", "minilm-onnx", "minilm", "hashing"], nargs="+",
+                        default=["minilm-onnx-int8"], help="the semantic layer's embedder(s): one `full, cache on` "
                         "gateway each, in this order (e.g. minilm-onnx minilm: fast path and reference)")
     parser.add_argument("--gateway-cpu", type=int, default=0,
                         help="pin gateways to this CPU, the rest elsewhere (-1: no pinning)")

@@ -61,13 +61,13 @@ def test_paraphrases_stay_closer_than_unrelated_text() -> None:
     assert float(v[0] @ v[1]) > float(v[0] @ v[2]) + 0.3
 
 
-def test_the_default_cache_embedder_is_the_batched_onnx_minilm() -> None:
+def test_the_default_cache_embedder_is_the_batched_int8_onnx_minilm() -> None:
     embedder = build_embedder(CacheConfig())
     assert isinstance(embedder, BatchingEmbedder) and isinstance(embedder.inner, OnnxMiniLMEmbedder)
-    assert embedder.inner.variant == "fp32" and is_minilm(embedder)
-    int8 = build_embedder(CacheConfig(semantic=SemanticConfig(embedder="minilm-onnx-int8")))
-    assert isinstance(int8, BatchingEmbedder) and isinstance(int8.inner, OnnxMiniLMEmbedder)
-    assert int8.inner.variant == "int8"
+    assert embedder.inner.variant == "int8" and is_minilm(embedder)
+    fp32 = build_embedder(CacheConfig(semantic=SemanticConfig(embedder="minilm-onnx")))
+    assert isinstance(fp32, BatchingEmbedder) and isinstance(fp32.inner, OnnxMiniLMEmbedder)
+    assert fp32.inner.variant == "fp32"
     reference = build_embedder(CacheConfig(semantic=SemanticConfig(embedder="minilm")))
     assert isinstance(reference, BatchingEmbedder) and isinstance(reference.inner, MiniLMEmbedder)
     assert not is_minilm(build_embedder(CacheConfig(semantic=SemanticConfig(embedder="hashing"))))
