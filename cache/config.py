@@ -26,9 +26,11 @@ class SemanticConfig(BaseModel):
     # concurrent lookups are batched instead.
     embed_threads: int | None = Field(default=1, ge=1)
     # Micro-batching of concurrent lookups (fleetgate.core.embed_batcher): up to batch_max texts per encode,
-    # collected for at most batch_wait_ms while the worker is idle (under load batches form while it is busy).
+    # collected for at most batch_wait_ms while the worker is idle; under load batches form while it is busy.
+    # Measured (int8, one core): a 0.3 ms wait cost ~0.4 ms of CPU per lookup at concurrency 1 and gained
+    # nothing at 64 (batches were full either way), hence 0.
     batch_max: int = Field(default=32, ge=1, le=512)
-    batch_wait_ms: float = Field(default=0.3, ge=0.0, le=50.0)
+    batch_wait_ms: float = Field(default=0.0, ge=0.0, le=50.0)
     preload: bool = False  # load the model at start-up; default: on the first semantic lookup (stays small)
     threshold: float = Field(default=0.5, ge=-1.0, le=1.0)  # cosine similarity, before the verifier
     verify: bool = True  # the lexical near-miss verifier; turning it off is unsafe (see cache-eval)

@@ -37,7 +37,7 @@ class BlockingEmbedder(Protocol):
 
 class BatchingEmbedder:
     def __init__(
-        self, *, embedder: BlockingEmbedder, max_batch: int = 32, max_wait_s: float = 0.0003, preload: bool = False
+        self, *, embedder: BlockingEmbedder, max_batch: int = 32, max_wait_s: float = 0.0, preload: bool = False
     ) -> None:
         if max_batch < 1 or max_wait_s < 0:
             raise ValueError("max_batch must be >= 1 and max_wait_s >= 0")
