@@ -7,18 +7,28 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from fleetgate.cache.config import CacheConfig
-from fleetgate.cache.embedding import Embedder, HashingEmbedder, MiniLMEmbedder
+from fleetgate.cache.embedding import BatchingEmbedder, Embedder, HashingEmbedder, MiniLMEmbedder, OnnxMiniLMEmbedder
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.twolayer import TwoLayerCache
 from fleetgate.cache.types import NoCache, ResponseCache
 from fleetgate.core.kvstore import KVStore
+from fleetgate.core.minilm_export import OnnxVariant
 
 
 def build_embedder(config: CacheConfig) -> Embedder:
+    """The configured embedder; a MiniLM one is wrapped in the micro-batcher and loads on first use."""
     sem = config.semantic
     if sem.embedder == "hashing":
         return HashingEmbedder()
-    return MiniLMEmbedder(model_dir=Path(sem.model_dir) if sem.model_dir else None, threads=sem.embed_threads)
+    model_dir = Path(sem.model_dir) if sem.model_dir else None
+    inner: MiniLMEmbedder | OnnxMiniLMEmbedder
+    if sem.embedder == "minilm":
+        inner = MiniLMEmbedder(model_dir=model_dir, threads=sem.embed_threads)
+    else:
+        variant: OnnxVariant = "int8" if sem.embedder == "minilm-onnx-int8" else "fp32"
+        inner = OnnxMiniLMEmbedder(model_dir=model_dir, variant=variant, intra_op_threads=sem.embed_threads)
+    return BatchingEmbedder(embedder=inner, max_batch=sem.batch_max, max_wait_s=sem.batch_wait_ms / 1000,
+                            preload=sem.preload)
 
 
 def build_cache(
@@ -28,7 +38,8 @@ def build_cache(
     registry: CollectorRegistry | None = None,
     embedder: Embedder | None = None,
 ) -> ResponseCache:
-    """The configured cache; `NoCache` when disabled. MiniLM loads lazily, on the first semantic lookup."""
+    """The configured cache; `NoCache` when disabled. MiniLM loads lazily, on the first semantic lookup
+    (at start-up with `semantic.preload`)."""
     config = config or CacheConfig()
     if not config.enabled:
         return NoCache()

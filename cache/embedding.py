@@ -1,6 +1,9 @@
 """Sentence embedders for the semantic cache.
 
-`MiniLMEmbedder`: the kernel's one MiniLM loader (`fleetgate.core.minilm`), shared with the tier router.
+`OnnxMiniLMEmbedder`: MiniLM on ONNX Runtime (`fleetgate.core.minilm_onnx`), the default.
+`MiniLMEmbedder`: the reference, sentence-transformers (`fleetgate.core.minilm`).
+Both give the same vectors (cosine >= 0.99 per prompt, README "Semantic cache"); the gateway wraps the one it
+uses in a `BatchingEmbedder` (`fleetgate.core.embed_batcher`) and shares it with the tier router.
 
 `HashingEmbedder`: a deterministic bag-of-words embedder (signed feature hashing of lower-cased word
 unigrams and bigrams into `dim` buckets, L2-normalised). It needs no model files and is what the fast unit
@@ -17,9 +20,12 @@ from typing import Protocol
 
 import numpy as np
 
+from fleetgate.core.embed_batcher import BatchingEmbedder
 from fleetgate.core.minilm import MINILM_DIM, MiniLMEmbedder
+from fleetgate.core.minilm_onnx import OnnxMiniLMEmbedder
 
-__all__ = ["MINILM_DIM", "Embedder", "HashingEmbedder", "MiniLMEmbedder"]
+__all__ = ["MINILM_DIM", "BatchingEmbedder", "Embedder", "HashingEmbedder", "MiniLMEmbedder", "OnnxMiniLMEmbedder",
+           "is_minilm"]
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -30,6 +36,12 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """float32 array (len(texts), dim), rows L2-normalised. Blocking."""
         ...
+
+
+def is_minilm(embedder: object) -> bool:
+    """True for a MiniLM embedder (either backend, batched or not): its vectors are valid for the tier scorer."""
+    inner = embedder.inner if isinstance(embedder, BatchingEmbedder) else embedder
+    return isinstance(inner, MiniLMEmbedder | OnnxMiniLMEmbedder)
 
 
 class HashingEmbedder:

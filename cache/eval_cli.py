@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", type=float, nargs="*", default=list(DEFAULT_THRESHOLDS))
     parser.add_argument("--entries", type=int, default=100_000, help="stored entries for the latency run (0: skip)")
     parser.add_argument("--queries", type=int, default=200, help="lookups timed in the latency run")
-    parser.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm")
+    parser.add_argument("--embedder", choices=["minilm-onnx-int8", "minilm-onnx", "minilm", "hashing"],
+                        default="minilm-onnx-int8")
     parser.add_argument("--redis", action="store_true", help="also time the fetch (MGET) from a real redis-server "
                         "started on a free loopback port")
 

@@ -200,7 +200,8 @@ class TwoLayerCache:
     async def embed(self, text: str) -> np.ndarray:
         assert self.embedder is not None
         start = time.perf_counter()
-        vector = (await asyncio.to_thread(self.embedder.embed, [text]))[0]
+        aembed = getattr(self.embedder, "aembed", None)  # a BatchingEmbedder batches concurrent lookups
+        vector = await aembed(text) if aembed is not None else (await asyncio.to_thread(self.embedder.embed, [text]))[0]
         self.metrics.stage_seconds.labels("embed").observe(time.perf_counter() - start)
         return vector
 

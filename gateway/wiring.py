@@ -55,11 +55,11 @@ def build_tiers(
     settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore, cache: ResponseCache | None = None
 ) -> TierResolver:
     """The tier resolver; it shares the semantic cache's MiniLM embedder when there is one (one model per process)."""
-    from fleetgate.cache.embedding import MiniLMEmbedder
+    from fleetgate.cache.embedding import is_minilm
     from fleetgate.router.tiers.build import build_tiers as build_tier_resolver
 
     shared = getattr(cache, "embedder", None)
-    embedder = shared if isinstance(shared, MiniLMEmbedder) else None
+    embedder = shared if is_minilm(shared) else None
     return build_tier_resolver(settings.tiers, embedder=embedder, registry=registry)
 
 

@@ -1,20 +1,21 @@
-"""`fleetgate bench gateway`: the gateway's added latency and throughput against direct-to-engine.
+"""`fleetgate bench gateway`: the gateway's added latency, throughput and CPU per request, per configuration.
 
-Three processes: the fake engine (`fleetgate.sim.fake_engine`, answers at once), the gateway
-(`fleetgate gateway`, default stages: auth/limits/accounting stubs, round-robin, cache off, one JSON
-log line per request) and this process as the load generator. Each phase runs the same load
-directly against the engine and through the gateway, so the ratios come from one run:
+One run measures, side by side (processes: `fleetgate.bench.gateway_stack`):
+- direct-to-engine (the baseline of every ratio) and the floor (a bare ASGI + aiohttp relay);
+- `minimal`: the gateway with no-op stages;
+- `full, cache off`: the shipped stages (API key auth with a provisioned benchmark tenant, limits,
+  accounting, the per-request log line);
+- `full, cache on`, four workloads: `bypass` (sampled requests, `temperature: 0.8`: the cache steps
+  aside), `lookup miss` (`temperature: 0`, a new prompt every request: exact + semantic lookup, embed,
+  search, store), `exact hit` (one stored prompt repeated) and `semantic hit` (a paraphrase of a stored
+  prompt: exact miss, embed, search, verify, served from the cache).
 
-0. the same, with engine, gateway and client in this one process (no inter-process scheduling);
-1. latency at concurrency 1 (non-streaming): blocks of requests alternate direct / gateway, and the
-   added p50 / p99 is gateway percentile minus direct percentile;
-2. throughput at `--concurrency` for `--duration` seconds each: requests per second, p99, errors,
-   CPU per request of each process, and the same through a bare ASGI + aiohttp pass-through (the
-   floor for any Python relay: no parsing, no stages, no metrics);
-3. streaming at concurrency 1: added time to first token (first content chunk);
-4. streaming throughput: relayed chunks per second at `--stream-concurrency` streams.
-
-The load generator is Python (aiohttp), or `wrk` for phase 2 with `--loadgen wrk` when it is on PATH.
+Per phase: latency at concurrency 1 (blocks alternating with direct; added p50/p99 = gateway minus direct),
+throughput at `--concurrency` (wrk, or the Python load generator) with CPU per request from the gateway
+process's own CPU time (all its threads, the embedder's included) and its RSS after the phase. The cache
+header of the warm-up answers is checked, so a phase measures the path it names. With `--gateway-cpu` (default
+0) gateways and the floor run on that one CPU and the engine, wrk and this process on the others, so req/s
+is per gateway core. Then streaming through the full stack: added time to first token and chunk rate.
 """
 
 from __future__ import annotations
@@ -24,41 +25,233 @@ import asyncio
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
-import yaml
 
-from fleetgate.bench.loadgen import Phase, closed_loop, run_wrk, sequential, stream_throughput, streaming_ttft
-from fleetgate.core.localredis import free_port
+from fleetgate.bench.gateway_stack import MODEL, Pinning, Proc, Stack, stack
+from fleetgate.bench.loadgen import (
+    HEADERS,
+    PATH,
+    Bodies,
+    Phase,
+    closed_loop,
+    run_wrk,
+    sequential,
+    stream_throughput,
+    streaming_ttft,
+)
 
-MODEL = "bench"
+PROMPT = "How do I reverse a list in Python without copying it?"
+PARAPHRASE = "How do I reverse a Python list without copying it?"  # the verifier accepts it
+WORKLOADS: dict[str, tuple[str, float, str | None]] = {
+    # name: (prompt, temperature, prompt stored first)
+    "bypass": (PROMPT, 0.8, None),
+    "lookup miss": (f"Question __N__: {PROMPT}", 0.0, None),
+    "exact hit": (PROMPT, 0.0, PROMPT),
+    "semantic hit": (PARAPHRASE, 0.0, PROMPT),
+}
+
+
+def chat_body(prompt: str, *, temperature: float, stream: bool = False) -> bytes:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
+                            "temperature": temperature}
+    if stream:
+        body["stream"] = True
+    return orjson.dumps(body)
 
 
 @dataclass
-class Stack:
-    engine_url: str
-    gateway_url: str
-    passthrough_url: str
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+class Result:
+    name: str
+    latency: list[float] = field(default_factory=list)
+    direct_latency: list[float] = field(default_factory=list)
+    rps: Phase | None = None
+    cpu_per_request_s: float = float("nan")
+    rss_mb: float = float("nan")
+    cache_headers: Counter[str] = field(default_factory=Counter)
 
-    def cpu_s(self) -> dict[str, float]:
-        """CPU seconds used so far by the engine and the gateway processes (user + system)."""
-        tick = os.sysconf("SC_CLK_TCK")
-        out = {}
-        for name, proc in zip(("engine", "gateway", "passthrough"), self.procs, strict=True):
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[name] = (int(fields[11]) + int(fields[12])) / tick
-        return out
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:7.3f}"
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace, s: Stack, engine: Proc, headers: dict[str, str]) -> None:
+        self.args, self.stack, self.engine, self.headers = args, s, engine, headers
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def warm(self, url: str, bodies: Bodies, *, count: int) -> Counter[str]:
+        seen: Counter[str] = Counter()
+        for _ in range(count):
+            async with self.session.post(url + PATH, data=bodies.next(), headers=self.headers) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"{url} answered {r.status}: {(await r.text())[:300]}")
+                seen[r.headers.get("x-fleetgate-cache", "-").split(";")[0]] += 1
+        return seen
+
+    async def throughput(self, url: str, template: bytes, proc: Proc | None) -> tuple[Phase, float]:
+        before = proc.cpu_s() if proc else 0.0
+        if self.args.loadgen == "wrk":
+            phase = await asyncio.to_thread(run_wrk, url, template, concurrency=self.args.concurrency,
+                                            duration_s=self.args.duration, headers=self.headers,
+                                            cpus=self.stack.pinning.others)
+        else:
+            phase = await closed_loop(self.session, url, Bodies(template, start=10**7),
+                                      concurrency=self.args.concurrency, duration_s=self.args.duration,
+                                      headers=self.headers)
+        cpu = (proc.cpu_s() - before) / max(1, phase.done) if proc else float("nan")
+        return phase, cpu
+
+    async def phase(self, name: str, gateway: Proc, template: bytes, seed: bytes | None) -> Result:
+        result = Result(name=name)
+        if seed is not None:
+            await self.warm(gateway.url, Bodies(seed), count=1)
+            await asyncio.sleep(0.3)  # the store runs after the response
+        # distinct counters per phase and path: a "miss" prompt is never seen twice
+        offset = 10**6 * (1 + len(name))
+        result.cache_headers = await self.warm(gateway.url, Bodies(template, start=offset), count=200)
+        await self.warm(self.engine.url, Bodies(template), count=50)
+        blocks = max(1, self.args.requests // 250)
+        per_block = max(1, self.args.requests // blocks)
+        gw_bodies, direct_bodies = Bodies(template, start=offset + 1000), Bodies(template, start=offset + 1000)
+        for _ in range(blocks):
+            result.direct_latency += await sequential(self.session, self.engine.url, direct_bodies,
+                                                      count=per_block, headers=self.headers)
+            result.latency += await sequential(self.session, gateway.url, gw_bodies, count=per_block,
+                                               headers=self.headers)
+        result.rps, result.cpu_per_request_s = await self.throughput(gateway.url, template, gateway)
+        result.rss_mb = gateway.rss_mb()
+        return result
+
+    async def streaming(self, gateway: Proc) -> dict[str, Any]:
+        body = chat_body(PROMPT, temperature=0.8, stream=True)
+        targets = {"direct": self.engine.url, "gateway": gateway.url}
+        ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
+        for _ in range(max(1, self.args.stream_requests // 100)):
+            for name, url in targets.items():
+                ttft[name] += await streaming_ttft(self.session, url, body, count=100, headers=self.headers)
+        chunks = {name: await stream_throughput(self.session, url, body, concurrency=self.args.stream_concurrency,
+                                                duration_s=self.args.duration, headers=self.headers)
+                  for name, url in targets.items()}
+        return {"ttft": ttft, "chunks": chunks}
+
+
+async def _measure(args: argparse.Namespace, s: Stack) -> tuple[list[Result], dict[str, Any], dict[str, Phase]]:
+    from fleetgate.gateway.tenancy.keys import new_key
+
+    key, key_hash = new_key()
+    headers = {**HEADERS, "Authorization": f"Bearer {key}"}
+    engine = s.engine()
+    floor = s.floor(engine.url)
+    runner = Runner(args, s, engine, headers)
+    results: list[Result] = []
+    baseline: dict[str, Phase] = {}
+    try:
+        plain = chat_body(PROMPT, temperature=0.8)
+        await runner.warm(engine.url, Bodies(plain), count=200)
+        await runner.warm(floor.url, Bodies(plain), count=200)
+        baseline["direct"], _ = await runner.throughput(engine.url, plain, None)
+        baseline["floor"], floor_cpu = await runner.throughput(floor.url, plain, floor)
+        results.append(Result(name="floor (bare relay)", rps=baseline["floor"], cpu_per_request_s=floor_cpu,
+                              rss_mb=floor.rss_mb()))
+        s.stop(floor)
+        streaming: dict[str, Any] = {}
+        gateways = [("minimal", ""), ("full, cache off", "")] + [("full, cache on", e) for e in args.embedder]
+        for kind, embedder in gateways:
+            gateway = s.gateway(kind=kind, engine_url=engine.url, key_hash=key_hash, embedder=embedder,
+                                log_requests=not args.no_gateway_log)
+            idle_rss = gateway.rss_mb()
+            workloads = WORKLOADS if kind == "full, cache on" else {"": WORKLOADS["bypass"]}
+            for workload, (prompt, temperature, seed) in workloads.items():
+                template = chat_body(prompt, temperature=temperature)
+                seed_body = chat_body(seed, temperature=temperature) if seed else None
+                name = f"{embedder}: {workload}" if workload else kind
+                print(f"... {name}", file=sys.stderr, flush=True)
+                results.append(await runner.phase(name, gateway, template, seed_body))
+            results[-len(workloads)].cache_headers["rss at start, MB"] = round(idle_rss)
+            if kind == "full, cache off":
+                streaming = await runner.streaming(gateway)
+            s.stop(gateway)
+    finally:
+        await runner.session.close()
+    return results, streaming, baseline
+
+
+def _report(args: argparse.Namespace, results: list[Result], streaming: dict[str, Any],
+            baseline: dict[str, Phase], pinning: Pinning) -> None:
+    direct = baseline["direct"]
+    pin = (f"gateways on CPU {sorted(pinning.gateway)[0]}, engine and load generator on "
+           f"{','.join(map(str, sorted(pinning.others or set())))}" if pinning.gateway else "no CPU pinning")
+    print(f"fleetgate bench gateway  ({os.cpu_count()} CPUs, {pin}, load average {os.getloadavg()[0]:.1f} "
+          f"at the end, loadgen={args.loadgen}, {args.concurrency} connections x {args.duration:g}s, "
+          f"embedders {', '.join(args.embedder)})")
+    print(f"\ndirect-to-engine (the baseline): {direct.rate:8.0f} req/s  p50 {_ms(direct.p50)} ms  "
+          f"p99 {_ms(direct.p99)} ms  errors {direct.errors}")
+    print("\nper configuration: added latency at concurrency 1 (gateway minus direct, same blocks), "
+          f"throughput at {args.concurrency} connections, gateway CPU per request, RSS after the phase")
+    print("  (rows `EMBEDDER: workload` are the full stack with the cache on, one gateway per embedder)")
+    print(f"  {'configuration':<34} {'+p50 ms':>8} {'+p99 ms':>8} {'req/s':>8} {'x direct':>8} {'p99 ms':>8} "
+          f"{'errors':>6} {'CPU/req ms':>10} {'RSS MB':>7}  cache answers in warm-up")
+    for r in results:
+        added50 = statistics.median(r.latency) - statistics.median(r.direct_latency) if r.latency else float("nan")
+        added99 = _pct(r.latency, 0.99) - _pct(r.direct_latency, 0.99) if r.latency else float("nan")
+        assert r.rps is not None
+        seen = ", ".join(f"{k} {v}" for k, v in r.cache_headers.items())
+        print(f"  {r.name:<34} {_ms(added50):>8} {_ms(added99):>8} {r.rps.rate:8.0f} {r.rps.rate / direct.rate:8.2f} "
+              f"{_ms(r.rps.p99):>8} {r.rps.errors:6d} {r.cpu_per_request_s * 1e3:10.3f} {r.rss_mb:7.0f}  {seen}")
+    print("  targets (issue 13): semantic lookup on every request >= 800 req/s per core, +p50 <= 2 ms, "
+          "CPU/req <= 1.2 ms; full stack without lookup >= 1300 req/s per core")
+    if streaming:
+        ttft, chunks = streaming["ttft"], streaming["chunks"]
+        d50, g50 = statistics.median(ttft["direct"]), statistics.median(ttft["gateway"])
+        print(f"\nstreaming through `full, cache off`: time to first token p50 direct {_ms(d50)} ms, gateway "
+              f"{_ms(g50)} ms, added {_ms(g50 - d50)} ms; {args.stream_concurrency} streams: direct "
+              f"{chunks['direct'].rate:.0f} chunks/s, gateway {chunks['gateway'].rate:.0f} chunks/s "
+              f"(ratio {chunks['gateway'].rate / max(1.0, chunks['direct'].rate):.2f})")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, default=1000, help="requests per path and phase at concurrency 1")
+    parser.add_argument("--stream-requests", type=int, default=200, help="streams per path for time to first token")
+    parser.add_argument("--concurrency", type=int, default=64, help="connections for the throughput phases")
+    parser.add_argument("--stream-concurrency", type=int, default=64, help="concurrent streams, chunk-rate phase")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds of each throughput phase")
+    parser.add_argument("--loadgen", choices=["python", "wrk"], default="wrk" if shutil.which("wrk") else "python",
+                        help="throughput load generator (default: wrk when it is on PATH)")
+    parser.add_argument("--no-gateway-log", action="store_true", help="turn the per-request log line off")
+    parser.add_argument("--embedder", choices=["minilm-onnx-int8", "minilm-onnx", "minilm", "hashing"], nargs="+",
+                        default=["minilm-onnx-int8"], help="the semantic layer's embedder(s): one `full, cache on` "
+                        "gateway each, in this order (e.g. minilm-onnx minilm: fast path and reference)")
+    parser.add_argument("--gateway-cpu", type=int, default=0,
+                        help="pin gateways to this CPU, the rest elsewhere (-1: no pinning)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.loadgen == "wrk" and shutil.which("wrk") is None:
+        print("wrk is not on PATH (apt-get install wrk), or use --loadgen python", file=sys.stderr)
+        return 2
+    import uvloop
+
+    pinning = Pinning.choose(None if args.gateway_cpu < 0 else args.gateway_cpu)
+    if pinning.others:
+        os.sched_setaffinity(0, pinning.others)
+    with stack(pinning) as s:
+        results, streaming, baseline = uvloop.run(_measure(args, s))
+    _report(args, results, streaming, baseline, pinning)
+    return 0
 
 
 def serve_passthrough(*, port: int, engine_url: str) -> None:
@@ -98,243 +291,6 @@ def serve_passthrough(*, port: int, engine_url: str) -> None:
 
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", access_log=False,
                 log_level="warning")
-
-
-def _wait_http(url: str, *, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready within {timeout_s}s")
-
-
-@contextmanager
-def running_stack(*, gateway_log: bool, minimal_stages: bool) -> Iterator[Stack]:
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    engine_port, gateway_port, passthrough_port = free_port(), free_port(), free_port()
-    engine_url = f"http://127.0.0.1:{engine_port}"
-    with tempfile.TemporaryDirectory(prefix="fleetgate-bench-") as tmp:
-        config = Path(tmp) / "gateway.yaml"
-        config.write_text(yaml.safe_dump({
-            "server": {"port": gateway_port, "log_requests": gateway_log},
-            "models": [{"name": MODEL, "endpoints": [engine_url]}],
-        }))
-        stack = Stack(engine_url=engine_url, gateway_url=f"http://127.0.0.1:{gateway_port}",
-                      passthrough_url=f"http://127.0.0.1:{passthrough_port}")
-        try:
-            engine = subprocess.Popen(
-                [sys.executable, "-m", "fleetgate.sim.fake_engine", "--port", str(engine_port), "--model", MODEL],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            stack.procs.append(engine)
-            command = (["fleetgate.bench.gateway_overhead", "minimal", str(config)] if minimal_stages
-                       else ["fleetgate", "gateway", "--config", str(config)])
-            gateway = subprocess.Popen(
-                [sys.executable, "-m", *command],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            stack.procs.append(gateway)
-            passthrough = subprocess.Popen(
-                [sys.executable, "-m", "fleetgate.bench.gateway_overhead", "passthrough", str(passthrough_port),
-                 engine_url],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            stack.procs.append(passthrough)
-            _wait_http(engine_url + "/health", timeout_s=30, proc=engine)
-            _wait_http(stack.gateway_url + "/readyz", timeout_s=30, proc=gateway)
-            _wait_http(stack.passthrough_url + "/", timeout_s=30, proc=passthrough)
-            yield stack
-        finally:
-            for proc in stack.procs:
-                proc.terminate()
-            for proc in stack.procs:
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-
-
-async def _in_process(args: argparse.Namespace, body: bytes) -> dict[str, list[float]]:
-    """Engine, gateway and client in this one event loop: the added latency is the gateway's own
-    path length (parse, stages, upstream call, relay) with no waiting for the OS to schedule another
-    process, which on a shared 2-core machine dominates the multi-process figures."""
-    from fleetgate.gateway.serve import build_server
-    from fleetgate.gateway.settings import GatewaySettings
-    from fleetgate.sim.fake_engine import FakeEngine, FakeEngineConfig
-
-    engine = await FakeEngine(FakeEngineConfig(model=MODEL)).start()
-    port = free_port()
-    settings = GatewaySettings.model_validate({
-        "server": {"port": port, "log_requests": not args.no_gateway_log, "auth": "open"},
-        "models": [{"name": MODEL, "endpoints": [engine.url]}],
-    })
-    server = build_server(settings, metrics_port=0)
-    task = asyncio.ensure_future(server.serve())
-    try:
-        for _ in range(1000):
-            if server.started:
-                break
-            await asyncio.sleep(0.01)
-        targets = {"direct": engine.url, "gateway": f"http://127.0.0.1:{port}"}
-        lat: dict[str, list[float]] = {"direct": [], "gateway": []}
-        async with aiohttp.ClientSession() as session:
-            for url in targets.values():
-                await sequential(session, url, body, count=200)
-            blocks = max(1, args.requests // 250)
-            for _ in range(blocks):
-                for name, url in targets.items():
-                    lat[name].extend(await sequential(session, url, body, count=args.requests // blocks))
-        return lat
-    finally:
-        server.should_exit = True
-        await task
-        await engine.stop()
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.3f}"
-
-
-async def _measure(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "say something short"}], "max_tokens": 16}
-    body = orjson.dumps(chat)
-    stream_body = orjson.dumps({**chat, "stream": True})
-    targets = {"direct": stack.engine_url, "gateway": stack.gateway_url}
-    rps_targets = {**targets, "passthrough": stack.passthrough_url}
-    out: dict[str, Any] = {}
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        # warm-up both paths (connection pools, code paths)
-        for url in targets.values():
-            await sequential(session, url, body, count=200)
-        # 1. latency at concurrency 1, alternating blocks
-        lat: dict[str, list[float]] = {"direct": [], "gateway": []}
-        blocks = max(1, args.requests // 250)
-        for _ in range(blocks):
-            for name, url in targets.items():
-                lat[name].extend(await sequential(session, url, body, count=args.requests // blocks))
-        out["latency"] = lat
-        # 3. streaming time to first token, alternating blocks
-        ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
-        for _ in range(max(1, args.stream_requests // 100)):
-            for name, url in targets.items():
-                ttft[name].extend(await streaming_ttft(session, url, stream_body, count=100))
-        out["ttft"] = ttft
-        # 2. throughput
-        if args.loadgen == "python":
-            phases: dict[str, Phase] = {}
-            for name, url in rps_targets.items():
-                before = stack.cpu_s()
-                phases[name] = await closed_loop(session, url, body, concurrency=args.concurrency,
-                                                 duration_s=args.duration)
-                out[f"cpu_{name}"] = _cpu_per_request(before, stack.cpu_s(), phases[name])
-            out["rps"] = phases
-        # 4. streaming throughput
-        chunks: dict[str, Phase] = {}
-        for name, url in targets.items():
-            chunks[name] = await stream_throughput(session, url, stream_body, concurrency=args.stream_concurrency,
-                                                   duration_s=args.duration)
-        out["chunks"] = chunks
-    if args.loadgen == "wrk":
-        out["rps"] = {}
-        for name, url in rps_targets.items():
-            before = stack.cpu_s()
-            out["rps"][name] = run_wrk(url, body, concurrency=args.concurrency, duration_s=args.duration)
-            out[f"cpu_{name}"] = _cpu_per_request(before, stack.cpu_s(), out["rps"][name])
-    return out
-
-
-def _cpu_per_request(before: dict[str, float], after: dict[str, float], phase: Phase) -> dict[str, float]:
-    requests = max(1.0, phase.rate * phase.elapsed_s if phase.summary else phase.done)
-    return {name: (after[name] - before[name]) / requests for name in after}
-
-
-def _latency_lines(lat: dict[str, list[float]]) -> None:
-    d50, g50 = statistics.median(lat["direct"]), statistics.median(lat["gateway"])
-    d99, g99 = _pct(lat["direct"], 0.99), _pct(lat["gateway"], 0.99)
-    print(f"   direct   p50 {_ms(d50)}  p99 {_ms(d99)}")
-    print(f"   gateway  p50 {_ms(g50)}  p99 {_ms(g99)}")
-    print(f"   added    p50 {_ms(g50 - d50)}  p99 {_ms(g99 - d99)}   (targets: <= 1.000 / <= 3.000)")
-
-
-def _report(results: dict[str, Any], args: argparse.Namespace) -> None:
-    lat = results["latency"]
-    load = os.getloadavg()[0]
-    stages = "no-op stages" if args.minimal_stages else "configured stages"
-    print(f"fleetgate bench gateway  ({stages}, {os.cpu_count()} CPUs, load average {load:.1f} at the end, "
-          f"loadgen={args.loadgen}, {len(lat['direct'])} requests per path at concurrency 1, "
-          f"{args.concurrency} connections x {args.duration:g}s)")
-    print("\n0. non-streaming latency at concurrency 1, engine + gateway + client in one process (ms)")
-    _latency_lines(results["in_process"])
-    print("\n1. non-streaming latency at concurrency 1, three processes (ms)")
-    _latency_lines(lat)
-    ttft = results["ttft"]
-    t50d, t50g = statistics.median(ttft["direct"]), statistics.median(ttft["gateway"])
-    print("\n2. streaming time to first token at concurrency 1 (ms)")
-    print(f"   direct p50 {_ms(t50d)}  gateway p50 {_ms(t50g)}  added p50 {_ms(t50g - t50d)}   (target <= 1.000)")
-    rps = results["rps"]
-    d, g = rps["direct"], rps["gateway"]
-    print(f"\n3. throughput at {args.concurrency} connections (whole box: engine + gateway + load generator)")
-    for name, phase in (("direct", d), ("gateway", g), ("floor", rps["passthrough"])):
-        print(f"   {name:8} {phase.rate:8.0f} req/s  p50 {_ms(phase.p50)} ms  p99 {_ms(phase.p99)} ms  "
-              f"errors {phase.errors}")
-    print(f"   gateway/direct RPS ratio {g.rate / d.rate:.2f}   (target: gateway >= 1500 req/s, p99 < 50 ms, "
-          "no errors)")
-    cd, cg, cp = results["cpu_direct"], results["cpu_gateway"], results["cpu_passthrough"]
-    print(f"   CPU per request: engine {cd['engine'] * 1e6:.0f} us (direct); through the gateway: engine "
-          f"{cg['engine'] * 1e6:.0f} us + gateway {cg['gateway'] * 1e6:.0f} us; through the floor: engine "
-          f"{cp['engine'] * 1e6:.0f} us + floor {cp['passthrough'] * 1e6:.0f} us")
-    print(f"   gateway/floor CPU per request {cg['gateway'] / cp['passthrough']:.2f}  "
-          "(floor: bare ASGI + aiohttp pass-through, no features)")
-    c = results["chunks"]
-    print(f"\n4. streaming at {args.stream_concurrency} concurrent streams (16 chunks each)")
-    for name in ("direct", "gateway"):
-        print(f"   {name:8} {c[name].rate:8.0f} chunks/s  errors {c[name].errors}")
-    print(f"   gateway/direct chunk-rate ratio {c['gateway'].rate / c['direct'].rate:.2f}")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=2000, help="non-streaming requests per path at concurrency 1")
-    parser.add_argument("--stream-requests", type=int, default=400, help="streams per path for time to first token")
-    parser.add_argument("--concurrency", type=int, default=32, help="connections for the throughput phase")
-    parser.add_argument("--stream-concurrency", type=int, default=64, help="concurrent streams, chunk-rate phase")
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per path for each throughput phase")
-    parser.add_argument("--loadgen", choices=["python", "wrk"], default="wrk" if shutil.which("wrk") else "python",
-                        help="throughput load generator (default: wrk when it is on PATH)")
-    parser.add_argument("--no-gateway-log", action="store_true", help="turn the per-request log line off")
-    parser.add_argument("--minimal-stages", action="store_true",
-                        help="run the gateway with no-op stages (the pipeline's own cost, phases 1-4)")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.loadgen == "wrk" and shutil.which("wrk") is None:
-        print("wrk is not on PATH (apt-get install wrk), or use --loadgen python", file=sys.stderr)
-        return 2
-    import uvloop
-
-    body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "say something short"}],
-                         "max_tokens": 16})
-    in_process = uvloop.run(_in_process(args, body))
-    with running_stack(gateway_log=not args.no_gateway_log, minimal_stages=args.minimal_stages) as stack:
-        results = uvloop.run(_measure(stack, args))
-    results["in_process"] = in_process
-    _report(results, args)
-    return 0
 
 
 def serve_minimal_gateway(config: str) -> None:

@@ -3,6 +3,10 @@
 All loops are bounded by a count or a duration. Latencies are wall-clock seconds per request
 measured in this process (the client's cost is the same for both paths, so differences are the
 gateway's). `run_wrk` drives `wrk` (a C load generator) when it is installed.
+
+A request body may hold the marker `__N__`: each request replaces it by a fresh number, so every request
+is a distinct prompt (cache misses); a body without it repeats verbatim. `headers` go with every request
+(the benchmark tenant's API key; engines ignore it).
 """
 
 from __future__ import annotations
@@ -19,6 +23,22 @@ import aiohttp
 
 PATH = "/v1/chat/completions"
 HEADERS = {"Content-Type": "application/json"}
+UNIQUE = b"__N__"
+
+
+class Bodies:
+    """The request bodies of a run: `template` as is, or with `__N__` replaced by a counter per request."""
+
+    def __init__(self, template: bytes, *, start: int = 0) -> None:
+        self.template = template
+        self.unique = UNIQUE in template
+        self._n = start
+
+    def next(self) -> bytes:
+        if not self.unique:
+            return self.template
+        self._n += 1
+        return self.template.replace(UNIQUE, str(self._n).encode())
 
 
 @dataclass
@@ -50,11 +70,15 @@ class Phase:
         return self.pct(0.99)
 
 
-async def sequential(session: aiohttp.ClientSession, url: str, body: bytes, *, count: int) -> list[float]:
+async def sequential(
+    session: aiohttp.ClientSession, url: str, body: bytes | Bodies, *, count: int, headers: dict[str, str] = HEADERS
+) -> list[float]:
+    bodies = body if isinstance(body, Bodies) else Bodies(body)
     out: list[float] = []
     for _ in range(count):
+        data = bodies.next()
         t0 = time.perf_counter()
-        async with session.post(url + PATH, data=body, headers=HEADERS) as r:
+        async with session.post(url + PATH, data=data, headers=headers) as r:
             await r.read()
             if r.status != 200:
                 raise RuntimeError(f"{url} answered {r.status}")
@@ -62,12 +86,14 @@ async def sequential(session: aiohttp.ClientSession, url: str, body: bytes, *, c
     return out
 
 
-async def streaming_ttft(session: aiohttp.ClientSession, url: str, body: bytes, *, count: int) -> list[float]:
+async def streaming_ttft(
+    session: aiohttp.ClientSession, url: str, body: bytes, *, count: int, headers: dict[str, str] = HEADERS
+) -> list[float]:
     out: list[float] = []
     for _ in range(count):
         t0 = time.perf_counter()
         first = None
-        async with session.post(url + PATH, data=body, headers=HEADERS) as r:
+        async with session.post(url + PATH, data=body, headers=headers) as r:
             async for line in r.content:
                 if first is None and b'"content":"t' in line:
                     first = time.perf_counter() - t0
@@ -78,16 +104,19 @@ async def streaming_ttft(session: aiohttp.ClientSession, url: str, body: bytes, 
 
 
 async def closed_loop(
-    session: aiohttp.ClientSession, url: str, body: bytes, *, concurrency: int, duration_s: float
+    session: aiohttp.ClientSession, url: str, body: bytes | Bodies, *, concurrency: int, duration_s: float,
+    headers: dict[str, str] = HEADERS,
 ) -> Phase:
+    bodies = body if isinstance(body, Bodies) else Bodies(body)
     phase = Phase()
     deadline = time.perf_counter() + duration_s
 
     async def worker() -> None:
         while time.perf_counter() < deadline:
+            data = bodies.next()
             t0 = time.perf_counter()
             try:
-                async with session.post(url + PATH, data=body, headers=HEADERS) as r:
+                async with session.post(url + PATH, data=data, headers=headers) as r:
                     await r.read()
                     ok = r.status == 200
             except aiohttp.ClientError:
@@ -105,7 +134,8 @@ async def closed_loop(
 
 
 async def stream_throughput(
-    session: aiohttp.ClientSession, url: str, body: bytes, *, concurrency: int, duration_s: float
+    session: aiohttp.ClientSession, url: str, body: bytes, *, concurrency: int, duration_s: float,
+    headers: dict[str, str] = HEADERS,
 ) -> Phase:
     """`done` counts relayed content chunks."""
     phase = Phase()
@@ -114,7 +144,7 @@ async def stream_throughput(
     async def worker() -> None:
         while time.perf_counter() < deadline:
             try:
-                async with session.post(url + PATH, data=body, headers=HEADERS) as r:
+                async with session.post(url + PATH, data=body, headers=headers) as r:
                     async for line in r.content:
                         if line.startswith(b"data: {"):
                             phase.done += 1
@@ -127,16 +157,26 @@ async def stream_throughput(
     return phase
 
 
-_WRK_LUA = 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = [[{body}]]\n'
+_WRK_LUA = 'wrk.method = "POST"\n{headers}wrk.body = [[{body}]]\n'
+# A distinct body per request: wrk calls `request()` for each one (one wrk thread, so `n` is unique).
+_WRK_UNIQUE = ('n = 0\nrequest = function()\n  n = n + 1\n'
+               '  return wrk.format(nil, nil, nil, (wrk.body:gsub("__N__", n)))\nend\n')
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
-def run_wrk(url: str, body: bytes, *, concurrency: int, duration_s: float) -> Phase:
+def run_wrk(
+    url: str, body: bytes, *, concurrency: int, duration_s: float, headers: dict[str, str] = HEADERS,
+    cpus: set[int] | None = None,
+) -> Phase:
+    """wrk with one thread; `cpus`: the CPUs it may run on (keeps it off the gateway's core)."""
+    lines = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in headers.items())
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"
-        script.write_text(_WRK_LUA.format(body=body.decode()))
+        script.write_text(_WRK_LUA.format(headers=lines, body=body.decode())
+                          + (_WRK_UNIQUE if UNIQUE in body else ""))
+        pin = ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
         result = subprocess.run(
-            ["wrk", "-t1", f"-c{concurrency}", f"-d{duration_s:g}s", "--latency", "-s", str(script), url + PATH],
+            [*pin, "wrk", "-t1", f"-c{concurrency}", f"-d{duration_s:g}s", "--latency", "-s", str(script), url + PATH],
             capture_output=True, text=True, timeout=duration_s + 30, check=True,
         )
     text = result.stdout

@@ -23,6 +23,7 @@ Refunds by requests in flight can free room sooner; the value is what the counte
 from __future__ import annotations
 
 import calendar
+import functools
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -63,8 +64,20 @@ class Check:
         return bool(self.prev_key)
 
 
+@functools.lru_cache(maxsize=4)
+def _calendar(day: int) -> tuple[str, str, int, int]:
+    """(day id, month id, month start ms, month end ms) of UTC day number `day` (days since the epoch).
+
+    A pure function of the day, memoised: formatting dates and finding month bounds per request cost more
+    than the rest of the window plan."""
+    d = datetime.fromtimestamp(day * 86400, UTC)
+    start_s = int(datetime(d.year, d.month, 1, tzinfo=UTC).timestamp())
+    days = calendar.monthrange(d.year, d.month)[1]
+    return d.strftime("%Y%m%d"), d.strftime("%Y%m"), start_s * 1000, (start_s + days * 86400) * 1000
+
+
 def day_id(now_s: float) -> str:
-    return datetime.fromtimestamp(now_s, UTC).strftime("%Y%m%d")
+    return _calendar(int(now_s // 86400))[0]
 
 
 def _day_bounds_ms(now_s: float) -> tuple[int, int]:
@@ -73,11 +86,8 @@ def _day_bounds_ms(now_s: float) -> tuple[int, int]:
 
 
 def _month_bounds_ms(now_s: float) -> tuple[str, int, int]:
-    d = datetime.fromtimestamp(now_s, UTC)
-    start = datetime(d.year, d.month, 1, tzinfo=UTC)
-    days = calendar.monthrange(d.year, d.month)[1]
-    start_s = int(start.timestamp())
-    return d.strftime("%Y%m"), start_s * 1000, (start_s + days * 86400) * 1000
+    _, month, start_ms, end_ms = _calendar(int(now_s // 86400))
+    return month, start_ms, end_ms
 
 
 def plan_checks(

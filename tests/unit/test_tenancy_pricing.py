@@ -105,3 +105,23 @@ async def test_price_book_measures_served_tokens_for_gpu_models() -> None:
     assert book.rates("big").input == book.rates("big").output == Fraction(30, 3600)
     assert cost_micros(Usage(completion_tokens=3_600_000), book.rates("big")) == 30_000
     assert book.rates("unknown").basis == "none" and cost_micros(Usage(prompt_tokens=99), book.rates("x")) == 0
+
+
+def test_integer_cost_equals_the_exact_fraction_formula() -> None:
+    """cost_micros runs on integers over a common denominator; it must equal round-half-up of the exact sum."""
+    import math
+
+    rng = random.Random(13)
+    prices = [CHEAP, ListPrice(input_usd_per_1m=Decimal("3"), output_usd_per_1m=Decimal("15"))]
+    rates = [list_rates(p) for p in prices]
+    rates.append(gpu_rates(GpuPrice(kind="gpu", gpu_type="L4", gpu_count=2, usd_per_gpu_hour=Decimal("2.17"),
+                                    fallback_tokens_per_hour=1_000_000, output_weight=3, min_tokens=1),
+                           weighted_tokens=Fraction(123_457), span_s=37.3))
+    for r in rates:
+        for _ in range(2000):
+            prompt = rng.randrange(0, 200_000)
+            usage = Usage(prompt_tokens=prompt, cached_tokens=rng.randrange(0, prompt + 1),
+                          completion_tokens=rng.randrange(0, 50_000))
+            cached = usage.cached_tokens
+            exact = (prompt - cached) * r.input + cached * r.cached + usage.completion_tokens * r.output
+            assert cost_micros(usage, r) == math.floor(exact + Fraction(1, 2))

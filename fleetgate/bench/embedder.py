@@ -1,0 +1,99 @@
+"""`fleetgate bench embedder`: the MiniLM backends side by side, agreement first, then CPU cost.
+
+Agreement: every prompt of the eval files (`cache_pairs`, `cache_conversations`: every user message;
+`tier_queries`: every query) embedded by the reference (sentence-transformers) and by each ONNX variant,
+one text per call and in batches of `--batch`; the per-prompt cosine to the reference (min, p1, mean) and
+how many prompts fall under `--min-cosine`. In batches the int8 variant's activation scale is shared by the
+batch, so its vectors depend slightly on the batch's other texts; the batched minimum shows by how much.
+
+Cost: CPU seconds per text (this process's own CPU time, so the box's other load counts less than in wall
+time) for one text per call and for batches of `--batch`, all backends alternating in `--rounds` rounds,
+best round kept; the ratios are against the reference from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+Embed = Callable[[Sequence[str]], np.ndarray]
+
+
+def eval_prompts(data: Path) -> list[str]:
+    """The user texts of the eval files in `data` (empty and duplicate texts dropped, order kept)."""
+    texts: list[str] = []
+    for path in sorted(p for stem in ("cache_pairs", "cache_conversations", "tier_queries")
+                       for p in data.glob(f"{stem}*.jsonl")):  # .dev and .frozen sets alike
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            row = orjson.loads(line)
+            texts += [str(row[k]) for k in ("a", "b", "text", "prompt", "query") if isinstance(row.get(k), str)]
+            for conv in ("conv_a", "conv_b"):
+                texts += [str(m["content"]) for m in row.get(conv, []) if m.get("role") == "user"]
+    return list(dict.fromkeys(t for t in texts if t.strip()))
+
+
+def embed_in_batches(embed: Embed, texts: Sequence[str], *, batch: int) -> np.ndarray:
+    return np.concatenate([embed(texts[i:i + batch]) for i in range(0, len(texts), batch)])
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.asarray((a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)))
+
+
+def _cpu_per_text(embed: Embed, texts: Sequence[str], *, batch: int) -> float:
+    start = time.process_time()
+    embed_in_batches(embed, texts, batch=batch)
+    return (time.process_time() - start) / len(texts)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", type=Path, default=None, help="eval folder (default: as fleetgate cache-eval)")
+    parser.add_argument("--batch", type=int, default=16, help="texts per call in the batched runs")
+    parser.add_argument("--timed", type=int, default=300, help="prompts in each timed run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads of every backend")
+    parser.add_argument("--min-cosine", type=float, default=0.99)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleetgate.cache.eval_cli import default_data_dir
+    from fleetgate.core.minilm import MiniLMEmbedder
+    from fleetgate.core.minilm_onnx import OnnxMiniLMEmbedder
+
+    texts = eval_prompts(args.data or default_data_dir())
+    if not texts:
+        print("no eval prompts found (use --data)")
+        return 2
+    backends: dict[str, Embed] = {"sentence-transformers": MiniLMEmbedder(threads=args.threads).embed}
+    for variant in ("fp32", "int8"):
+        backends[f"onnx-{variant}"] = OnnxMiniLMEmbedder(variant=variant, intra_op_threads=args.threads).embed
+    reference = embed_in_batches(backends["sentence-transformers"], texts, batch=32)
+    print(f"agreement with sentence-transformers on {len(texts)} eval prompts (cosine per prompt):")
+    for name, embed in backends.items():
+        if name == "sentence-transformers":
+            continue
+        for label, batch in (("one per call", 1), (f"batches of {args.batch}", args.batch)):
+            cos = cosine_rows(embed_in_batches(embed, texts, batch=batch), reference)
+            print(f"  {name:10} {label:14} min {cos.min():.5f}  p1 {np.percentile(cos, 1):.5f}  "
+                  f"mean {cos.mean():.5f}  under {args.min_cosine}: {int((cos < args.min_cosine).sum())}")
+    timed = texts[:args.timed]
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(args.rounds):
+        for name, embed in backends.items():
+            for batch in (1, args.batch):
+                cost = _cpu_per_text(embed, timed, batch=batch)
+                best[(name, batch)] = min(best.get((name, batch), cost), cost)
+    print(f"\nCPU per text ({len(timed)} prompts, best of {args.rounds} rounds, {args.threads} intra-op thread(s)):")
+    for batch in (1, args.batch):
+        ref = best[("sentence-transformers", batch)]
+        for name in backends:
+            cost = best[(name, batch)]
+            print(f"  batch {batch:3d}  {name:22} {cost * 1e3:7.3f} ms   {ref / cost:5.2f}x the reference's speed")
+    return 0

@@ -1,0 +1,117 @@
+"""`BatchingEmbedder`: micro-batches concurrent embedding requests into one encode call.
+
+Algorithm. `aembed(text)` queues (text, future) and makes sure one drain task runs. The drain task takes
+up to `max_batch` queued texts, waiting at most `max_wait_s` for more to arrive while the batch is not
+full, encodes them in one call on a single worker thread (off the event loop) and hands each caller its
+row. Texts that arrive while an encode runs queue up and form the next batch, so under load batches grow
+by themselves without extra waiting, and at concurrency 1 a request waits at most `max_wait_s`.
+
+Errors: an encode that raises fails every caller of that batch with the same exception; the next batch
+is tried afresh. A caller that is cancelled (client gone, timeout) drops out of its batch: the others still
+get their rows. One worker thread: the model's own intra-op threads are the parallelism, and a 1-core
+gateway gains nothing from two encodes competing.
+
+The wrapped embedder stays reachable through the blocking `embed(texts)` (same contract as any embedder,
+for offline callers and the tier router's own thread). `load()` loads the model only when `preload` is set:
+otherwise the model loads on the first embedding, in the worker thread, so a gateway whose traffic never
+reaches the semantic layer never imports the runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class BlockingEmbedder(Protocol):
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+class BatchingEmbedder:
+    def __init__(
+        self, *, embedder: BlockingEmbedder, max_batch: int = 32, max_wait_s: float = 0.0, preload: bool = False
+    ) -> None:
+        if max_batch < 1 or max_wait_s < 0:
+            raise ValueError("max_batch must be >= 1 and max_wait_s >= 0")
+        self.inner = embedder
+        self.dim = embedder.dim
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self._preload = preload
+        self._queue: deque[tuple[str, asyncio.Future[np.ndarray]]] = deque()
+        self._full: asyncio.Event | None = None
+        self._drain: asyncio.Task[None] | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.batches = 0  # encode calls made (tests, diagnostics)
+
+    def load(self) -> None:
+        """Start-up hook (blocking): load the model now only when configured to preload."""
+        load = getattr(self.inner, "load", None)
+        if self._preload and load is not None:
+            load()
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Blocking, unbatched: the wrapped embedder's own call."""
+        return self.inner.embed(texts)
+
+    async def aembed(self, text: str) -> np.ndarray:
+        """The embedding of one text (384 floats for MiniLM), encoded together with concurrent callers'."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[np.ndarray] = loop.create_future()
+        self._queue.append((text, future))
+        if self._full is None:
+            self._full = asyncio.Event()
+        if len(self._queue) >= self.max_batch:
+            self._full.set()
+        if self._drain is None or self._drain.done():
+            self._drain = loop.create_task(self._run(), name="embed-batcher")
+        return await future
+
+    def _take(self) -> list[tuple[str, asyncio.Future[np.ndarray]]]:
+        batch: list[tuple[str, asyncio.Future[np.ndarray]]] = []
+        while self._queue and len(batch) < self.max_batch:
+            item = self._queue.popleft()
+            if not item[1].done():  # a cancelled caller does not cost an encode
+                batch.append(item)
+        return batch
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._full is not None
+        while self._queue:
+            if len(self._queue) < self.max_batch and self.max_wait_s > 0:
+                self._full.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), timeout=self.max_wait_s)
+            batch = self._take()
+            if not batch:
+                continue
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
+            try:
+                vectors = await loop.run_in_executor(self._pool, self.inner.embed, [text for text, _ in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            self.batches += 1
+            for row, (_, future) in enumerate(batch):
+                if not future.done():
+                    future.set_result(vectors[row])
+
+    async def aclose(self) -> None:
+        """Finish queued work and stop the worker thread."""
+        if self._drain is not None and not self._drain.done():
+            await asyncio.wait([self._drain])
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None

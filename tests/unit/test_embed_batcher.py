@@ -1,0 +1,156 @@
+"""The micro-batcher: concurrent callers share one encode, waits are bounded, errors and cancellations."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from fleetgate.cache.embedding import HashingEmbedder
+from fleetgate.core.embed_batcher import BatchingEmbedder
+
+
+class RecordingEmbedder(HashingEmbedder):
+    """Hashing vectors; records each call's texts and can hold a call until released or fail it."""
+
+    def __init__(self, *, hold: threading.Event | None = None, fail: Exception | None = None) -> None:
+        super().__init__(dim=32)
+        self.calls: list[list[str]] = []
+        self.threads: set[str] = set()
+        self.hold = hold
+        self.fail = fail
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        self.threads.add(threading.current_thread().name)
+        if self.hold is not None:
+            self.hold.wait(5)
+        if self.fail is not None:
+            raise self.fail
+        return super().embed(texts)
+
+
+async def started(inner: RecordingEmbedder) -> None:
+    """Until the worker thread has entered the (held) encode."""
+    for _ in range(500):
+        if inner.calls:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the encode never started")
+
+
+async def test_concurrent_callers_share_one_encode_and_get_their_own_rows() -> None:
+    inner = RecordingEmbedder()
+    batcher = BatchingEmbedder(embedder=inner, max_batch=64, max_wait_s=0.05)
+    texts = [f"question number {i}" for i in range(20)]
+    vectors = await asyncio.gather(*(batcher.aembed(t) for t in texts))
+    assert inner.calls == [texts]  # one encode, in arrival order
+    for text, vector in zip(texts, vectors, strict=True):
+        assert np.array_equal(vector, HashingEmbedder(dim=32).embed([text])[0])
+    assert threading.main_thread().name not in inner.threads  # off the event loop's thread
+    await batcher.aclose()
+
+
+async def test_a_full_batch_goes_at_once_and_the_rest_forms_the_next() -> None:
+    inner = RecordingEmbedder()
+    batcher = BatchingEmbedder(embedder=inner, max_batch=8, max_wait_s=5.0)
+    start = time.perf_counter()
+    await asyncio.gather(*(batcher.aembed(f"t{i}") for i in range(16)))
+    assert time.perf_counter() - start < 2.0  # full batches never wait out max_wait_s
+    assert [len(c) for c in inner.calls] == [8, 8]
+    await batcher.aclose()
+
+
+async def test_a_lone_request_waits_at_most_max_wait() -> None:
+    inner = RecordingEmbedder()
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, max_wait_s=0.2)
+    await batcher.aembed("warm the worker thread")
+    start = time.perf_counter()
+    await batcher.aembed("alone")
+    elapsed = time.perf_counter() - start
+    assert 0.15 <= elapsed < 1.5
+    assert inner.calls[-1] == ["alone"]
+    await batcher.aclose()
+
+
+async def test_texts_arriving_during_an_encode_form_the_next_batch() -> None:
+    hold = threading.Event()
+    inner = RecordingEmbedder(hold=hold)
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, max_wait_s=0.0)
+    first = asyncio.ensure_future(batcher.aembed("first"))
+    await started(inner)
+    later = [asyncio.ensure_future(batcher.aembed(f"later {i}")) for i in range(5)]
+    await asyncio.sleep(0.05)
+    hold.set()
+    await asyncio.gather(first, *later)
+    assert inner.calls == [["first"], [f"later {i}" for i in range(5)]]
+    await batcher.aclose()
+
+
+async def test_an_encode_error_reaches_every_caller_of_the_batch_and_the_next_batch_runs() -> None:
+    inner = RecordingEmbedder(fail=RuntimeError("model exploded"))
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, max_wait_s=0.05)
+    results = await asyncio.gather(*(batcher.aembed(f"t{i}") for i in range(4)), return_exceptions=True)
+    assert len(inner.calls) == 1
+    assert all(isinstance(r, RuntimeError) and str(r) == "model exploded" for r in results)
+    inner.fail = None
+    vector = await batcher.aembed("after the failure")
+    assert vector.shape == (32,)
+    await batcher.aclose()
+
+
+async def test_cancelling_one_waiter_does_not_break_the_others() -> None:
+    hold = threading.Event()
+    inner = RecordingEmbedder(hold=hold)
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, max_wait_s=0.0)
+    blocker = asyncio.ensure_future(batcher.aembed("blocker"))
+    await started(inner)
+    queued = [asyncio.ensure_future(batcher.aembed(f"q{i}")) for i in range(3)]
+    in_flight_cancel = blocker  # cancelled while its encode runs
+    await asyncio.sleep(0.02)
+    queued[1].cancel()  # cancelled while queued: it costs no encode
+    in_flight_cancel.cancel()
+    hold.set()
+    done = await asyncio.gather(queued[0], queued[2])
+    assert all(v.shape == (32,) for v in done)
+    assert inner.calls[1] == ["q0", "q2"]
+    with pytest.raises(asyncio.CancelledError):
+        await queued[1]
+    assert (await batcher.aembed("still working")).shape == (32,)
+    await batcher.aclose()
+
+
+def test_load_is_lazy_unless_preload_is_set() -> None:
+    class Loadable(RecordingEmbedder):
+        loads = 0
+
+        def load(self) -> None:
+            self.loads += 1
+
+    lazy, eager = Loadable(), Loadable()
+    BatchingEmbedder(embedder=lazy).load()
+    BatchingEmbedder(embedder=eager, preload=True).load()
+    assert (lazy.loads, eager.loads) == (0, 1)
+
+
+def test_bad_limits_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_batch"):
+        BatchingEmbedder(embedder=HashingEmbedder(), max_batch=0)
+
+
+def test_length_groups_cover_every_text_once_with_bounded_padding() -> None:
+    from fleetgate.core.minilm_onnx import length_groups
+
+    lengths = [5, 5, 6, 20, 21, 100, 7, 5, 256, 12, 13, 12] + [9] * 40
+    groups = length_groups(lengths, max_padding=0.2, max_group=32)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        longest = max(lengths[i] for i in g)
+        assert len(g) <= 32
+        assert len(g) == 1 or sum(lengths[i] for i in g) >= 0.8 * longest * len(g) - 1e-9
+    assert [len(g) for g in length_groups([10] * 40)] == [32, 8]
+    assert length_groups([]) == []
