@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from fleetgate.core.errors import ConfigError
 from fleetgate.engine.args import EngineArgs
-from fleetgate.engine.capacity import CapacityInputs, CapacityPlan, ModelArch, plan_capacity
+from fleetgate.engine.capacity import GIB, CapacityInputs, CapacityPlan, ModelArch, plan_capacity
 from fleetgate.engine.catalog import lookup
 from fleetgate.engine.kube_names import ENGINE_PORT
 from fleetgate.operator.profiles import AcceleratorProfile, Profiles
@@ -103,8 +103,8 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
     args = engine_args_for(spec=spec, name=name)
     arch = _arch(spec.model.architecture, spec.model.source)
     plan: CapacityPlan | None = None
-    if not profile.is_gpu:
-        note = "no GPU capacity plan for a CPU profile"
+    if not profile.is_gpu and profile.kv_cache_space_gib == 0:
+        note = f"no capacity plan: CPU profile {profile.name!r} gives no kv_cache_space_gib"
     elif arch is None:
         note = (
             f"model {spec.model.source!r} is not in the built-in catalog: set spec.model.architecture "
@@ -127,6 +127,9 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
                 max_model_len=spec.engine.max_model_len,
                 target_concurrency=spec.engine.max_num_seqs,
                 draft=draft_arch,
+                kv_cache_bytes=None if profile.is_gpu else profile.kv_cache_space_gib * GIB,
+                block_size=profile.kv_block_size,
+                max_num_batched_tokens=spec.engine.max_num_batched_tokens or profile.max_num_batched_tokens,
             )
         )
         note = plan.reason
