@@ -8,7 +8,10 @@ file (`fleetgate operator --profiles FILE`): a mapping of name -> fields of `Acc
 A CPU profile (no GPU memory) also carries the KV-cache space each engine gets (`kv_cache_space_gib`: the
 pods receive it as `VLLM_CPU_KVCACHE_SPACE`, and the capacity plan uses it as the KV budget) and vLLM CPU's
 block size (128 tokens, where CUDA uses 16). `max_num_batched_tokens` is vLLM's default for that hardware
-when the spec sets none: it sizes what sliding-window layers keep per request.
+when the spec sets none: it sizes what sliding-window layers keep per request. `kv_cache_dtypes` lists the
+KV-cache dtypes the engine accepts there (None: any): vLLM CPU's attention backend takes only `auto` and the
+fp8 variants (fp8 on x86 with AVX-512 or AMX; a pool without them should list only `auto`), so a CPU spec
+asking for another one is refused before any pod is made.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class AcceleratorProfile:
     kv_cache_space_gib: int = 0  # CPU only: GiB of KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
     kv_block_size: int = CUDA_BLOCK_SIZE
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    kv_cache_dtypes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.gpu_memory_bytes < 0 or self.kv_cache_space_gib < 0:
@@ -84,6 +88,8 @@ BUILTIN_PROFILES: Mapping[str, AcceleratorProfile] = MappingProxyType(
                 tolerations=(),
                 kv_cache_space_gib=1,
                 kv_block_size=CPU_BLOCK_SIZE,
+                # vLLM 0.32 CPUAttentionBackend.supported_kv_cache_dtypes
+                kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
             ),
         )
     }
@@ -120,6 +126,8 @@ def load_profiles(*, path: Path | None, default: str = DEFAULT_ACCELERATOR) -> P
             base = merged.get(name, AcceleratorProfile(name=name, gpu_memory_bytes=0))
             try:
                 tolerations = tuple(fields.pop("tolerations", base.tolerations))
+                if fields.get("kv_cache_dtypes") is not None:
+                    fields["kv_cache_dtypes"] = tuple(fields["kv_cache_dtypes"])
                 merged[name] = replace(base, **fields, tolerations=tolerations)
             except TypeError as exc:
                 raise ConfigError(f"{path}: profile {name!r}: {exc}") from None

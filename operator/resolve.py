@@ -100,6 +100,12 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
         raise ConfigError(f"accelerator {profile.name!r} is a GPU profile but resources.gpus is 0")
     if not profile.is_gpu and spec.resources.gpus > 0:
         raise ConfigError(f"accelerator {profile.name!r} has no GPUs; set resources.gpus to 0")
+    accepted = profile.kv_cache_dtypes
+    if accepted is not None and spec.engine.kv_cache_dtype not in accepted:
+        raise ConfigError(
+            f"accelerator {profile.name!r} does not accept kvCacheDtype {spec.engine.kv_cache_dtype!r}; "
+            f"it accepts {', '.join(accepted)}"
+        )
     args = engine_args_for(spec=spec, name=name)
     arch = _arch(spec.model.architecture, spec.model.source)
     plan: CapacityPlan | None = None

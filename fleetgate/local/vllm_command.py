@@ -32,6 +32,7 @@ def engine_args(*, config: EngineConfig, model_path: Path, port: int) -> EngineA
         quantization=None if config.quantization == "none" else VLLM_METHOD,
         max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs,
+        kv_cache_dtype=config.kv_cache_dtype,
         enable_prefix_caching=True,
         enforce_eager=config.enforce_eager,
         extra_args=tuple(config.extra_args),

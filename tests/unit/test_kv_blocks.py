@@ -12,6 +12,8 @@ started by tests/e2e/test_capacity_real_engine.py's helper; its start-up log sai
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fleetgate.core.errors import ConfigError
@@ -124,3 +126,50 @@ def test_bad_sliding_window_facts_raise(bad: dict[str, object]) -> None:
         ModelArch(parameters=1e9, kv_heads=1, head_dim=64, **bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         KvLayout(page_bytes=1, block_size=16, **bad)  # type: ignore[arg-type]
+
+
+# Observed with --kv-cache-dtype fp8 (same vLLM, same day; the second with the w8a8 checkpoint of
+# `prepare-model --quantization w8a8`, whose weights do not change the KV cache):
+#   VLLM_CPU_KVCACHE_SPACE=1, --max-model-len 2048: "CPU KV cache size: 110,733 tokens, ... 54.07x"
+#   VLLM_CPU_KVCACHE_SPACE=2, --max-model-len 4096: "CPU KV cache size: 326,543 tokens, ... 79.72x"
+@pytest.mark.parametrize(
+    ("gib", "max_model_len", "observed"), [(1, 2048, (110_733, 54.07)), (2, 4096, (326_543, 79.72))]
+)
+def test_fp8_kv_cache_halves_the_page_and_doubles_vllm_cpu_capacity(
+    gib: int, max_model_len: int, observed: tuple[int, float]
+) -> None:
+    arch = lookup("gemma-3-270m-w8a8")
+    assert arch is not None
+    inputs = CapacityInputs(
+        arch=arch, weight_dtype="compressed-tensors", gpu_memory_bytes=0, max_model_len=max_model_len,
+        kv_cache_bytes=gib * GIB, block_size=CPU_BLOCK_SIZE, kv_cache_dtype="fp8",
+    )  # fmt: skip
+    plan = plan_capacity(inputs=inputs)
+    assert (plan.kv_cache_tokens, plan.max_concurrency) == observed
+
+
+@pytest.mark.parametrize(("dtype", "ok"), [("auto", True), ("fp8", True), ("fp8_e5m2", True), ("bfloat16", False)])
+def test_cpu_profile_accepts_only_the_kv_dtypes_vllm_cpu_supports(dtype: str, ok: bool) -> None:
+    spec = parse_spec(
+        {
+            "model": {"source": "/models/gemma-3-270m"},
+            "engine": {"kvCacheDtype": dtype},
+            "resources": {"accelerator": "cpu", "gpus": 0},
+        }
+    )
+    if ok:
+        assert resolve(spec=spec, name="g", profiles=Profiles()).plan is not None
+    else:
+        with pytest.raises(ConfigError, match=r"'cpu' does not accept kvCacheDtype 'bfloat16'; it accepts auto, fp8"):
+            resolve(spec=spec, name="g", profiles=Profiles())
+
+
+def test_gpu_profiles_accept_any_kv_dtype_and_profiles_yaml_can_restrict(tmp_path: Path) -> None:
+    from fleetgate.operator.profiles import load_profiles
+
+    spec = parse_spec({"model": {"source": "hf://meta-llama/Llama-3.1-8B"}, "engine": {"kvCacheDtype": "fp8"}})
+    assert resolve(spec=spec, name="m", profiles=Profiles()).plan is not None
+    path = tmp_path / "profiles.yaml"
+    path.write_text("nvidia-l4:\n  kv_cache_dtypes: [auto]\n")
+    with pytest.raises(ConfigError, match="does not accept kvCacheDtype 'fp8'"):
+        resolve(spec=spec, name="m", profiles=load_profiles(path=path))
