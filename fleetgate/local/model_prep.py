@@ -7,9 +7,11 @@ two processes never prepare at once. A manifest records the source package versi
 dtype, the recipe version and every file's size; a directory whose manifest does not match (stale)
 or whose files are missing or truncated (corrupt) is prepared again.
 
-`--quantization w4a16|w8a8` prepares `<cache>/models/gemma-3-270m-<scheme>` from the bfloat16 directory
-(prepared first if needed): the weights quantized by `fleetgate.local.quantize`, the tokenizer files
-copied; its manifest also records the scheme, so the same staleness rules apply.
+`--quantization w4a16|w8a8|w4a16-gptq` prepares `<cache>/models/gemma-3-270m-<scheme>` from the bfloat16
+directory (prepared first if needed): the weights quantized by `fleetgate.local.quantize` (round to nearest)
+or, for `w4a16-gptq`, by `gptq_recipe.py` run with the Python of a separate environment that has
+llmcompressor (`--quantizer-python` or `$FLEETGATE_QUANTIZER_PYTHON`); the tokenizer files are copied. The
+manifest also records the scheme, so the same staleness rules apply.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,8 +39,11 @@ MANIFEST = "fleetgate-manifest.json"
 MODEL_BASENAME = "gemma-3-270m"
 DEFAULT_DTYPE: Final = "bfloat16"
 DEFAULT_MAX_MODEL_LEN = 32768
-# Weight quantization schemes of `fleetgate.local.quantize` (kept here so the CLI needs no torch import).
-QUANTIZATIONS: Final = ("w4a16", "w8a8")
+# Weight quantization schemes (kept here so the CLI needs no torch import): round-to-nearest ones made in
+# this process by `fleetgate.local.quantize`, and GPTQ made by `gptq_recipe.py` in a quantizer environment.
+QUANTIZATIONS: Final = ("w4a16", "w8a8", "w4a16-gptq")
+GPTQ_SCHEME: Final = "w4a16-gptq"
+QUANTIZER_PYTHON_ENV: Final = "FLEETGATE_QUANTIZER_PYTHON"
 TOKENIZER_FILES: Final = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 Progress = Callable[[str], None]
@@ -115,6 +121,7 @@ def prepare_model(
     force: bool = False,
     progress: Progress = _stderr,
     quantization: str | None = None,
+    quantizer_python: Path | None = None,
 ) -> Path:
     """Return a ready model directory, preparing it first if it is missing, stale or corrupt.
 
@@ -129,6 +136,8 @@ def prepare_model(
     why = "forced" if force else check_prepared(path=target, identity=identity)
     if why is None:
         return target
+    if quantization == GPTQ_SCHEME and quantizer_python is None:
+        quantizer_python = _quantizer_python()  # only needed when there is something to build
     base = None
     if quantization is not None:
         base = prepare_model(cache_dir=cache_dir, dtype=dtype, progress=progress)
@@ -136,14 +145,36 @@ def prepare_model(
         why = "forced" if force else check_prepared(path=target, identity=identity)
         if why is None:  # another process finished it while we waited
             return target
-        _build(source=source, identity=identity, target=target, reason=why, progress=progress, base=base)
+        _build(
+            source=source, identity=identity, target=target, reason=why, progress=progress, base=base,
+            quantizer_python=quantizer_python,
+        )
     return target
 
 
-def _quantize(*, base: Path, out: Path, scheme: str) -> None:
-    from fleetgate.local.quantize import quantize_checkpoint
+def _quantizer_python() -> Path:
+    env = os.environ.get(QUANTIZER_PYTHON_ENV)
+    if not env or not Path(env).is_file():
+        raise ModelPrepError(
+            f"{GPTQ_SCHEME} runs llmcompressor, whose pins clash with vLLM's, from its own environment: "
+            "python3 -m venv ~/.venvs/quantizer && ~/.venvs/quantizer/bin/pip install torch==2.13.0 "
+            f"llmcompressor==0.14.0.1, then pass --quantizer-python ~/.venvs/quantizer/bin/python or set "
+            f"{QUANTIZER_PYTHON_ENV}" + (f" ({env} is not a file)" if env else "")
+        )
+    return Path(env)
 
-    quantize_checkpoint(source=base, out_dir=out, scheme=scheme)
+
+def _quantize(*, base: Path, out: Path, scheme: str, quantizer_python: Path | None) -> None:
+    if scheme == GPTQ_SCHEME:
+        assert quantizer_python is not None  # resolved in prepare_model
+        recipe = Path(__file__).with_name("gptq_recipe.py")
+        done = subprocess.run([str(quantizer_python), str(recipe), str(base), str(out)], check=False)
+        if done.returncode != 0:
+            raise ModelPrepError(f"GPTQ with {quantizer_python} failed (exit {done.returncode}); see its output above")
+    else:
+        from fleetgate.local.quantize import quantize_checkpoint
+
+        quantize_checkpoint(source=base, out_dir=out, scheme=scheme)
     for name in TOKENIZER_FILES:
         if (base / name).is_file():
             shutil.copy2(base / name, out / name)
@@ -157,6 +188,7 @@ def _build(
     reason: str,
     progress: Progress,
     base: Path | None = None,
+    quantizer_python: Path | None = None,
 ) -> None:
     start = time.monotonic()
 
@@ -170,8 +202,10 @@ def _build(
         out = work / "model"
         out.mkdir()
         if base is not None:
-            step(1, f"quantizing {base.name} to {identity['quantization']} (compressed-tensors, round-to-nearest)")
-            _quantize(base=base, out=out, scheme=identity["quantization"])
+            scheme = identity["quantization"]
+            how = "llmcompressor GPTQ" if scheme == GPTQ_SCHEME else "compressed-tensors, round to nearest"
+            step(1, f"quantizing {base.name} to {scheme} ({how})")
+            _quantize(base=base, out=out, scheme=scheme, quantizer_python=quantizer_python)
         else:
             _convert(source=source, identity=identity, work=work, out=out, step=step)
         files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
@@ -208,13 +242,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quantization", choices=QUANTIZATIONS, help="also quantize the weights (compressed-tensors, for vLLM CPU)"
     )
+    parser.add_argument(
+        "--quantizer-python", type=Path, help=f"Python with llmcompressor, for w4a16-gptq (${QUANTIZER_PYTHON_ENV})"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     try:
         path = prepare_model(
-            cache_dir=args.cache_dir, dtype=args.dtype, force=args.force, quantization=args.quantization
+            cache_dir=args.cache_dir,
+            dtype=args.dtype,
+            force=args.force,
+            quantization=args.quantization,
+            quantizer_python=args.quantizer_python,
         )
     except LocalStackError as exc:
         print(f"fleetgate prepare-model: {exc}", file=sys.stderr)

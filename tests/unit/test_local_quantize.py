@@ -38,7 +38,13 @@ def _tensors(path: Path) -> dict[str, object]:
 
 
 def test_scheme_keys_match_the_cli_choices() -> None:
-    assert tuple(SCHEMES) == model_prep.QUANTIZATIONS
+    assert (*SCHEMES, model_prep.GPTQ_SCHEME) == model_prep.QUANTIZATIONS
+
+
+def test_gptq_without_a_quantizer_python_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(model_prep.QUANTIZER_PYTHON_ENV, raising=False)
+    with pytest.raises(ModelPrepError, match=r"own environment.*pip install .*llmcompressor.*--quantizer-python"):
+        model_prep.prepare_model(cache_dir=tmp_path, quantization="w4a16-gptq")
 
 
 def test_w4a16_packs_eight_weights_per_int32_with_group_scales(tiny_gemma: Path, tmp_path: Path) -> None:
