@@ -59,6 +59,9 @@ def _text(resolved: Resolved) -> str:
             f"  KV per token:       {plan.kv_bytes_per_token:8d} B ({plan.kv_bytes_per_token_per_gpu} B per GPU)",
             f"  KV per sequence:    {plan.kv_bytes_per_sequence / GB:8.2f} GB at max length",
             f"  KV budget per GPU:  {plan.usable_bytes_per_gpu / GB:8.2f} GB",
+            f"  KV blocks:          {plan.kv_cache_blocks:8d} of {plan.kv_block_size} tokens per GPU",
+            f"  KV cache size:      {plan.kv_cache_tokens:8d} tokens (as vLLM logs it)",
+            f"  max concurrency:    {plan.max_concurrency:8.2f}x at max length (as vLLM logs it)",
             f"  max sequences:      {plan.max_concurrent_sequences:8d} at max length",
             f"  fits:               {'yes' if plan.fits else 'NO'}",
         ]

@@ -4,6 +4,14 @@ A profile names the GPU's memory (as `nvidia-smi` reports its total), the extend
 the node selector that lands pods on that GPU (GPU Feature Discovery's `nvidia.com/gpu.product` label by
 default) and the tolerations GPU node pools carry. Platform teams override or add profiles with a YAML
 file (`fleetgate operator --profiles FILE`): a mapping of name -> fields of `AcceleratorProfile`.
+
+A CPU profile (no GPU memory) also carries the KV-cache space each engine gets (`kv_cache_space_gib`: the
+pods receive it as `VLLM_CPU_KVCACHE_SPACE`, and the capacity plan uses it as the KV budget) and vLLM CPU's
+block size (128 tokens, where CUDA uses 16). `max_num_batched_tokens` is vLLM's default for that hardware
+when the spec sets none: it sizes what sliding-window layers keep per request. `kv_cache_dtypes` lists the
+KV-cache dtypes the engine accepts there (None: any): vLLM CPU's attention backend takes only `auto` and the
+fp8 variants (fp8 on x86 with AVX-512 or AMX; a pool without them should list only `auto`), so a CPU spec
+asking for another one is refused before any pod is made.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from fleetgate.core.errors import ConfigError
+from fleetgate.engine.kv_blocks import CPU_BLOCK_SIZE, CUDA_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 MIB = 2**20
 GPU_TOLERATION: Mapping[str, str] = MappingProxyType(
@@ -31,14 +40,31 @@ class AcceleratorProfile:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, str], ...] = (GPU_TOLERATION,)
     overhead_bytes: int = 2 * 10**9  # activations, CUDA graphs, NCCL buffers: kept out of the KV budget
+    kv_cache_space_gib: int = 0  # CPU only: GiB of KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
+    kv_block_size: int = CUDA_BLOCK_SIZE
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    kv_cache_dtypes: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpu_memory_bytes < 0 or self.kv_cache_space_gib < 0:
+            raise ConfigError(f"profile {self.name!r}: gpu_memory_bytes and kv_cache_space_gib must be >= 0")
+        if self.kv_block_size < 1 or self.max_num_batched_tokens < 1:
+            raise ConfigError(f"profile {self.name!r}: kv_block_size and max_num_batched_tokens must be >= 1")
 
     @property
     def is_gpu(self) -> bool:
         return self.gpu_memory_bytes > 0
 
 
-def _gpu(name: str, mib: int, product: str) -> AcceleratorProfile:
-    return AcceleratorProfile(name=name, gpu_memory_bytes=mib * MIB, node_selector={"nvidia.com/gpu.product": product})
+def _gpu(
+    name: str, mib: int, product: str, *, batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+) -> AcceleratorProfile:
+    return AcceleratorProfile(
+        name=name,
+        gpu_memory_bytes=mib * MIB,
+        node_selector={"nvidia.com/gpu.product": product},
+        max_num_batched_tokens=batched_tokens,
+    )
 
 
 BUILTIN_PROFILES: Mapping[str, AcceleratorProfile] = MappingProxyType(
@@ -51,9 +77,20 @@ BUILTIN_PROFILES: Mapping[str, AcceleratorProfile] = MappingProxyType(
             _gpu("nvidia-l40s", 46068, "NVIDIA-L40S"),
             _gpu("nvidia-a100-40gb", 40960, "NVIDIA-A100-SXM4-40GB"),
             _gpu("nvidia-a100-80gb", 81920, "NVIDIA-A100-SXM4-80GB"),
-            _gpu("nvidia-h100-80gb", 81559, "NVIDIA-H100-80GB-HBM3"),
-            _gpu("nvidia-h200", 143771, "NVIDIA-H200"),
-            AcceleratorProfile(name="cpu", gpu_memory_bytes=0, resource_name="", tolerations=()),
+            # vLLM raises its default batch to 8192 tokens on >= 70 GiB GPUs other than the A100.
+            _gpu("nvidia-h100-80gb", 81559, "NVIDIA-H100-80GB-HBM3", batched_tokens=8192),
+            _gpu("nvidia-h200", 143771, "NVIDIA-H200", batched_tokens=8192),
+            # The CPU engine image's default VLLM_CPU_KVCACHE_SPACE is 1 GiB.
+            AcceleratorProfile(
+                name="cpu",
+                gpu_memory_bytes=0,
+                resource_name="",
+                tolerations=(),
+                kv_cache_space_gib=1,
+                kv_block_size=CPU_BLOCK_SIZE,
+                # vLLM 0.32 CPUAttentionBackend.supported_kv_cache_dtypes
+                kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+            ),
         )
     }
 )
@@ -89,6 +126,8 @@ def load_profiles(*, path: Path | None, default: str = DEFAULT_ACCELERATOR) -> P
             base = merged.get(name, AcceleratorProfile(name=name, gpu_memory_bytes=0))
             try:
                 tolerations = tuple(fields.pop("tolerations", base.tolerations))
+                if fields.get("kv_cache_dtypes") is not None:
+                    fields["kv_cache_dtypes"] = tuple(fields["kv_cache_dtypes"])
                 merged[name] = replace(base, **fields, tolerations=tolerations)
             except TypeError as exc:
                 raise ConfigError(f"{path}: profile {name!r}: {exc}") from None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from fleetgate.core.errors import ConfigError
 from fleetgate.engine.args import EngineArgs
 from fleetgate.engine.capacity import (
+    GIB,
     CapacityInputs,
     CapacityPlan,
     ModelArch,
@@ -138,12 +139,18 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
         raise ConfigError(f"accelerator {profile.name!r} is a GPU profile but resources.gpus is 0")
     if not profile.is_gpu and spec.resources.gpus > 0:
         raise ConfigError(f"accelerator {profile.name!r} has no GPUs; set resources.gpus to 0")
+    accepted = profile.kv_cache_dtypes
+    if accepted is not None and spec.engine.kv_cache_dtype not in accepted:
+        raise ConfigError(
+            f"accelerator {profile.name!r} does not accept kvCacheDtype {spec.engine.kv_cache_dtype!r}; "
+            f"it accepts {', '.join(accepted)}"
+        )
     args = engine_args_for(spec=spec, name=name)
     arch = _arch(spec.model.architecture, spec.model.source)
     _check_parallelism(spec=spec, arch=arch, gpu=profile.is_gpu)
     plan: CapacityPlan | None = None
-    if not profile.is_gpu:
-        note = "no GPU capacity plan for a CPU profile"
+    if not profile.is_gpu and profile.kv_cache_space_gib == 0:
+        note = f"no capacity plan: CPU profile {profile.name!r} gives no kv_cache_space_gib"
     elif arch is None:
         note = (
             f"model {spec.model.source!r} is not in the built-in catalog: set spec.model.architecture "
@@ -166,6 +173,9 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
                 max_model_len=spec.engine.max_model_len,
                 target_concurrency=spec.engine.max_num_seqs,
                 draft=draft_arch,
+                kv_cache_bytes=None if profile.is_gpu else profile.kv_cache_space_gib * GIB,
+                block_size=profile.kv_block_size,
+                max_num_batched_tokens=spec.engine.max_num_batched_tokens or profile.max_num_batched_tokens,
             )
         )
         note = plan.reason

@@ -15,9 +15,13 @@ literature does it (all sizes in bytes; GB = 10**9 bytes as in those worked exam
 - KV per sequence    = KV per token x max_model_len              (the worst case a scheduler must admit)
 - usable per GPU     = GPU memory x gpu_memory_utilization - weights per GPU - overhead
                        (overhead: activations, CUDA graphs, NCCL buffers; a flat per-GPU allowance)
-- max sequences      = floor(usable per GPU / KV per sequence per GPU)
-- fits               = usable >= KV of one sequence at max length (else vLLM refuses to start)
-- meets_target       = usable >= KV needed per GPU for the target concurrency (max_num_seqs) at max length
+- KV budget          = the explicit KV space when one is given (vLLM CPU: `VLLM_CPU_KVCACHE_SPACE`), else usable
+- max sequences      = floor(vLLM's maximum concurrency for that budget), from `kv_blocks.paged_kv`: whole
+                       blocks of `block_size` tokens, hybrid sliding-window / full-attention layer groups
+                       (Gemma 3), sliding-window layers holding only their window (the textbook
+                       floor(usable / KV per sequence) for a full-attention model, up to block rounding)
+- fits               = one sequence at max length fits in the KV blocks (else vLLM refuses to start)
+- meets_target       = the target concurrency (max_num_seqs) at max length fits in the KV blocks too
 
 A speculative-decoding draft model adds its own weights and its own KV per token to the same GPUs.
 Inputs: `ModelArch` (parameters, layers, kv_heads, head_dim) and `CapacityInputs`; output: `CapacityPlan`.
@@ -29,6 +33,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from fleetgate.core.errors import ConfigError
+from fleetgate.engine.kv_blocks import CUDA_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, KvLayout, PagedKV, paged_kv
 
 GB = 10**9
 GIB = 2**30
@@ -83,6 +88,10 @@ class ModelArch:
     attention_heads: int | None = None  # num_attention_heads, when hidden_size / head_dim is not it
     vocab_size: int | None = None
     tied_embeddings: bool = False  # tie_word_embeddings: lm_head shares the embedding matrix
+    # Hybrid attention (Gemma 3: 5 sliding-window layers per full one): how many layers attend only to
+    # the last `sliding_window` tokens. vLLM keeps just the window's blocks for those layers.
+    sliding_window_layers: int = 0
+    sliding_window: int | None = None
 
     def query_heads(self) -> int | None:
         """num_attention_heads: given, else hidden_size / head_dim when that divides, else unknown."""
@@ -98,6 +107,13 @@ class ModelArch:
         for name in ("layers", "kv_heads", "head_dim"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model architecture: {name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.sliding_window_layers <= self.layers:
+            raise ConfigError(
+                f"model architecture: sliding_window_layers must be in 0..{self.layers}, "
+                f"got {self.sliding_window_layers}"
+            )
+        if self.sliding_window_layers and (self.sliding_window is None or self.sliding_window < 1):
+            raise ConfigError("model architecture: sliding-window layers need sliding_window >= 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,6 +129,10 @@ class CapacityInputs:
     target_concurrency: int | None = None  # sequences at max_model_len that must fit (vLLM max_num_seqs)
     draft: ModelArch | None = None
     draft_weight_dtype: str = "float16"
+    # An explicit KV budget per engine replaces the memory-derived one (vLLM CPU: VLLM_CPU_KVCACHE_SPACE GiB).
+    kv_cache_bytes: int | None = None
+    block_size: int = CUDA_BLOCK_SIZE  # tokens per KV block (vLLM: 16 on CUDA, 128 on CPU)
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # sliding-window layers hold window + this
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -128,6 +148,10 @@ class CapacityPlan:
     target_concurrency: int | None
     kv_bytes_needed_per_gpu: int
     headroom_bytes_per_gpu: int
+    kv_block_size: int
+    kv_cache_blocks: int  # vLLM's number of KV blocks per GPU
+    kv_cache_tokens: int  # vLLM's "KV cache size: N tokens"
+    max_concurrency: float  # vLLM's "Maximum concurrency for max_model_len tokens per request: X"
     fits: bool  # weights and one sequence at max length fit: vLLM can start
     meets_target: bool  # the target concurrency at max length fits too
     reason: str
@@ -201,6 +225,60 @@ def kv_bytes_per_token(*, arch: ModelArch, kv_dtype: str, tensor_parallel_size: 
     return round(2 * arch.layers * heads_per_gpu * arch.head_dim * bytes_per_kv(kv_dtype))
 
 
+def kv_layout(*, arch: ModelArch, kv_dtype: str, tensor_parallel_size: int, block_size: int) -> KvLayout:
+    """The model's per-layer KV facts on one GPU, for the paged (block) arithmetic."""
+    per_layer_token = kv_bytes_per_token(
+        arch=ModelArch(parameters=arch.parameters, layers=1, kv_heads=arch.kv_heads, head_dim=arch.head_dim),
+        kv_dtype=kv_dtype,
+        tensor_parallel_size=tensor_parallel_size,
+    )
+    return KvLayout(
+        layers=arch.layers,
+        sliding_window_layers=arch.sliding_window_layers,
+        sliding_window=arch.sliding_window,
+        page_bytes=per_layer_token * block_size,
+        block_size=block_size,
+    )
+
+
+def paged_plan(*, inputs: CapacityInputs, kv_budget_bytes: int) -> PagedKV:
+    """vLLM's blocks and concurrency for the main model.
+
+    A draft model's KV shares the budget: the main model is given its share by KV bytes per token (vLLM
+    groups draft layers with the main ones; the share is the same for full-attention models).
+    """
+    if inputs.draft is not None:
+        tp = inputs.tensor_parallel_size
+        main = kv_bytes_per_token(arch=inputs.arch, kv_dtype=inputs.kv_cache_dtype, tensor_parallel_size=tp)
+        draft = kv_bytes_per_token(arch=inputs.draft, kv_dtype=inputs.kv_cache_dtype, tensor_parallel_size=tp)
+        kv_budget_bytes = kv_budget_bytes * main // (main + draft)
+    layout = kv_layout(
+        arch=inputs.arch,
+        kv_dtype=inputs.kv_cache_dtype,
+        tensor_parallel_size=inputs.tensor_parallel_size,
+        block_size=inputs.block_size,
+    )
+    return paged_kv(
+        layout=layout,
+        kv_cache_bytes=kv_budget_bytes,
+        max_model_len=inputs.max_model_len,
+        max_num_batched_tokens=inputs.max_num_batched_tokens,
+    )
+
+
+def _kv_budget(*, inputs: CapacityInputs, weights_per_gpu: int) -> tuple[int, str]:
+    """Bytes per GPU left for the KV cache, and the sentence that explains them."""
+    if inputs.kv_cache_bytes is not None:
+        return inputs.kv_cache_bytes, f"{inputs.kv_cache_bytes / GIB:g} GiB given for KV"
+    memory = math.floor(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
+    usable = memory - weights_per_gpu - inputs.overhead_bytes
+    return usable, (
+        f"{inputs.gpu_memory_bytes / GB:.1f} GB x {inputs.gpu_memory_utilization:g} - "
+        f"{weights_per_gpu / GB:.2f} GB weights - {inputs.overhead_bytes / GB:.2f} GB overhead = "
+        f"{usable / GB:.2f} GB for KV"
+    )
+
+
 def plan_capacity(*, inputs: CapacityInputs) -> CapacityPlan:
     tp = inputs.tensor_parallel_size
     if tp < 1:
@@ -220,18 +298,14 @@ def plan_capacity(*, inputs: CapacityInputs) -> CapacityPlan:
     weights_gpu = math.ceil(weights / tp)
     kv_seq = kv_token * inputs.max_model_len
     kv_seq_gpu = kv_token_gpu * inputs.max_model_len
-    usable = math.floor(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization) - weights_gpu - inputs.overhead_bytes
-    max_seqs = max(0, usable // kv_seq_gpu)
+    usable, budget = _kv_budget(inputs=inputs, weights_per_gpu=weights_gpu)
+    paged = paged_plan(inputs=inputs, kv_budget_bytes=usable)
+    max_seqs = math.floor(paged.max_concurrency)
     wanted = inputs.target_concurrency if inputs.target_concurrency is not None else 1
     needed = wanted * kv_seq_gpu
     headroom = usable - needed
-    fits = usable >= kv_seq_gpu
-    meets_target = headroom >= 0
-    budget = (
-        f"{inputs.gpu_memory_bytes / GB:.1f} GB x {inputs.gpu_memory_utilization:g} - "
-        f"{weights_gpu / GB:.2f} GB weights - {inputs.overhead_bytes / GB:.2f} GB overhead = "
-        f"{usable / GB:.2f} GB for KV"
-    )
+    fits = usable > 0 and max_seqs >= 1
+    meets_target = fits and max_seqs >= wanted
     if usable <= 0:
         reason = f"weights do not fit: {budget} per GPU (TP={tp})"
     elif not fits:
@@ -262,6 +336,10 @@ def plan_capacity(*, inputs: CapacityInputs) -> CapacityPlan:
         target_concurrency=inputs.target_concurrency,
         kv_bytes_needed_per_gpu=needed,
         headroom_bytes_per_gpu=headroom,
+        kv_block_size=paged.block_size,
+        kv_cache_blocks=paged.num_blocks,
+        kv_cache_tokens=paged.tokens,
+        max_concurrency=round(paged.max_concurrency, 2),
         fits=fits,
         meets_target=meets_target,
         reason=reason,

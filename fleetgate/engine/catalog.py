@@ -2,7 +2,8 @@
 
 Figures come from each model's published `config.json` (num_hidden_layers, num_key_value_heads, head_dim
 or hidden_size / num_attention_heads, hidden_size, vocab_size, tie_word_embeddings, num_attention_heads
-where it is not hidden_size / head_dim) and model card (parameter count). `lookup` matches a
+where it is not hidden_size / head_dim, and for hybrid-attention models sliding_window with the count of
+"sliding_attention" entries in layer_types) and model card (parameter count). `lookup` matches a
 model reference (`hf://org/name`, `org/name`, a local path) by its last path segment, case-insensitive,
 ignoring common packaging suffixes (-Instruct, -chat-hf, -AWQ, -GPTQ, -FP8, -it, ...).
 """
@@ -19,11 +20,14 @@ _B = 10**9
 
 def _arch(
     params_b: float, layers: int, kv_heads: int, head_dim: int, hidden: int, vocab: int, *, tied: bool = False,
-    heads: int | None = None,
+    heads: int | None = None, window: tuple[int, int] | None = None,
 ) -> ModelArch:
+    """`window`: (sliding-window layers, window tokens) of a hybrid-attention model."""
+    sliding_layers, sliding_window = window if window is not None else (0, None)
     return ModelArch(
         parameters=params_b * _B, layers=layers, kv_heads=kv_heads, head_dim=head_dim, hidden_size=hidden,
-        vocab_size=vocab, tied_embeddings=tied, attention_heads=heads,
+        vocab_size=vocab, tied_embeddings=tied, attention_heads=heads, sliding_window_layers=sliding_layers,
+        sliding_window=sliding_window,
     )  # fmt: skip
 
 
@@ -47,13 +51,14 @@ CATALOG: MappingProxyType[str, ModelArch] = MappingProxyType(
         "qwen2.5-14b": _arch(14.7, 48, 8, 128, 5120, 152064),
         "qwen2.5-32b": _arch(32.5, 64, 8, 128, 5120, 152064),
         "qwen2.5-72b": _arch(72.7, 80, 8, 128, 8192, 152064),
-        "gemma-3-270m": _arch(0.268, 18, 1, 256, 640, 262144, tied=True, heads=4),
-        "gemma-3-1b": _arch(1.0, 26, 1, 256, 1152, 262144, tied=True, heads=4),
+        # Gemma 3: every 6th layer attends to the whole context, the other five to the last 512 tokens.
+        "gemma-3-270m": _arch(0.268, 18, 1, 256, 640, 262144, tied=True, heads=4, window=(15, 512)),
+        "gemma-3-1b": _arch(1.0, 26, 1, 256, 1152, 262144, tied=True, heads=4, window=(22, 512)),
     }
 )
 
 _SUFFIX = re.compile(
-    r"(-(instruct|chat|hf|it|base|awq|gptq|fp8|int4|int8|gguf|q4_k_m|v0\.\d|\d{4}))+$",
+    r"(-(instruct|chat|hf|it|base|awq|gptq|fp8|int4|int8|w4a16|w8a8|bfloat16|float32|bf16|fp16|gguf|q4_k_m|v0\.\d|\d{4}))+$",
 )
 _ALIASES: MappingProxyType[str, str] = MappingProxyType(
     {

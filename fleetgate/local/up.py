@@ -101,9 +101,12 @@ def _vllm_engines(engine: EngineConfig) -> Iterator[EngineFleet]:
         if not (model_path / "config.json").is_file():
             raise LocalStackError(f"engine.model_path {model_path} holds no config.json")
     else:
-        if not model_dir(cache_dir=engine.cache_dir, dtype=engine.dtype).is_dir():
+        quantization = None if engine.quantization == "none" else engine.quantization
+        if not model_dir(cache_dir=engine.cache_dir, dtype=engine.dtype, quantization=quantization).is_dir():
             _say("==> first run: preparing the model from its PyPI package (once, about 1-2 minutes)")
-        model_path = prepare_model(cache_dir=engine.cache_dir, dtype=engine.dtype, progress=_say)
+        model_path = prepare_model(
+            cache_dir=engine.cache_dir, dtype=engine.dtype, progress=_say, quantization=quantization
+        )
     specs = vllm_specs(config=engine, model_path=model_path)
     fleet = EngineFleet(specs=specs, startup_timeout_s=engine.startup_timeout_s, stop_grace_s=engine.stop_grace_s,
                         progress=_say)

@@ -18,6 +18,7 @@ from pathlib import Path
 from fleetgate.engine.args import VLLM_MODULE, EngineArgs
 from fleetgate.local.config import EngineConfig
 from fleetgate.local.engines import EngineSpec, free_port
+from fleetgate.local.quantize import VLLM_METHOD
 
 
 def engine_args(*, config: EngineConfig, model_path: Path, port: int) -> EngineArgs:
@@ -27,8 +28,11 @@ def engine_args(*, config: EngineConfig, model_path: Path, port: int) -> EngineA
         host=config.host,
         port=port,
         dtype=config.dtype,
+        # Checkpoints from `prepare-model --quantization` are compressed-tensors ones.
+        quantization=None if config.quantization == "none" else VLLM_METHOD,
         max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs,
+        kv_cache_dtype=config.kv_cache_dtype,
         enable_prefix_caching=True,
         enforce_eager=config.enforce_eager,
         extra_args=tuple(config.extra_args),

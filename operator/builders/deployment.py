@@ -8,6 +8,7 @@
 - `/dev/shm` is a memory-backed emptyDir (NCCL and PyTorch workers need more than the 64 MiB default).
 - The model cache is an emptyDir capped at `spec.model.cacheSize` (`HF_HOME` points there); `pvc://` sources
   mount their claim read-only under /models.
+- CPU profiles: `VLLM_CPU_KVCACHE_SPACE` = the profile's `kv_cache_space_gib`, the KV budget of the plan.
 - GPUs: the profile's extended resource (limits = requests = `spec.resources.gpus`), node selector and
   tolerations; CPU and memory requests default per GPU (`OperatorSettings.engine_*_request`), never
   none. Prometheus scrape annotations on the pod template (vLLM serves `/metrics` on the API port).
@@ -93,6 +94,9 @@ def build_deployment(
         {"name": "HF_HOME", "value": CACHE_MOUNT},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
     ]
+    if not resolved.profile.is_gpu and resolved.profile.kv_cache_space_gib:
+        # The KV budget the capacity plan assumed: vLLM CPU reads it from this variable.
+        env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(resolved.profile.kv_cache_space_gib)})
     weight_bytes = resolved.plan.weight_bytes if resolved.plan is not None else None
     container: dict[str, Any] = {
         "name": "engine",
