@@ -230,7 +230,7 @@ class TwoLayerCache:
             if not self._owned(req, keys, record):
                 continue
             verdict = (verify(str(record.get("text", "")), keys.semantic_text, similarity=score,
-                              rewrite_min=sem.rewrite_min) if sem.verify else None)
+                              min_confidence=sem.min_confidence) if sem.verify else None)
             if verdict is not None and not verdict.ok:
                 self.metrics.rejections.labels(verdict.reason).inc()
                 result.reason = f"near miss rejected ({verdict.reason}, similarity {score:.3f})"
