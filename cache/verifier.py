@@ -68,6 +68,12 @@ def compare(a: Analysis, b: Analysis, *, similarity: float, text_a: str, text_b:
     return Verdict(True, confidence=p) if p >= bar else Verdict(False, _why(a, b, m), confidence=p)
 
 
+def warm_up() -> None:
+    """Load what the first verification would otherwise load on a request's time (stemmer, rapidfuzz, the
+    word frequency lists): about three seconds."""
+    verify("How do I warm up the verifier?", "Comment préchauffer le vérificateur, s'il vous plaît ?", similarity=0.9)
+
+
 def verify(a: str, b: str, *, similarity: float, min_confidence: float | None = None,
            model: PairModel | None = None) -> Verdict:
     """Whether an answer cached for prompt `a` may be served for prompt `b`."""
