@@ -5,8 +5,13 @@ whatever the wording around it; these are exact structural checks, not word list
 - `slot`: quoted strings, code and pasted payloads (lines after the first) differ;
 - `number`: different numbers, or the same numbers in another order ("port 8080 on host port 80");
 - `identifier`: different identifiers or arithmetic operators (x200, ec2, c++, `+` vs `-`);
-- `negation`: a negation word on one side only, or a verb particle flipped ("turn on" / "turn off",
-  "opt in" / "opt out");
+- `negation`: a negation word on one side only, a verb particle flipped ("turn on" / "turn off",
+  "opt in" / "opt out"), or left-over polar words of opposite signs on the two sides ("enable" /
+  "disable", "enable" / "turn off"; `lexicon.POLAR_PAIRS`): one alone may be rewording, not opposites;
+- `entity` (or the critical kind of the words, `scope` for "all" / "single"): a shared word with a
+  different word right before it on each side ("express shipping" / "standard shipping", "Roth IRA" /
+  "traditional IRA"), however the rest is worded (synonym modifiers, "fixed IP" / "static IP", are lost
+  to this: precision first);
 - `order`: the arguments after a relational marker both prompts use are swapped ("X better than Y" vs
   "Y better than X", "N yen in dollars" vs "N dollars in yen", "A to B" vs "B to A").
 
@@ -26,6 +31,8 @@ whatever the wording around it; these are exact structural checks, not word list
 - `rewrite_distance`: the share of unmatched words times (1 - similarity): a large rewrite is a paraphrase
   only when the embedding still finds the two close (two different questions on one topic are not);
 - `question_mismatch`: both prompts ask a wh-question and share no question word ("how long" / "how much");
+- `conversation`: the two messages follow the same earlier turns (the partition holds the whole history),
+  where short follow-ups lean on that shared context ("How do I stop it?" / "How can I prevent that?");
 - the gap in the share of words more frequent in another major language than in English (`wordfreq`):
   a question asked in French against the same question in English.
 """
@@ -35,7 +42,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from fleetgate.cache.textnorm import NEGATION, Analysis, critical_kind
+from fleetgate.cache.textnorm import NEGATION, Analysis, critical_kind, polarity
 from fleetgate.cache.wordmatch import WordMatch, zipf
 
 _KINDS = ("negation", "format", "language", "unit", "date", "scope", "comparative", "constraint")
@@ -48,7 +55,7 @@ FEATURES: tuple[str, ...] = (
     "diff_share", "typos", "acronyms", "diff_generic", "diff_content", "one_sided_content", "diff_attached",
     "one_sided_attached", "diff_unknown", "diff_proper",
     *(f"kind_{k}" for k in _KINDS), "char_ratio", "length_ratio", "foreign_gap", "rewrite_distance",
-    "question_mismatch",
+    "question_mismatch", "conversation",
 )
 
 
@@ -81,11 +88,56 @@ def veto(a: Analysis, b: Analysis, *, match: WordMatch) -> str:
         return "order"
     if any(a.words[i] == NEGATION for i in match.left) or any(b.words[j] == NEGATION for j in match.right):
         return "negation"
+    if opposite_polarity(a, b, match):
+        return "negation"
+    swaps = swapped_modifiers(a, b, match=match)
+    if swaps:
+        return next((k for pair in swaps for k in map(critical_kind, pair) if k), "entity")
     return ""
 
 
 def _surface(x: Analysis, i: int) -> str:
     return x.surface[i] if i < len(x.surface) else x.words[i]
+
+
+def swapped_modifiers(a: Analysis, b: Analysis, *, match: WordMatch) -> list[tuple[str, str]]:
+    """(word in a, word in b) right before a shared word, different, and unmatched on both sides: "express
+    shipping" / "standard shipping", "enable 2FA" / "disable two-factor authentication". A swapped modifier
+    inside an otherwise reworded question is a near miss, not a paraphrase."""
+    free_a, free_b = set(match.left), set(match.right)
+
+    def before(x: Analysis, i: int, free: set[int]) -> int | None:
+        if 0 < i < len(x.positions) and x.positions[i - 1] == x.positions[i] - 1 and i - 1 in free:
+            return i - 1
+        return None
+
+    # every occurrence counts, not only the one the matcher paired: "delivery" and "shipping" are one stem
+    same = {(i, j) for i, w in enumerate(a.words) for j, v in enumerate(b.words) if w == v} | set(match.pairs)
+    out: list[tuple[str, str]] = []
+    for i, j in sorted(same):
+        pa, pb = before(a, i, free_a), before(b, j, free_b)
+        if pa is not None and pb is not None and a.words[pa] != b.words[pb]:
+            out.append((a.words[pa], b.words[pb]))
+    return out
+
+
+def modifier_swaps(a: Analysis, b: Analysis, *, match: WordMatch) -> int:
+    return len(swapped_modifiers(a, b, match=match))
+
+
+def _signs(x: Analysis, unmatched: tuple[int, ...]) -> set[int]:
+    """Polarity of the left-over words, and of the particle of a left-over verb ("turn off": -1)."""
+    free = set(unmatched)
+    signs = {polarity(x.words[i]) for i in free}
+    signs |= {polarity(particle) for verb, particle in x.pairs if verb in {x.words[i] for i in free}}
+    return signs - {0}
+
+
+def opposite_polarity(a: Analysis, b: Analysis, match: WordMatch) -> bool:
+    """A positive polar word left over on one side and a negative one on the other: "enable" / "disable",
+    "enable 2FA" / "turn off two-factor authentication" (one polar word alone may be rewording)."""
+    sa, sb = _signs(a, match.left), _signs(b, match.right)
+    return any(-s in sb for s in sa)
 
 
 def _questions(text: str) -> frozenset[str]:
@@ -125,7 +177,8 @@ def foreign_share(x: Analysis) -> float:
     return sum(map(_foreign_cached, words)) / len(words) if words else 0.0
 
 
-def features(a: Analysis, b: Analysis, *, similarity: float, match: WordMatch, text_a: str, text_b: str) -> list[float]:
+def features(a: Analysis, b: Analysis, *, similarity: float, match: WordMatch, text_a: str, text_b: str,
+             conversation: bool = False) -> list[float]:
     from rapidfuzz.distance import Indel
 
     diff = [(a, i) for i in match.left] + [(b, j) for j in match.right]
@@ -158,5 +211,5 @@ def features(a: Analysis, b: Analysis, *, similarity: float, match: WordMatch, t
         *(float(kinds[k]) for k in _KINDS),
         float(Indel.normalized_similarity(la, lb)), min(len(la), len(lb)) / max(len(la), len(lb), 1),
         abs(foreign_share(a) - foreign_share(b)), (left + right) / max(total, 1) * (1.0 - similarity),
-        _question_mismatch(la, lb),
+        _question_mismatch(la, lb), float(conversation),
     ]

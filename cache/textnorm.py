@@ -14,7 +14,8 @@
   occurrences;
 - `proper`: stems of capitalised words that do not start a sentence (names, places, products);
 - `surface`: the lower-cased token behind each of `words` (word frequencies are looked up on real words);
-- `clauses`: the clause each of `words` is in (a greeting or a thank-you is a clause of its own).
+- `clauses`: the clause each of `words` is in (a greeting or a thank-you is a clause of its own);
+- `positions`: the token index of each of `words`, to tell which words stand next to each other.
 
 The word lists live in `fleetgate.cache.lexicon`.
 """
@@ -78,6 +79,7 @@ class Analysis:
     proper: frozenset[str] = frozenset()  # stems of capitalised words inside a sentence (names, products)
     surface: tuple[str, ...] = ()  # the lower-cased token each of `words` came from (for word frequencies)
     clauses: tuple[int, ...] = ()  # the clause (split at , ; : . ! ? and dashes) each of `words` is in
+    positions: tuple[int, ...] = ()  # the token index of each of `words` (adjacency: "express shipping")
 
 
 @lru_cache(maxsize=1)
@@ -110,6 +112,22 @@ def _tables() -> tuple[dict[str, str], frozenset[str], dict[str, str]]:
 
 def critical_kind(word_stem: str) -> str | None:
     return _tables()[2].get(word_stem)
+
+
+@lru_cache(maxsize=1)
+def _polarity() -> dict[str, int]:
+    synonyms = _tables()[0]
+    out: dict[str, int] = {}
+    for positive, negative in lexicon.POLAR_PAIRS:
+        for word, sign in ((positive, 1), (negative, -1)):
+            out[word] = sign
+            out[synonyms.get(stem(word), stem(word))] = sign
+    return out
+
+
+def polarity(word: str) -> int:
+    """+1 for the positive side of a polar pair ("enable", "on"), -1 for the negative side, 0 otherwise."""
+    return _polarity().get(word, 0)
 
 
 def _squash(text: str) -> str:
@@ -182,6 +200,7 @@ def analyse(text: str) -> Analysis:
         toks += clause_toks
         clause_of += [number] * len(clause_toks)
     clauses: list[int] = []
+    positions: list[int] = []
     content: list[tuple[int, str]] = []  # (position, normalised token) of every non-stop token
     for i, tok in enumerate(toks):
         if len(tok) == 3 and tok.startswith("op") and not tok[2].isalpha():  # "op+", not the word "opt"
@@ -199,12 +218,14 @@ def analyse(text: str) -> Analysis:
             words.append(NEGATION)
             surface.append(tok)
             clauses.append(clause_of[i])
+            positions.append(i)
             content.append((i, NEGATION))
         elif not _is_stop(tok, stops):
             s = stem(tok)
             words.append(synonyms.get(s, s))
             surface.append(tok)
             clauses.append(clause_of[i])
+            positions.append(i)
             content.append((i, words[-1]))
             if i + 1 < len(toks) and toks[i + 1] in lexicon.PARTICLES:
                 pairs.add((words[-1], toks[i + 1]))
@@ -216,4 +237,4 @@ def analyse(text: str) -> Analysis:
                     w for w in (after[0], next((w for w in after if not w.isdigit()), "")) if w)
     return Analysis(quoted=tuple(spans), numbers=tuple(numbers), idents=tuple(idents), words=tuple(words),
                     pairs=frozenset(pairs), markers={k: frozenset(v) for k, v in markers.items()}, proper=proper,
-                    surface=tuple(surface), clauses=tuple(clauses))
+                    surface=tuple(surface), clauses=tuple(clauses), positions=tuple(positions))

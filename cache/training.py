@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from fleetgate.cache.evaluation import Score
+from fleetgate.cache.keys import follows_user_turns
 from fleetgate.cache.pairfeatures import FEATURES, features, veto
 from fleetgate.cache.pairmodel import PairModel
 from fleetgate.cache.textnorm import analyse
@@ -46,6 +47,7 @@ class Example:
     kind: str
     source: str  # e.g. "dev pairs", "train conversations"
     shares_partition: bool
+    conversation: bool = False  # the last messages follow earlier user turns
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +65,8 @@ def examples(rows: Iterable[Mapping[str, Any]], *, source: str) -> list[Example]
         if "conv_a" in row:
             a, b = row["conv_a"], row["conv_b"]
             out.append(Example(a=str(a[-1]["content"]), b=str(b[-1]["content"]), same=bool(row["same"]),
-                               kind=str(row["kind"]), source=source, shares_partition=a[:-1] == b[:-1]))
+                               kind=str(row["kind"]), source=source, shares_partition=a[:-1] == b[:-1],
+                               conversation=follows_user_turns(a)))
         else:
             out.append(Example(a=str(row["a"]), b=str(row["b"]), same=bool(row["same"]), kind=str(row["kind"]),
                                source=source, shares_partition=True))
@@ -89,7 +92,7 @@ def featurize(items: Sequence[Example], vectors: Mapping[str, np.ndarray], *, th
             accepted[n] = True
             continue
         candidate[n] = True
-        x[n] = features(a, b, similarity=similarity, match=m, text_a=ex.a, text_b=ex.b)
+        x[n] = features(a, b, similarity=similarity, match=m, text_a=ex.a, text_b=ex.b, conversation=ex.conversation)
     y = np.array([ex.same for ex in items], dtype=bool)
     return Featurized(examples=tuple(items), x=x, y=y, candidate=candidate, accepted=accepted)
 

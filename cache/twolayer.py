@@ -40,7 +40,7 @@ import orjson
 
 from fleetgate.cache.config import CacheConfig
 from fleetgate.cache.embedding import Embedder
-from fleetgate.cache.keys import CacheKeys, cache_keys
+from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
@@ -238,6 +238,7 @@ class TwoLayerCache:
             if not self._owned(req, keys, record):
                 continue
             verdict = (verify(str(record.get("text", "")), keys.semantic_text, similarity=score,
+                              conversation=follows_user_turns(req.body.get("messages")),
                               min_confidence=sem.min_confidence) if sem.verify else None)
             if verdict is not None and not verdict.ok:
                 self.metrics.rejections.labels(verdict.reason).inc()

@@ -54,7 +54,7 @@ def _why(a: Analysis, b: Analysis, m: WordMatch) -> str:
     return "rewrite"
 
 
-def compare(a: Analysis, b: Analysis, *, similarity: float, text_a: str, text_b: str,
+def compare(a: Analysis, b: Analysis, *, similarity: float, text_a: str, text_b: str, conversation: bool = False,
             model: PairModel | None = None, min_confidence: float | None = None) -> Verdict:
     m = match(a, b)
     reason = veto(a, b, match=m)
@@ -63,7 +63,8 @@ def compare(a: Analysis, b: Analysis, *, similarity: float, text_a: str, text_b:
     if not m.left and not m.right:
         return Verdict(True)
     model = model or load_model()
-    p = model.probability(features(a, b, similarity=similarity, match=m, text_a=text_a, text_b=text_b))
+    p = model.probability(features(a, b, similarity=similarity, match=m, text_a=text_a, text_b=text_b,
+                                   conversation=conversation))
     bar = model.threshold if min_confidence is None else min_confidence
     return Verdict(True, confidence=p) if p >= bar else Verdict(False, _why(a, b, m), confidence=p)
 
@@ -74,8 +75,9 @@ def warm_up() -> None:
     verify("How do I warm up the verifier?", "Comment préchauffer le vérificateur, s'il vous plaît ?", similarity=0.9)
 
 
-def verify(a: str, b: str, *, similarity: float, min_confidence: float | None = None,
+def verify(a: str, b: str, *, similarity: float, conversation: bool = False, min_confidence: float | None = None,
            model: PairModel | None = None) -> Verdict:
-    """Whether an answer cached for prompt `a` may be served for prompt `b`."""
-    return compare(_analysis(a), _analysis(b), similarity=similarity, text_a=a, text_b=b, model=model,
-                   min_confidence=min_confidence)
+    """Whether an answer cached for prompt `a` may be served for prompt `b`; `conversation`: both follow the
+    same earlier user turns (the cache's partition guarantees the history is identical)."""
+    return compare(_analysis(a), _analysis(b), similarity=similarity, text_a=a, text_b=b, conversation=conversation,
+                   model=model, min_confidence=min_confidence)

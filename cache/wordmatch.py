@@ -45,6 +45,7 @@ class WordMatch:
     right: tuple[int, ...]  # indices into b.words left unmatched
     typos: int
     acronyms: int
+    pairs: tuple[tuple[int, int], ...] = ()  # (i, j): a.words[i] matched b.words[j] exactly or as a typo
 
 
 def _distance(a: str, b: str, limit: int) -> int:
@@ -101,9 +102,10 @@ def match(a: Analysis, b: Analysis) -> WordMatch:
     for j, w in enumerate(b.words):
         pool[w].append(j)
     free_a: list[int] = []
+    pairs: list[tuple[int, int]] = []
     for i, w in enumerate(a.words):
         if pool[w]:
-            pool[w].pop(0)
+            pairs.append((i, pool[w].pop(0)))
         else:
             free_a.append(i)
     free_b = sorted(j for js in pool.values() for j in js)
@@ -116,9 +118,10 @@ def match(a: Analysis, b: Analysis) -> WordMatch:
         for j in (j for j in free_b if b.words[j] not in names):
             sb = b.surface[j] if j < len(b.surface) else b.words[j]
             if is_typo(a.words[i], b.words[j], sa, sb):
+                pairs.append((i, j))
                 free_a.remove(i)
                 free_b.remove(j)
                 typos += 1
                 break
     acronyms = _acronyms(a, free_a, b, free_b) + _acronyms(b, free_b, a, free_a)
-    return WordMatch(left=tuple(free_a), right=tuple(free_b), typos=typos, acronyms=acronyms)
+    return WordMatch(left=tuple(free_a), right=tuple(free_b), typos=typos, acronyms=acronyms, pairs=tuple(pairs))

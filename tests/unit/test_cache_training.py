@@ -49,6 +49,7 @@ def test_featurize_applies_the_lookup_gates() -> None:
     assert data.accepted.tolist() == [True, False, False, False, False]  # the other history: another partition
     assert data.candidate.tolist() == [False, False, False, True, False]
     assert data.x.shape == (5, len(FEATURES)) and data.x[3, FEATURES.index("similarity")] == pytest.approx(0.8)
+    assert [ex.conversation for ex in items] == [False, False, False, False, True]
 
 
 def test_the_lower_bound_needs_hits_to_vouch_for_precision() -> None:

@@ -22,6 +22,7 @@ SAME = [
      "How do I rotate an image in GIMP?", 0.85),  # a wrapper in clauses of its own
     ("If it isn't too much to ask, how do I defrost a freezer?", "How do I defrost a freezer?", 0.9),
     ("For a toddler, what is a good bedtime?", "What is a good bedtime for a toddler?", 0.97),  # clause order
+    ("How can I switch on dark mode?", "What are the steps to enable dark mode in the app?", 0.8),  # same polarity
 ]
 
 # (a, b, similarity, reason): the verifier must reject these, for this reason.
@@ -52,6 +53,12 @@ NEAR_MISSES = [
     # conversions and transfers asked the other way round
     ("How much is 300 rupees in euros?", "How much is 300 euros in rupees?", 0.99, "order"),
     ("Convert 12 inches to centimeters.", "Convert 12 centimeters to inches.", 0.99, "order"),
+    # opposite polarity said in other words: a particle against a verb
+    ("How can I switch off dark mode?", "What are the steps to enable dark mode in the app?", 0.7, "negation"),
+    # a different modifier on a shared word, inside an otherwise reworded question
+    ("How long does overnight delivery take?", "What is the shipping time for standard delivery?", 0.78, "entity"),
+    ("What are the contribution limits of a Roth IRA?", "How much can I put into a traditional IRA each year?",
+     0.75, "entity"),
     # names a letter or two apart are different names, not typos
     ("What is the population of Austria?", "What is the population of Australia?", 0.9, "entity"),
     ("What is the capital of Slovenia?", "What is the capital of Slovakia?", 0.95, "entity"),
@@ -111,3 +118,10 @@ def test_min_confidence_overrides_the_model_threshold() -> None:
 def test_identical_content_needs_no_model() -> None:
     verdict = verify("How do I rename a git branch?", "how do i rename a git branch", similarity=0.6)
     assert verdict.ok and verdict.confidence is None
+
+
+def test_a_follow_up_in_a_conversation_leans_on_the_shared_history() -> None:
+    a, b = "How do I stop it?", "How can I prevent that?"
+    alone, followup = verify(a, b, similarity=0.77), verify(a, b, similarity=0.77, conversation=True)
+    assert alone.confidence is not None and followup.confidence is not None
+    assert followup.confidence > alone.confidence

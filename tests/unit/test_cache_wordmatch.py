@@ -55,3 +55,28 @@ def test_what_is_left_over_is_the_difference() -> None:
     m = match(analyse("Suggest a laptop for programming."), analyse("Suggest a laptop for programming on a budget."))
     b = analyse("Suggest a laptop for programming on a budget.")
     assert m.left == () and [b.words[j] for j in m.right] == ["budget"]
+
+
+@pytest.mark.parametrize(("a", "b", "swaps"), [
+    ("How long does express shipping take?", "What is the delivery time for standard shipping?", 1),
+    ("How long does standard shipping take?", "What is the delivery time for standard shipping?", 0),
+    ("Which areas are best to stay in?", "What neighborhoods should I stay in?", 0),  # not next to each other
+])
+def test_modifier_swaps_count_a_different_word_right_before_a_shared_one(a: str, b: str, swaps: int) -> None:
+    from fleetgate.cache.pairfeatures import modifier_swaps
+
+    x, y = analyse(a), analyse(b)
+    assert modifier_swaps(x, y, match=match(x, y)) == swaps
+
+
+@pytest.mark.parametrize(("a", "b", "opposite"), [
+    ("How do I enable dark mode?", "How do I disable dark mode?", True),
+    ("How can I turn off dark mode?", "What are the steps to enable dark mode?", True),
+    ("How can I turn on dark mode?", "What are the steps to enable dark mode?", False),
+    ("How do I stop my dog from barking?", "How can I get my dog to quit barking?", False),  # one polar word
+])
+def test_opposite_polarity_needs_a_left_over_polar_word_of_each_sign(a: str, b: str, opposite: bool) -> None:
+    from fleetgate.cache.pairfeatures import opposite_polarity
+
+    x, y = analyse(a), analyse(b)
+    assert opposite_polarity(x, y, match(x, y)) is opposite
