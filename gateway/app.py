@@ -25,9 +25,11 @@ from fleetgate.core.errors import FleetGateError, InvalidRequestError, UpstreamU
 from fleetgate.core.kvstore import KVStore, make_kvstore
 from fleetgate.gateway.context import request_id_from
 from fleetgate.gateway.discovery import EndpointSource
-from fleetgate.gateway.errors import error_body
+from fleetgate.gateway.errors import error_body, internal_error_body
 from fleetgate.gateway.fastpath import GatewayApp, completion_handler
 from fleetgate.gateway.metrics import GatewayMetrics
+from fleetgate.gateway.metrics_listener import MetricsListener
+from fleetgate.gateway.parsing import Kind
 from fleetgate.gateway.pipeline import Pipeline
 from fleetgate.gateway.routes import JSON, install_routes
 from fleetgate.gateway.settings import GatewaySettings
@@ -76,7 +78,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return _error_response(request, error)
 
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        # Starlette's default is a plain-text 500; clients get the OpenAI shape and no traceback.
+        rid = request_id_from(request.headers)
+        log.error("unexpected error", exc_info=exc, extra={"request_id": rid})
+        return Response(internal_error_body(rid), status_code=500, headers={"x-request-id": rid}, media_type=JSON)
+
     app.add_exception_handler(FleetGateError, on_fleetgate)
+    app.add_exception_handler(Exception, on_unexpected)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(HTTPException, on_http)
 
@@ -104,6 +113,10 @@ def create_app(
     )
     runtime = _Runtime()
     metrics = GatewayMetrics(registry)
+    server = settings.server
+    listener = None
+    if server.metrics_port is not None:
+        listener = MetricsListener(registry, host=server.metrics_host or server.host, port=server.metrics_port)
     pipeline = Pipeline(settings=settings, stages=stages, metrics=metrics, session=runtime.get_session)
 
     @asynccontextmanager
@@ -111,6 +124,8 @@ def create_app(
         runtime.session = make_session(settings.server)
         started: list[Any] = []
         try:
+            if listener is not None:
+                listener.start()
             for stage in stages.unique():
                 start = getattr(stage, "start", None)
                 if start is not None:
@@ -131,27 +146,36 @@ def create_app(
             await runtime.session.close()
             runtime.session = None
             await store.close()
+            if listener is not None:
+                listener.stop()
 
     def readiness() -> tuple[bool, dict[str, Any]]:
         # Ready = this replica can answer (started, stages up). Engines are reported, not required: a
         # gateway with no engine answers 503s that say so, and engines scaled to zero must stay reachable.
         source = stages.endpoint_source
         models = source.models()
+        endpoints = [e.id for m in models for e in source.endpoints(m)]
+        # Ejected endpoints (failing health): named, so a probe or an operator can decide what ready means.
+        health = getattr(getattr(stages.scheduler, "state", None), "health", None)
+        ejected = sorted(e for e in endpoints if health is not None and health.is_ejected(e))
         info = {
             "status": "ready" if runtime.ready else "starting",
             "models": len(models),
-            "endpoints": sum(len(source.endpoints(m)) for m in models),
+            "endpoints": len(endpoints),
+            "ejected": ejected,
+            "all_ejected": bool(endpoints) and len(ejected) == len(endpoints),
         }
         return runtime.ready, info
 
     app = GatewayApp(title="FleetGate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    limit = settings.server.max_body_bytes
+    limit, body_s = settings.server.max_body_bytes, settings.server.body_timeout_s
+    routes: tuple[tuple[str, Kind], ...] = (("/v1/chat/completions", "chat"), ("/v1/completions", "completions"))
     app.hot_routes = {
-        "/v1/chat/completions": completion_handler("chat", pipeline=pipeline, max_body_bytes=limit),
-        "/v1/completions": completion_handler("completions", pipeline=pipeline, max_body_bytes=limit),
+        path: completion_handler(kind, pipeline=pipeline, max_body_bytes=limit, body_timeout_s=body_s)
+        for path, kind in routes
     }
     _install_error_handlers(app)
-    install_routes(app, pipeline=pipeline, registry=registry, readiness=readiness)
+    install_routes(app, pipeline=pipeline, readiness=readiness)
     for router in [*build_routers(settings, stages=stages, registry=registry, kvstore=store), *routers]:
         app.include_router(router)
     app.state.settings = settings
@@ -159,5 +183,6 @@ def create_app(
     app.state.pipeline = pipeline
     app.state.metrics = metrics
     app.state.registry = registry
+    app.state.metrics_listener = listener
     app.state.kvstore = store
     return app

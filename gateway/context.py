@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from fleetgate.cache.types import CacheLookup, CacheRequest
-from fleetgate.core.types import Endpoint
+from fleetgate.core.types import Endpoint, Usage
 from fleetgate.gateway.parsing import ParsedRequest
 from fleetgate.gateway.stages import ANONYMOUS, Reservation, Tenant
 from fleetgate.router.tiers.types import TierDecision
@@ -70,3 +70,7 @@ class RequestContext:
     served_tier: str | None = None
     authenticated: bool = False
     finished: bool = False
+    prompt_estimate: int = 0  # the reservation's prompt tokens: charged when an engine's usage is unknown
+    spent: Usage | None = None  # engine work so far (None: unknown); charged when no complete answer comes
+    # The requested model as records may name it: a placeholder until the name is authorized and known.
+    model_label: str = ""

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
-from fleetgate.core.errors import PayloadTooLargeError
+from fleetgate.core.errors import FleetGateError, PayloadTooLargeError
 from fleetgate.gateway.context import GatewayResponse, request_id_from
 from fleetgate.gateway.errors import error_body
 from fleetgate.gateway.parsing import Kind
@@ -28,8 +28,26 @@ class ClientLeft(Exception):
     """The client disconnected while sending its body."""
 
 
-async def read_body(scope: Scope, receive: Receive, headers: dict[str, str], *, limit: int) -> bytes:
-    """The request body, or `PayloadTooLargeError` as soon as Content-Length or the bytes read pass `limit`."""
+class BodyTimeoutError(FleetGateError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+async def read_body(
+    scope: Scope, receive: Receive, headers: dict[str, str], *, limit: int, timeout_s: float | None = None
+) -> bytes:
+    """The request body; `PayloadTooLargeError` as soon as Content-Length or the bytes read pass `limit`,
+    `BodyTimeoutError` when the whole body has not arrived within `timeout_s` (a slow client must not
+    hold a connection and a task indefinitely)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(receive, headers, limit=limit)
+    except TimeoutError:
+        raise BodyTimeoutError(f"the request body did not arrive within {timeout_s:g} s") from None
+
+
+async def _read_body(receive: Receive, headers: dict[str, str], *, limit: int) -> bytes:
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(f"request body of {declared} bytes is over the limit of {limit} bytes")
@@ -49,6 +67,14 @@ async def read_body(scope: Scope, receive: Receive, headers: dict[str, str], *, 
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+UNREAD_BODY_BYTES = 64 * 1024  # a refused request's body up to this size is drained; past it, the connection closes
+
+
+def _small(headers: dict[str, str]) -> bool:
+    declared = headers.get("content-length")
+    return declared is not None and declared.isdigit() and int(declared) <= UNREAD_BODY_BYTES
+
+
 async def send_json(send: Send, result: GatewayResponse) -> None:
     headers = [
         (b"content-type", result.media_type.encode()),
@@ -59,14 +85,28 @@ async def send_json(send: Send, result: GatewayResponse) -> None:
     await send({"type": "http.response.body", "body": result.body})
 
 
-def completion_handler(kind: Kind, *, pipeline: Pipeline, max_body_bytes: int) -> Handler:
+def completion_handler(
+    kind: Kind, *, pipeline: Pipeline, max_body_bytes: int, body_timeout_s: float | None = None
+) -> Handler:
     async def handle(scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        # The key first, from the header alone: an unauthenticated body is never read into memory or
+        # parsed (the server discards its bytes), so it costs no more than a 401.
         try:
-            raw = await read_body(scope, receive, headers, limit=max_body_bytes)
-        except PayloadTooLargeError as exc:
-            rid = {"x-request-id": request_id_from(headers)}
-            await send_json(send, GatewayResponse(exc.status, rid, error_body(exc)))
+            tenant = await pipeline.authenticate(headers=headers)
+        except FleetGateError as exc:
+            refused = pipeline.refuse(headers=headers, exc=exc)
+            if not _small(headers):  # close rather than receive (and discard) megabytes we will never use
+                refused.headers["connection"] = "close"
+            await send_json(send, refused)
+            return
+        try:
+            raw = await read_body(scope, receive, headers, limit=max_body_bytes, timeout_s=body_timeout_s)
+        except (PayloadTooLargeError, BodyTimeoutError) as exc:
+            answer = {"x-request-id": request_id_from(headers)}
+            if isinstance(exc, BodyTimeoutError):  # a slow sender would keep dribbling: close its connection
+                answer["connection"] = "close"
+            await send_json(send, GatewayResponse(exc.status, answer, error_body(exc)))
             return
         except ClientLeft:
             return
@@ -74,7 +114,7 @@ def completion_handler(kind: Kind, *, pipeline: Pipeline, max_body_bytes: int) -
         # streamed or not, must not keep a GPU busy.
         watch = ClientWatch(receive)
         try:
-            result = await pipeline.handle(kind=kind, raw=raw, headers=headers)
+            result = await pipeline.handle(kind=kind, raw=raw, headers=headers, tenant=tenant)
             if result.stream is None:
                 await send_json(send, result)
             else:

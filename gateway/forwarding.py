@@ -29,14 +29,30 @@ PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 FORCED_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
-def upstream_body(body: dict[str, Any], *, served_name: str, stream: bool, raw: bytes = b"") -> bytes:
-    """The client's body for the engine: its served model name and, when streaming, usage on every chunk.
+# Non-streaming requests with these are not streamed upstream: `StreamAssembler` does not rebuild them.
+NOT_ASSEMBLED = ("tools", "functions", "logprobs", "top_logprobs", "echo", "prompt_logprobs")
+
+
+def assembled_upstream(body: dict[str, Any]) -> bool:
+    """Whether a non-streaming request is streamed from the engine and assembled by the gateway, so that a
+    client who leaves (or an engine that breaks off) still leaves the usage of the work done so far."""
+    best_of = body.get("best_of")
+    return not any(body.get(k) for k in NOT_ASSEMBLED) and not (isinstance(best_of, int) and best_of > 1)
+
+
+def upstream_body(body: dict[str, Any], *, served_name: str, stream: bool, raw: bytes = b"",
+                  max_tokens: int | None = None) -> bytes:
+    """The client's body for the engine: its served model name, `max_tokens` when the client set none and
+    the gateway bounded it (`Reservation.max_tokens`), and, when streaming, usage on every chunk.
     A non-streaming body that already names the served model is forwarded as received (`raw`)."""
-    if raw and not stream and body.get("model") == served_name:
+    if raw and not stream and body.get("model") == served_name and max_tokens is None:
         return raw
     out = dict(body)
     out["model"] = served_name
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
     if stream:
+        out["stream"] = True
         out["stream_options"] = FORCED_STREAM_OPTIONS
     return orjson.dumps(out)
 
@@ -64,6 +80,7 @@ class Forwarder:
         assert parsed is not None
         path = PATHS[parsed.kind]
         timeout = self._server.first_byte_timeout_s if stream else self._server.request_timeout_s
+        cap = ctx.reservation.max_tokens if ctx.reservation is not None and parsed.max_tokens is None else None
         problems: list[str] = []
         for index, (model, tier) in enumerate(targets):
             if index:
@@ -89,7 +106,8 @@ class Forwarder:
             for attempt_no, endpoint in enumerate(tries):
                 if attempt_no:
                     self._metrics.retries.labels(model).inc()
-                body = upstream_body(parsed.body, served_name=endpoint.model, stream=stream, raw=parsed.raw)
+                body = upstream_body(parsed.body, served_name=endpoint.model, stream=stream, raw=parsed.raw,
+                                     max_tokens=cap)
                 # on_start before sending and on_complete on every failure keep in-flight counts balanced.
                 self._scheduler.on_start(routing, endpoint)
                 try:
@@ -109,6 +127,9 @@ class Forwarder:
                     raise
                 except asyncio.CancelledError:
                     self._scheduler.on_complete(routing, endpoint, ok=False, usage=None)
+                    # The request may have reached the engine: the pipeline charges its estimate.
+                    ctx.attempts.append(Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing,
+                                                decision=decision))
                     raise
                 attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)
                 ctx.attempts.append(attempt)

@@ -1,7 +1,7 @@
 """Parsing and validating an OpenAI request body into a `ParsedRequest`.
 
-Only what the gateway needs is checked (model, messages or prompt, stream flags, token limits);
-everything else is passed to the engine untouched, so engine-specific fields keep working.
+The OpenAI fields are validated (`validation`: types, ranges, roles, content parts, nesting depth);
+every other field is passed to the engine untouched, so engine-specific fields keep working.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Literal
 import orjson
 
 from fleetgate.core.errors import InvalidRequestError
+from fleetgate.gateway.validation import validate_body
 
 Kind = Literal["chat", "completions"]
 
@@ -46,36 +47,21 @@ def chat_prompt_text(messages: list[Any]) -> str:
 
 
 def _prompt_text(kind: Kind, body: Mapping[str, Any]) -> str:
+    """The prompt as one string; the body has passed `validate_body`, so the shapes are known."""
     if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequestError("'messages' must be a non-empty list", param="messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-                raise InvalidRequestError(f"messages[{i}] must be an object with a string 'role'", param="messages")
-        return chat_prompt_text(messages)
-    prompt = body.get("prompt")
+        return chat_prompt_text(body["messages"])
+    prompt = body["prompt"]
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return "\n".join(prompt)
-        if all(isinstance(p, int) for p in prompt):
-            return " ".join(str(p) for p in prompt)
-    raise InvalidRequestError("'prompt' must be a string, a list of strings or a list of token ids", param="prompt")
-
-
-def _int_or_none(body: Mapping[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequestError(f"'{name}' must be a positive integer", param=name)
-    return value
+    if all(isinstance(p, str) for p in prompt):
+        return "\n".join(prompt)
+    if all(isinstance(p, int) for p in prompt):
+        return " ".join(str(p) for p in prompt)
+    return "\n".join(" ".join(str(t) for t in p) for p in prompt)
 
 
 def parse_request(kind: Kind, raw: bytes, *, session_header: str | None = None) -> ParsedRequest:
-    """Raise `InvalidRequestError` (400) for anything the gateway cannot forward."""
+    """Raise `InvalidRequestError` (400, naming the parameter) for anything the gateway cannot forward."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -85,23 +71,12 @@ def parse_request(kind: Kind, raw: bytes, *, session_header: str | None = None) 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequestError("'model' is required and must be a non-empty string", param="model")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise InvalidRequestError("'stream' must be a boolean", param="stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise InvalidRequestError("'stream_options' must be an object", param="stream_options")
-    options = options or {}
-    if options and not stream:
-        raise InvalidRequestError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
-    max_tokens = _int_or_none(body, "max_completion_tokens") if kind == "chat" else None
+    validate_body(kind, body)
+    stream = bool(body.get("stream"))
+    options = body.get("stream_options") or {}
+    max_tokens = body.get("max_completion_tokens") if kind == "chat" else None
     if max_tokens is None:
-        max_tokens = _int_or_none(body, "max_tokens")
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise InvalidRequestError("'n' must be a positive integer", param="n")
+        max_tokens = body.get("max_tokens")
     user = body.get("user")
     return ParsedRequest(
         kind=kind,

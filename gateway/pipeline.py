@@ -1,8 +1,9 @@
 """The request pipeline: everything between the HTTP layer and the engines, with no web framework.
 
-Order: parse + validate (400) -> authenticate (401) -> authorize the requested model or alias (403)
--> known model or alias (404) -> reserve against limits (429) -> cache lookup (hit: answer, settle
-zero engine usage) -> tier resolution -> endpoint picking and forwarding (fallbacks, one connect
+Order: authenticate from the header (401; before the body is even read, see `fastpath`) -> parse +
+validate (400) -> authorize the requested model or alias (403) -> known model or alias (404) -> reserve
+against limits (429) -> cache lookup (hit: answer, settle zero engine usage) -> tier resolution, whose
+concrete models are authorized too (`authorization`) -> endpoint picking and forwarding (fallbacks, one connect
 retry) -> optional cascade escalation (non-streaming) -> relay -> settle, record, cache store.
 Settling, recording and storing run after the response, in tasks the pipeline tracks (`drain`).
 """
@@ -20,17 +21,27 @@ import aiohttp
 import orjson
 
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
-from fleetgate.core.errors import FleetGateError, NotFoundError, UpstreamBadResponseError, UpstreamUnavailableError
+from fleetgate.core.errors import (
+    FleetGateError,
+    NotFoundError,
+    UpstreamBadResponseError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
 from fleetgate.core.types import Usage
 from fleetgate.gateway.assembly import StreamAssembler
+from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorized_decision, shown
+from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
+from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
-from fleetgate.gateway.forwarding import Forwarder
+from fleetgate.gateway.estimate import default_max_tokens, estimate_request
+from fleetgate.gateway.forwarding import Forwarder, assembled_upstream
 from fleetgate.gateway.metrics import GatewayMetrics
-from fleetgate.gateway.parsing import Kind, ParsedRequest, estimate_prompt_tokens, parse_request
+from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
 from fleetgate.gateway.replay import replay_chunks
 from fleetgate.gateway.settings import GatewaySettings
-from fleetgate.gateway.stages import RequestRecord
+from fleetgate.gateway.stages import RequestRecord, Tenant
 from fleetgate.gateway.stageset import Stages
 from fleetgate.gateway.streaming import RelayStream, ReplayStream, StreamOutcome
 from fleetgate.gateway.upstream import read_body
@@ -67,22 +78,35 @@ class Pipeline:
             metrics=metrics,
             session=session,
         )
+        self._context = {m.name: m.max_model_len for m in settings.models if m.max_model_len}
         self._tasks: set[asyncio.Task[None]] = set()
         self._log = logging.getLogger("fleetgate.gateway.requests")
 
     # ---- public -------------------------------------------------------------------------------
 
-    async def handle(self, *, kind: Kind, raw: bytes, headers: Mapping[str, str]) -> GatewayResponse:
-        """`headers` must have lower-case names. Never raises: every failure becomes a response."""
+    async def authenticate(self, *, headers: Mapping[str, str]) -> Tenant:
+        """The caller's tenant from the `authorization` header alone (cheap: one hash and a dict lookup)."""
+        return await self._s.auth.authenticate(headers.get("authorization"))
+
+    def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse:
+        """The answer to a request refused before its body was read (counted like any other)."""
+        ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
+        return self._error(ctx, exc)
+
+    async def handle(
+        self, *, kind: Kind, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None
+    ) -> GatewayResponse:
+        """`headers` must have lower-case names; `tenant`: already authenticated (`authenticate`).
+        Never raises: every failure becomes a response."""
         ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
         self._m.in_flight.inc()
         try:
-            response = await self._run(ctx, kind, raw, headers)
+            response = await self._run(ctx, kind, raw, headers, tenant)
         except FleetGateError as exc:
             response = self._error(ctx, exc)
         except asyncio.CancelledError:  # the client left before a non-streaming answer: engine call aborted
             self._m.in_flight.dec()
-            self._finish(ctx, status=499, usage=Usage(), records=self._rejected_records(ctx, 499))
+            self._finish(ctx, status=499, usage=self._spent(ctx), records=self._rejected_records(ctx, 499))
             raise
         except Exception:
             self._log.exception("unexpected error", extra={"request_id": ctx.request_id})
@@ -116,25 +140,40 @@ class Pipeline:
 
     # ---- the pipeline -------------------------------------------------------------------------
 
-    async def _run(self, ctx: RequestContext, kind: Kind, raw: bytes, headers: Mapping[str, str]) -> GatewayResponse:
+    async def _run(
+        self, ctx: RequestContext, kind: Kind, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None
+    ) -> GatewayResponse:
+        # Authenticate before parsing: an unauthenticated client must not cost JSON parsing of a big body.
+        ctx.tenant = tenant if tenant is not None else await self.authenticate(headers=headers)
+        ctx.authenticated = True
         parsed = parse_request(kind, raw, session_header=headers.get("x-session-id"))
         ctx.parsed = parsed
-        ctx.tenant = await self._s.auth.authenticate(headers.get("authorization"))
-        ctx.authenticated = True
+        # Until the name is authorized and known it is the client's arbitrary string: records, ledger rows
+        # and metric labels get a fixed placeholder instead, so they cannot grow with what clients send.
+        ctx.model_label = REFUSED_MODEL
         self._s.auth.authorize(ctx.tenant, parsed.model)
+        ctx.model_label = UNKNOWN_MODEL
         if parsed.model not in self._s.endpoint_source.models() and parsed.model not in self._s.tiers.aliases():
             names = ", ".join(self.known_models()) or "(none configured)"
-            raise NotFoundError(f"model {parsed.model!r} does not exist; available models: {names}", param="model")
+            raise NotFoundError(f"model {shown(parsed.model)} does not exist; available models: {names}",
+                                param="model")
+        ctx.model_label = parsed.model
+        estimate = estimate_request(parsed)
+        ctx.prompt_estimate = estimate.prompt_tokens
         ctx.reservation = await self._s.limiter.reserve(
             ctx.tenant,
             parsed.model,
-            prompt_tokens=estimate_prompt_tokens(parsed.prompt_text),
-            max_tokens=parsed.max_tokens or self._server.default_max_tokens,
+            prompt_tokens=estimate.prompt_tokens,
+            max_tokens=parsed.max_tokens or default_max_tokens(
+                prompt_tokens=estimate.prompt_tokens, context=self._context.get(parsed.model),
+                default=self._server.default_max_tokens),
+            sequences=estimate.sequences,
+            fit_max_tokens=parsed.max_tokens is None,
         )
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
             return self._serve_hit(ctx, parsed, lookup)
-        decision = await self._resolve(ctx, parsed, lookup)
+        decision = authorized_decision(await self._resolve(ctx, parsed, lookup), tenant=ctx.tenant, auth=self._s.auth)
         ctx.tier = decision
         ctx.served_model, ctx.served_tier = decision.model, decision.tier  # until an engine call says otherwise
         targets = [(decision.model, decision.tier), *decision.fallbacks]
@@ -164,6 +203,10 @@ class Pipeline:
 
     async def _resolve(self, ctx: RequestContext, parsed: ParsedRequest, lookup: CacheLookup) -> TierDecision:
         try:
+            if ctx.tenant.allowed_models is not None:
+                # The alias picks among the tiers this tenant may use (`authorized_decision` re-checks the result).
+                return await self._s.tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding,
+                                                   allowed_models=ctx.tenant.allowed_models)
             return await self._s.tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding)
         except FleetGateError:
             raise
@@ -195,15 +238,21 @@ class Pipeline:
         self, ctx: RequestContext, targets: list[tuple[str, str | None]]
     ) -> tuple[Attempt, dict[str, Any], Usage, bytes]:
         """One non-streaming engine call: the parsed answer and the bytes for the client (the engine's
-        own unless the model name is rewritten). Engine errors are raised as OpenAI-shaped errors."""
-        attempt, resp = await self._forwarder.open(ctx, targets, stream=False)
+        own unless the model name is rewritten or the answer was assembled from a stream). Engine errors
+        are raised as OpenAI-shaped errors; the engine's work so far is added to `ctx.spent` either way."""
+        assert ctx.parsed is not None
+        assembled = assembled_upstream(ctx.parsed.body)
+        attempt, resp = await self._forwarder.open(ctx, targets, stream=assembled)
         ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
         ep = attempt.endpoint
+        if assembled and resp.status == 200:
+            return await self._collect(ctx, attempt, resp)
         try:
             raw = await read_body(resp, endpoint=ep, timeout_s=self._server.request_timeout_s)
             if resp.status != 200:
+                ctx.spent = ctx.spent or Usage()  # the engine refused: no work done
                 self._m.upstream_errors.labels(attempt.model, ep.id, "status").inc()
-                raise from_engine(resp.status, raw, endpoint=ep.id)
+                raise from_engine(resp.status, raw, endpoint=ep.id, retry_after=resp.headers.get("Retry-After"))
             try:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError:
@@ -214,12 +263,47 @@ class Pipeline:
         except (FleetGateError, asyncio.CancelledError):
             self._s.scheduler.on_complete(attempt.routing, ep, ok=False, usage=None)
             raise
-        usage = Usage.from_openai(obj.get("usage"))
+        usage = parse_usage(obj.get("usage"))
+        if usage is None:
+            self._m.upstream_errors.labels(attempt.model, ep.id, "bad_usage").inc()
+            usage = fallback_usage(prompt_estimate=ctx.prompt_estimate, output_chunks=0)
+        ctx.spent = _add(ctx.spent or Usage(), usage)
         self._s.scheduler.on_complete(attempt.routing, ep, ok=True, usage=usage)
         if ep.model != attempt.model:
             obj["model"] = attempt.model
             raw = orjson.dumps(obj)
         return attempt, obj, usage, raw
+
+    async def _collect(
+        self, ctx: RequestContext, attempt: Attempt, resp: aiohttp.ClientResponse
+    ) -> tuple[Attempt, dict[str, Any], Usage, bytes]:
+        """Read a streamed engine answer to its end and assemble the non-streaming response."""
+        assert ctx.parsed is not None
+        ep = attempt.endpoint
+        done: list[tuple[StreamOutcome, Usage]] = []
+
+        def on_done(out: StreamOutcome) -> None:  # also when the client left: the usage so far is charged
+            usage = self._charged(ctx, attempt, out)
+            ctx.spent = _add(ctx.spent or Usage(), usage)
+            self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok and out.assembled is not None, usage=usage)
+            done.append((out, usage))
+
+        timed_out = await collect_stream(resp, endpoint_id=ep.id, kind=ctx.parsed.kind, server=self._server,
+                                         on_done=on_done)
+        [(out, usage)] = done
+        if timed_out or out.error_kind == "timeout":
+            self._m.upstream_errors.labels(attempt.model, ep.id, "timeout").inc()
+            raise UpstreamTimeoutError(f"engine {ep.id} did not finish its response in time")
+        if not out.ok or out.assembled is None:
+            self._m.upstream_errors.labels(attempt.model, ep.id, out.error_kind or "bad_response").inc()
+            raise UpstreamBadResponseError(f"engine {ep.id} broke off or sent an answer the gateway cannot assemble")
+        obj = answer_of(out, usage, model=attempt.model if ep.model != attempt.model else ep.model)
+        return attempt, obj, usage, orjson.dumps(obj)
+
+    def _charged(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> Usage:
+        if out.bad_usage:
+            self._m.upstream_errors.labels(attempt.model, attempt.endpoint.id, "bad_usage").inc()
+        return charged_usage(out, prompt_estimate=ctx.prompt_estimate)
 
     async def _complete(
         self, ctx: RequestContext, parsed: ParsedRequest, targets: list[tuple[str, str | None]]
@@ -259,12 +343,13 @@ class Pipeline:
         ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
         ep = attempt.endpoint
         if resp.status != 200:
+            ctx.spent = ctx.spent or Usage()  # the engine refused: no work done
             try:
                 raw = await read_body(resp, endpoint=ep, timeout_s=self._server.first_byte_timeout_s)
             finally:
                 self._s.scheduler.on_complete(attempt.routing, ep, ok=False, usage=None)
             self._m.upstream_errors.labels(attempt.model, ep.id, "status").inc()
-            raise from_engine(resp.status, raw, endpoint=ep.id)
+            raise from_engine(resp.status, raw, endpoint=ep.id, retry_after=resp.headers.get("Retry-After"))
         assemble = ctx.lookup is not None and ctx.lookup.status == CacheStatus.MISS
         relay = RelayStream(
             response=resp,
@@ -281,7 +366,7 @@ class Pipeline:
 
     def _stream_done(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> None:
         self._m.in_flight.dec()
-        usage = Usage.from_openai(out.usage)
+        usage = self._charged(ctx, attempt, out)
         ep = attempt.endpoint
         self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok, usage=usage)
         if out.error_kind:
@@ -301,11 +386,23 @@ class Pipeline:
         """The record of a request that got no answer (only once the tenant is known)."""
         if not ctx.authenticated or ctx.parsed is None:
             return []
-        model = ctx.served_model or ctx.parsed.model
-        return [self._record(ctx, model=model, tier=ctx.served_tier, endpoint=None, usage=Usage(), status=status)]
+        model = ctx.served_model or ctx.model_label
+        endpoint = ctx.attempts[-1].endpoint.id if ctx.attempts else None
+        return [self._record(ctx, model=model, tier=ctx.served_tier, endpoint=endpoint, usage=self._spent(ctx),
+                             status=status)]
+
+    @staticmethod
+    def _spent(ctx: RequestContext) -> Usage:
+        """What a request that got no complete answer is charged: the engine's work so far, else (an engine
+        was reached, its usage unknown) the prompt estimate, else nothing."""
+        if ctx.spent is not None:
+            return ctx.spent
+        if ctx.attempts:
+            return fallback_usage(prompt_estimate=ctx.prompt_estimate, output_chunks=0)
+        return Usage()
 
     def _error(self, ctx: RequestContext, exc: FleetGateError) -> GatewayResponse:
-        self._finish(ctx, status=exc.status, usage=Usage(), records=self._rejected_records(ctx, exc.status))
+        self._finish(ctx, status=exc.status, usage=self._spent(ctx), records=self._rejected_records(ctx, exc.status))
         return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
 
     def _headers(self, ctx: RequestContext, attempt: Attempt | None = None) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """The HTTP routes other than the completions (those are bare ASGI handlers: `fastpath`).
 
-Plain Starlette routes taking the raw `Request`: models, health, readiness and metrics.
+Plain Starlette routes taking the raw `Request`: models, health and readiness. `/metrics` is not here:
+it is served on its own port (`metrics_listener`), so tenants cannot read each other's spend.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -23,7 +23,6 @@ def install_routes(
     app: FastAPI,
     *,
     pipeline: Pipeline,
-    registry: CollectorRegistry,
     readiness: Callable[[], tuple[bool, dict[str, Any]]],
 ) -> None:
     async def models(request: Request) -> Response:
@@ -37,10 +36,6 @@ def install_routes(
         ready, info = readiness()
         return Response(orjson.dumps(info), status_code=200 if ready else 503, media_type=JSON)
 
-    async def metrics(request: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
     app.router.add_route("/v1/models", models, methods=["GET"])
     app.router.add_route("/healthz", healthz, methods=["GET"])
     app.router.add_route("/readyz", readyz, methods=["GET"])
-    app.router.add_route("/metrics", metrics, methods=["GET"])

@@ -1,6 +1,7 @@
 """`fleetgate gateway --config FILE`: run the gateway alone; `build_server` for in-process use.
 
-The server is uvicorn with uvloop and httptools, access log off (the pipeline writes one
+The server is uvicorn with uvloop and httptools (with a header deadline and JSON parser errors:
+`protocol`), access log off (the pipeline writes one
 structured line per request). `fleetgate up` calls `build_server(...)` and awaits `serve()`
 next to its engine management.
 """
@@ -18,22 +19,29 @@ from fleetgate.gateway.settings import GatewaySettings
 
 
 def build_server(
-    settings: GatewaySettings, *, host: str | None = None, port: int | None = None, **stage_overrides: Any
+    settings: GatewaySettings, *, host: str | None = None, port: int | None = None, metrics_port: int | None = None,
+    **stage_overrides: Any,
 ) -> uvicorn.Server:
-    """A uvicorn server for `create_app(settings, **stage_overrides)`; `host`/`port` override the settings.
+    """A uvicorn server for `create_app(settings, **stage_overrides)`; `host`/`port`/`metrics_port` override
+    the settings (the metrics listener's address is `app.state.metrics_listener.url` once started).
 
     Run it with `await server.serve()` (in a running loop) or `server.run()`; `server.should_exit =
     True` stops it gracefully; `server.started` turns true once it listens.
     """
     from fleetgate.gateway.app import create_app
+    from fleetgate.gateway.protocol import guarded_protocol
 
+    if metrics_port is not None:
+        settings = settings.model_copy(
+            update={"server": settings.server.model_copy(update={"metrics_port": metrics_port})}
+        )
     app = create_app(settings, **stage_overrides)
     config = uvicorn.Config(
         app,
         host=host or settings.server.host,
         port=settings.server.port if port is None else port,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(header_timeout_s=settings.server.header_timeout_s),
         lifespan="on",
         access_log=False,
         log_config=None,
@@ -45,15 +53,24 @@ def build_server(
     return uvicorn.Server(config)
 
 
+def metrics_url(server: uvicorn.Server) -> str | None:
+    """The started server's `/metrics` URL (its own port), or None when the metrics listener is off."""
+    from fleetgate.gateway.metrics_listener import MetricsListener
+
+    listener = getattr(getattr(server.config.app, "state", None), "metrics_listener", None)
+    return listener.url if isinstance(listener, MetricsListener) else None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="gateway YAML file (default: embedded defaults)")
     parser.add_argument("--host", help="listen address (default: server.host)")
     parser.add_argument("--port", type=int, help="listen port (default: server.port)")
+    parser.add_argument("--metrics-port", type=int, help="/metrics listen port (default: server.metrics_port)")
 
 
 def run(args: argparse.Namespace) -> int:
     settings = load_model(GatewaySettings, args.config)
     configure_logging(level=settings.server.log_level)
-    server = build_server(settings, host=args.host, port=args.port)
+    server = build_server(settings, host=args.host, port=args.port, metrics_port=args.metrics_port)
     server.run()
     return 0

@@ -27,6 +27,14 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, description="413 above this request size")
+    # Slow clients must not hold connections: a request's headers and its body each have a deadline.
+    header_timeout_s: float = Field(default=10.0, gt=0, description="connection open -> request headers complete")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="request headers -> whole body received (408)")
+    # Prometheus metrics show every tenant's spend: they are served on their own port, never the client one.
+    metrics_port: int | None = Field(
+        default=9464, ge=0, le=65535, description="/metrics listener (0: any free port; null: no metrics listener)"
+    )
+    metrics_host: str | None = Field(default=None, description="/metrics listen address (default: host)")
     connect_timeout_s: float = Field(default=3.0, gt=0, description="TCP connect to an engine")
     first_byte_timeout_s: float = Field(
         default=300.0, gt=0, description="request sent -> response headers and, when streaming, the first chunk"
@@ -52,6 +60,9 @@ class ModelRoute(_Strict):
     name: str = Field(min_length=1, description="the name clients ask for")
     endpoints: list[str] = Field(default_factory=list, description="engine base URLs, e.g. http://127.0.0.1:8100")
     served_name: str | None = Field(default=None, description="the engine's own model name, if it differs")
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="context length: bounds the reservation when a request sets no max_tokens"
+    )
 
     @field_validator("endpoints")
     @classmethod

@@ -32,6 +32,7 @@ class Reservation:
     estimated_tokens: int
     estimated_micros: int
     token: str = ""  # backend handle to settle with
+    max_tokens: int | None = None  # per completion: set upstream when the client set none (bounds the spend)
 
 
 @dataclass(slots=True)
@@ -63,8 +64,13 @@ class Authenticator(Protocol):
 
 
 class Limiter(Protocol):
-    async def reserve(self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int) -> Reservation:
-        """Atomically reserve an estimate; raise RateLimitError (429) when over a limit."""
+    async def reserve(
+        self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int | None,
+        sequences: int = 1, fit_max_tokens: bool = False,
+    ) -> Reservation:
+        """Atomically reserve an estimate (`sequences` completions of `max_tokens`); raise RateLimitError (429)
+        when over a limit. With `fit_max_tokens` the reservation may lower `max_tokens` to what fits and says
+        so in `Reservation.max_tokens`, which the gateway then sets upstream."""
         ...
 
     async def settle(self, reservation: Reservation, usage: Usage) -> None:
@@ -87,8 +93,12 @@ class OpenAuth:
 
 
 class NoLimits:
-    async def reserve(self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int) -> Reservation:
-        return Reservation(tenant=tenant, model=model, estimated_tokens=prompt_tokens + max_tokens, estimated_micros=0)
+    async def reserve(
+        self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int | None,
+        sequences: int = 1, fit_max_tokens: bool = False,
+    ) -> Reservation:
+        tokens = prompt_tokens + (max_tokens or 0) * max(sequences, 1)
+        return Reservation(tenant=tenant, model=model, estimated_tokens=tokens, estimated_micros=0)
 
     async def settle(self, reservation: Reservation, usage: Usage) -> None:
         return None

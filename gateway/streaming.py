@@ -8,7 +8,8 @@ Upstream the gateway always asks for `include_usage` + `continuous_usage_stats`,
 chunk carries the usage so far: accounting is exact even when the client leaves mid-stream.
 Each chunk is rewritten for the client: usage is removed unless the client asked for it (then
 `usage: null` on content chunks and the final usage-only chunk, as OpenAI does; every chunk's usage
-if it also asked for continuous stats), and `model` names what the gateway served.
+if it also asked for continuous stats), and `model` names what the gateway served. A malformed usage
+(`engine_usage`) is dropped and flagged in the outcome; the pipeline then charges an estimate.
 
 A silent engine (no chunk within the first-byte / inter-chunk timeout), a broken connection or an
 end without `[DONE]` ends the client stream with an OpenAI-shaped error event and `[DONE]`.
@@ -29,6 +30,7 @@ import aiohttp
 import orjson
 
 from fleetgate.gateway.assembly import StreamAssembler
+from fleetgate.gateway.engine_usage import parse_usage
 
 DONE = b"data: [DONE]\n\n"
 
@@ -43,10 +45,12 @@ class StreamOutcome:
     ok: bool = False  # ended with [DONE] and no error event
     cancelled: bool = False  # the client went away first
     error_kind: str | None = None  # timeout | midstream | engine_error
-    usage: dict[str, Any] | None = None  # the last usage the engine reported
+    usage: dict[str, Any] | None = None  # the last well-formed usage the engine reported
+    bad_usage: bool = False  # the engine sent a usage that is not one (`engine_usage.parse_usage`)
     first_token_at: float | None = None  # perf_counter of the first chunk with generated output
     last_token_at: float | None = None
     chunks: int = 0
+    output_chunks: int = 0  # chunks that carried generated output (>= 1 token each)
     assembled: dict[str, Any] | None = None  # the complete response (when assembling and ok)
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -80,6 +84,7 @@ class RelayStream:
         model_name: str | None,
         assembler: StreamAssembler | None,
         on_done: Callable[[StreamOutcome], None],
+        collect_only: bool = False,
     ) -> None:
         self._resp = response
         self._endpoint_id = endpoint_id
@@ -90,6 +95,7 @@ class RelayStream:
         self._model_name = model_name
         self._assembler = assembler
         self._on_done = on_done
+        self._collect_only = collect_only  # nothing for a client: only usage and the assembled answer
         self._outcome = StreamOutcome()
         self._ended = False  # [DONE] (ours or the engine's) was produced
         self._buf = b""  # bytes read from the engine, not yet relayed
@@ -159,21 +165,29 @@ class RelayStream:
     def _rewrite(self, chunk: dict[str, Any]) -> bytes | None:
         out = self._outcome
         usage = chunk.get("usage")
-        if usage:
-            out.usage = usage
+        if usage is not None and usage != {}:
+            if parse_usage(usage) is None:
+                out.bad_usage = True  # never relayed, never read as numbers: charged by estimate instead
+                usage = None
+                del chunk["usage"]
+            else:
+                out.usage = usage
         choices = chunk.get("choices")
         if not choices:
-            if not (usage and self._include_usage):
+            if self._collect_only or not (usage and self._include_usage):
                 return None  # the usage-only chunk the client did not ask for
         else:
             now = time.perf_counter()
             out.chunks += 1
             if _has_output(choices):
+                out.output_chunks += 1
                 if out.first_token_at is None:
                     out.first_token_at = now
                 out.last_token_at = now
             if self._assembler is not None:
                 self._assembler.add(chunk)
+            if self._collect_only:
+                return None
             if "usage" in chunk and not self._continuous:
                 if self._include_usage:
                     chunk["usage"] = None
@@ -182,6 +196,33 @@ class RelayStream:
         if self._model_name is not None:
             chunk["model"] = self._model_name
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    def _absorb_buffered(self) -> None:
+        """Before hanging up early: count the usage in what the engine sent and the gateway received but
+        did not relay yet (a client that leaves is charged up to the engine's last reported token that
+        reached the gateway, not only up to the last one relayed)."""
+        try:
+            data = self._buf[self._pos :] + self._resp.content.read_nowait()
+        except Exception:  # a broken connection has nothing more to give
+            data = self._buf[self._pos :]
+        for line in data.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            try:
+                chunk = orjson.loads(line[5:].strip())
+            except orjson.JSONDecodeError:
+                continue  # a partial last event, or [DONE]
+            if not isinstance(chunk, dict):
+                continue
+            usage = chunk.get("usage")
+            if usage:
+                if parse_usage(usage) is None:
+                    self._outcome.bad_usage = True
+                else:
+                    self._outcome.usage = usage
+            choices = chunk.get("choices")
+            if isinstance(choices, list) and _has_output(choices):
+                self._outcome.output_chunks += 1
 
     def _fail(self, kind: str, message: str, code: str) -> bytes:
         self._outcome.error_kind = kind
@@ -197,6 +238,7 @@ class RelayStream:
         if self._ended and out.ok:
             self._resp.release()
         else:
+            self._absorb_buffered()
             self._resp.close()  # drop the connection: vLLM aborts the request
             out.ok = False
             out.cancelled = cancelled and not self._ended

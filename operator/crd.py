@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetgate.operator.names import NAME_RULE
 from fleetgate.operator.spec import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, InferenceServiceSpec
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -123,6 +124,8 @@ def build_crd() -> dict[str, Any]:
                             "type": "object",
                             "description": "A model served by vLLM engine pods, planned and reconciled by FleetGate.",
                             "required": ["spec"],
+                            # Children take this name: refuse names a Service or label value cannot have.
+                            "x-kubernetes-validations": [{"rule": NAME_RULE[0], "message": NAME_RULE[1]}],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

@@ -2,23 +2,30 @@
 
 `register()` puts the handlers into a registry (a fresh one per operator, so tests run several):
 - login: the given function, else Kopf's own in-cluster or kubeconfig login;
-- startup: Kopf settings (progress and diff-base in annotations, not in status; peering set by the caller),
-  the API client and the optional-API check (KEDA, Prometheus Operator); cleanup closes the client;
-- resume/create/update of an InferenceService: `Reconciler.reconcile`; an invalid spec becomes
-  `kopf.PermanentError` (status and Event already written), pods still starting become
-  `kopf.TemporaryError` (retried, with the status current meanwhile);
-- events of InferenceServices whose generation is ahead of status.observedGeneration: reconcile at once
-  (a spec edit while the change handler waits out a retry delay);
-- events of engine Deployments: `Reconciler.refresh_status` on the owning InferenceService, so readiness
-  shows in status within a watch event, not a retry period.
+- startup: Kopf settings (progress and diff-base in annotations, not in status), peering (below), the API
+  client and the optional-API check (KEDA, Prometheus Operator); cleanup closes the client;
+- peering: always the one cluster-scoped ClusterKopfPeering named by `--peering` (default `fleetgate`),
+  whatever namespaces are watched, so the chart's operator and a developer's `--priority 100` operator
+  see each other. The operator creates the object when it is missing; without the peering CRD (or the
+  right to create the object) it runs standalone, and says so at WARNING. Kopf's own "pausing" message
+  is raised to WARNING too: a paused operator must never be silent;
+- resume/create/update of an InferenceService: `Reconciler.reconcile`. An invalid spec, a spec that does
+  not fit and pods still loading are normal outcomes (status and Events say so), logged at INFO/WARNING,
+  never raised: Kopf would log them at ERROR and retry what retrying cannot fix;
+- a child the API server refused (ApplyFailed: status, Event) is a real error: `kopf.TemporaryError`,
+  retried every `OperatorSettings.retry_failed_s`. (No Kopf timer for a periodic resync: Kopf puts a
+  finalizer on every object a timer serves, and a stopped operator would then block deletions.)
+- events of the children (Deployment, Service, PDB, HPA): a deleted child re-reconciles its owner at once
+  (it is recreated); other Deployment events refresh the owner's status (readiness within a watch event).
 No status is returned from handlers (Kopf would write it under status.<handler>): the reconciler owns status.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
+import datetime as dt
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -29,9 +36,14 @@ from fleetgate.operator.kube import KubeApi
 from fleetgate.operator.reconciler import Reconciler, SpecRejected
 from fleetgate.operator.settings import Capabilities, OperatorSettings
 
-WAIT_RETRY_S = 10.0
-WAIT_RETRY_MAX_S = 60.0
 ANNOTATION_PREFIX = "fleetgate.io"
+# Children whose deletion is repaired at once (the timer covers the optional kinds).
+WATCHED_CHILDREN = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
+)
 
 LoginFn = Callable[..., Any]
 
@@ -49,7 +61,9 @@ def register(
         kopf.on.login(registry=registry)(kopf.login_with_kubeconfig)
 
     @kopf.on.startup(registry=registry)
-    async def _startup(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> None:
+    async def _startup(
+        memo: kopf.Memo, settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any
+    ) -> None:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
@@ -58,6 +72,8 @@ def register(
         # per retry while pods start ("failed temporarily"), which is noise in `kubectl describe`.
         settings.posting.enabled = False
         api = make_api()
+        if not settings.peering.standalone:
+            await _join_peering(api=api, settings=settings, logger=logger)
         effective = operator_settings
         if detect_capabilities:
             caps = Capabilities(
@@ -79,40 +95,102 @@ def register(
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
-    async def _reconcile(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
-        reconciler: Reconciler = memo.reconciler
+    async def _reconcile(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+        failed = await _reconcile_and_log(memo=memo, body=_plain(body), logger=logger)
+        if failed:
+            raise kopf.TemporaryError(f"children not applied: {'; '.join(failed)}", delay=settings.retry_failed_s)
+
+    for group, version, plural in WATCHED_CHILDREN:
+
+        @kopf.on.event(group, version, plural, labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
+        async def _child_event(
+            body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, type: str | None = None, **_: Any
+        ) -> None:
+            meta = body.get("metadata", {})
+            owner = (meta.get("labels") or {}).get(LABEL_INSTANCE)
+            namespace = meta.get("namespace")
+            if not owner or not namespace or not hasattr(memo, "reconciler"):
+                return
+            api: KubeApi = memo.api
+            isvc = await api.get_inference_service(namespace=namespace, name=owner)
+            if isvc is None or isvc.get("metadata", {}).get("deletionTimestamp"):
+                return  # the owner is gone or going: its children go with it
+            if type == "DELETED":
+                logger.info(f"{body.get('kind', 'child')} {meta.get('name')} was deleted: reconciling {owner}")
+                await _reconcile_and_log(memo=memo, body=isvc, logger=logger)
+            elif body.get("kind") == "Deployment":
+                await memo.reconciler.refresh_status(isvc, deployment=_plain(body))
+
+
+async def _reconcile_and_log(
+    *, memo: kopf.Memo, body: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]
+) -> tuple[str, ...]:
+    """One reconcile pass, its outcome logged at the level it deserves; returns the children not applied."""
+    reconciler: Reconciler = memo.reconciler
+    try:
+        outcome = await reconciler.reconcile(body)
+    except SpecRejected as exc:
+        logger.warning(f"invalid spec, nothing changed until it is fixed: {exc}")
+        return ()
+    if outcome.waiting and not outcome.failed:
+        # Model loading takes minutes: Deployment events keep the status current, no retry is needed.
+        logger.info(f"waiting for engine pods: {outcome.status['ready']} ready")
+    return outcome.failed
+
+
+async def _join_peering(
+    *, api: KubeApi, settings: kopf.OperatorSettings, logger: logging.Logger | logging.LoggerAdapter[Any]
+) -> None:
+    """One cluster-wide peering object for every fleetgate operator, created if missing (see the docstring)."""
+    name = settings.peering.name
+    settings.peering.clusterwide = True
+    state, peers = await api.ensure_cluster_peering(name=name)
+    blockers = _blocking_peers(peers, priority=settings.peering.priority, now=dt.datetime.now(dt.UTC))
+    if blockers:
+        # Kopf starts a peered operator paused and logs nothing when it stays paused: say it here.
+        logger.warning(
+            f"PAUSED: ClusterKopfPeering {name!r} has live operators with priority >= {settings.peering.priority}: "
+            f"{', '.join(blockers)}; nothing is reconciled until they stop (or start this one with a higher --priority)"
+        )
+    if state == "created":
+        logger.info(f"created ClusterKopfPeering {name!r}: operators with a higher --priority take over")
+    elif state in ("no-crd", "forbidden"):
+        why = (
+            "the ClusterKopfPeering CRD is not installed (`fleetgate crd --peering | kubectl apply -f -`)"
+            if state == "no-crd"
+            else f"this identity may not read or create ClusterKopfPeering {name!r}"
+        )
+        logger.warning(
+            f"running STANDALONE: {why}; a second operator would not be paused (use --standalone to say so)"
+        )
+        settings.peering.standalone = True
+        settings.peering.mandatory = False
+    logging.getLogger("kopf._core.engines.peering").addFilter(_loud_pause)
+
+
+def _blocking_peers(peers: dict[str, Any], *, priority: int, now: dt.datetime) -> list[str]:
+    """Live peers (last seen within their lifetime) whose priority pauses an operator of `priority`."""
+    out = []
+    for identity, info in peers.items():
+        if not isinstance(info, dict):
+            continue
         try:
-            outcome = await reconciler.reconcile(_plain(body))
-        except SpecRejected as exc:
-            raise kopf.PermanentError(f"invalid spec: {exc}") from None
-        if outcome.waiting:
-            # Model loading takes minutes: back off (10 s, 20 s, ... 60 s). Status stays current meanwhile through
-            # the Deployment events, and spec edits are applied at once by `_spec_changed`.
-            delay = min(WAIT_RETRY_MAX_S, WAIT_RETRY_S * (retry + 1))
-            raise kopf.TemporaryError(f"waiting for engine pods: {outcome.status['ready']} ready", delay=delay)
+            seen = dt.datetime.fromisoformat(str(info.get("lastseen")))
+        except ValueError:
+            continue
+        seen = seen if seen.tzinfo else seen.replace(tzinfo=dt.UTC)
+        alive = seen + dt.timedelta(seconds=int(info.get("lifetime", 60))) > now
+        if alive and int(info.get("priority", 0)) >= priority:
+            out.append(f"{identity} (priority {info.get('priority', 0)})")
+    return out
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    async def _spec_changed(body: kopf.Body, memo: kopf.Memo, type: str | None = None, **_: Any) -> None:
-        """A spec edit while `_reconcile` waits out a retry delay is applied now, not at the next retry."""
-        if type == "DELETED" or not hasattr(memo, "reconciler"):
-            return
-        generation = body.get("metadata", {}).get("generation")
-        observed = (body.get("status") or {}).get("observedGeneration")
-        if observed is None or generation == observed:
-            return  # never reconciled yet (the create handler does it) or already current
-        with contextlib.suppress(SpecRejected):  # the change handler reports invalid specs (condition + Event)
-            await memo.reconciler.reconcile(_plain(body))
 
-    @kopf.on.event("apps", "v1", "deployments", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
-    async def _deployment_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        owner = (body.get("metadata", {}).get("labels") or {}).get(LABEL_INSTANCE)
-        namespace = body.get("metadata", {}).get("namespace")
-        if not owner or not namespace or not hasattr(memo, "reconciler"):
-            return
-        api: KubeApi = memo.api
-        isvc = await api.get_inference_service(namespace=namespace, name=owner)
-        if isvc is not None:
-            await memo.reconciler.refresh_status(isvc, deployment=_plain(body))
+def _loud_pause(record: logging.LogRecord) -> bool:
+    """Kopf announces a pause at INFO; a paused operator reconciles nothing, so it is a WARNING."""
+    if record.levelno < logging.WARNING and str(record.msg).startswith("Pausing"):
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.msg = f"{record.msg} Nothing is reconciled until they stop (higher --priority wins)."
+    return True
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

@@ -41,8 +41,11 @@ API_CALLS: frozenset[tuple[str, str, str]] = frozenset(
         (GROUP, f"{PLURAL}/status", "patch"),
         ("", "events", "create"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
+        ("kopf.dev", "clusterkopfpeerings", "get"),
+        ("kopf.dev", "clusterkopfpeerings", "create"),
     }
 )
+PEERING_CRD = "clusterkopfpeerings.kopf.dev"
 
 
 def resource_class(group: str, version: str, kind: str, plural: str) -> Any:
@@ -232,6 +235,40 @@ class KubeApi:
             "count": 1,
         }
         await self._client.create(event_cls.from_dict(body))
+
+    async def ensure_cluster_peering(self, *, name: str) -> tuple[str, dict[str, Any]]:
+        """Make sure Kopf's ClusterKopfPeering `name` exists: ("exists" | "created" | "no-crd" | "forbidden",
+        the peers registered in it now, identity -> {priority, lifetime, lastseen}).
+
+        Kopf pauses every watch while its peering object is missing, and says so only at DEBUG level, so
+        the operator creates the object itself instead of waiting for someone to apply it."""
+        from lightkube.generic_resource import create_global_resource
+
+        if not await self.crd_exists(name=PEERING_CRD):
+            return "no-crd", {}
+        peering = create_global_resource("kopf.dev", "v1", "ClusterKopfPeering", "clusterkopfpeerings")
+        self._check("kopf.dev", "clusterkopfpeerings", "get")
+        try:
+            found = self._plain(await self._client.get(peering, name))
+            return "exists", dict(found.get("status") or {})
+        except Exception as exc:
+            code = status_code(exc)
+            if code == 403:
+                return "forbidden", {}
+            if code != 404:
+                raise
+        self._check("kopf.dev", "clusterkopfpeerings", "create")
+        body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
+        try:
+            await self._client.create(peering.from_dict(body))
+        except Exception as exc:
+            code = status_code(exc)
+            if code == 409:  # another replica created it first
+                return "exists", {}
+            if code == 403:
+                return "forbidden", {}
+            raise
+        return "created", {}
 
     async def crd_exists(self, *, name: str) -> bool:
         """Whether an optional API (KEDA, Prometheus Operator) is installed."""

@@ -19,6 +19,9 @@ _READ = ("get", "list", "watch")
 RULES: tuple[dict[str, tuple[str, ...]], ...] = (
     {"apiGroups": (GROUP,), "resources": (PLURAL,), "verbs": ("get", "list", "watch", "patch")},
     {"apiGroups": (GROUP,), "resources": (f"{PLURAL}/status",), "verbs": ("get", "patch")},
+    # Children carry ownerReferences with blockOwnerDeletion: clusters that enforce owner-reference
+    # permissions (OwnerReferencesPermissionEnforcement, on by default on OpenShift) require this.
+    {"apiGroups": (GROUP,), "resources": (f"{PLURAL}/finalizers",), "verbs": ("update",)},
     {"apiGroups": ("apps",), "resources": ("deployments",), "verbs": _CHILD},
     {"apiGroups": ("",), "resources": ("services",), "verbs": _CHILD},
     {"apiGroups": ("policy",), "resources": ("poddisruptionbudgets",), "verbs": _CHILD},
@@ -28,7 +31,7 @@ RULES: tuple[dict[str, tuple[str, ...]], ...] = (
     {"apiGroups": ("",), "resources": ("events",), "verbs": ("create",)},
     {"apiGroups": ("apiextensions.k8s.io",), "resources": ("customresourcedefinitions",), "verbs": _READ},
     {"apiGroups": ("",), "resources": ("namespaces",), "verbs": ("list", "watch")},
-    {"apiGroups": ("kopf.dev",), "resources": ("clusterkopfpeerings", "kopfpeerings"), "verbs": (*_READ, "patch")},
+    {"apiGroups": ("kopf.dev",), "resources": ("clusterkopfpeerings",), "verbs": (*_READ, "patch", "create")},
 )  # fmt: skip
 
 # The gateway's Kubernetes discovery: read-only.

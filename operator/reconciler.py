@@ -6,6 +6,10 @@ written at all). Outcomes, for the Kopf wiring to translate:
 - `SpecRejected`: the spec is invalid; status and a Warning Event say why; retrying cannot help.
 - `Outcome.waiting`: children applied, engine pods not all ready yet (a normal state: retry later).
 - `Outcome.fits is False`: the capacity plan says no; no pods were created; status and an Event say why.
+- `Outcome.failed`: a child could not be written (the API server refused it); status is Degraded
+  (ApplyFailed) and a Warning Event names the child; the Kopf wiring retries later.
+Passes over one InferenceService never overlap (a lock per object), and each starts from the object as
+stored, so two triggers of one edit (the update handler and a child's event) announce it once.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from pydantic import ValidationError
 
 from fleetgate.core.errors import ConfigError
 from fleetgate.operator.builders import Owner, build_children
-from fleetgate.operator.kube import KubeApi
+from fleetgate.operator.kube import KubeApi, status_code
+from fleetgate.operator.names import name_problem
 from fleetgate.operator.plan import POD_KINDS, Action, plan
 from fleetgate.operator.resolve import Resolved, resolve
 from fleetgate.operator.settings import OperatorSettings
@@ -37,6 +42,7 @@ class Outcome:
     actions: list[Action]
     status: dict[str, Any]
     fits: bool
+    failed: tuple[str, ...] = ()
 
     @property
     def waiting(self) -> bool:
@@ -64,11 +70,19 @@ def _condition(status: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == type_), {})
 
 
+def _failure(action: Action, exc: Exception) -> str:
+    """`Kind/name: what the API server said`, short enough for a condition message."""
+    message = str(getattr(getattr(exc, "status", None), "message", "") or exc)
+    code = status_code(exc)
+    return f"{action.kind}/{action.name}: {f'HTTP {code}: ' if code else ''}{message}"[:300]
+
+
 class Reconciler:
     def __init__(self, *, api: KubeApi, settings: OperatorSettings, clock: Callable[[], dt.datetime] = _utcnow) -> None:
         self._api = api
         self._settings = settings
         self._clock = clock
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def _child_kinds(self) -> list[str]:
         kinds = ["Service", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler"]
@@ -79,6 +93,9 @@ class Reconciler:
         return kinds
 
     def _validate(self, body: dict[str, Any], owner: Owner) -> tuple[InferenceServiceSpec, Resolved]:
+        problem = name_problem(owner.name)
+        if problem is not None:
+            raise SpecRejected(problem)
         try:
             spec = parse_spec(body.get("spec") or {})
             return spec, resolve(spec=spec, name=owner.name, profiles=self._settings.profiles)
@@ -88,6 +105,16 @@ class Reconciler:
             raise SpecRejected(str(exc)) from None
 
     async def reconcile(self, body: dict[str, Any]) -> Outcome:
+        """One pass, serialized per object, on the object as stored now (the given body if it is gone)."""
+        meta = body.get("metadata", {})
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            current = await self._api.get_inference_service(namespace=key[0], name=key[1])
+            if current is not None and current.get("metadata", {}).get("uid") == meta.get("uid"):
+                body = current
+            return await self._reconcile(body)
+
+    async def _reconcile(self, body: dict[str, Any]) -> Outcome:
         owner = Owner.from_body(body)
         previous = body.get("status")
         try:
@@ -104,17 +131,22 @@ class Reconciler:
         deployment = next((o for o in observed if o["kind"] == "Deployment"), None)
         # Children are independent objects: apply and delete them concurrently (one round trip, not N).
         writes = [a for a in actions if a.verb in ("create", "update", "delete")]
-        results = await asyncio.gather(*(self._write(owner, a) for a in writes))
+        results = await asyncio.gather(*(self._write(owner, a) for a in writes), return_exceptions=True)
+        failed: list[str] = []
         for action, stored in zip(writes, results, strict=True):
-            if action.kind == "Deployment" and stored is not None:
+            if isinstance(stored, BaseException):
+                if not isinstance(stored, Exception):
+                    raise stored
+                failed.append(_failure(action, stored))
+            elif action.kind == "Deployment" and stored is not None:
                 deployment = stored
         conflicts = tuple(f"{a.kind}/{a.name}" for a in actions if a.verb == "conflict")
         status = await self._write_status(
             owner, spec=spec, resolved=resolved, invalid=None, deployment=deployment, previous=previous,
-            conflicts=conflicts,
+            conflicts=conflicts, failed=tuple(failed),
         )
         await self._announce(body, previous, status)
-        return Outcome(actions=actions, status=status, fits=fits)
+        return Outcome(actions=actions, status=status, fits=fits, failed=tuple(failed))
 
     async def _write_status(
         self,
@@ -126,11 +158,12 @@ class Reconciler:
         deployment: dict[str, Any] | None,
         previous: dict[str, Any] | None,
         conflicts: tuple[str, ...] = (),
+        failed: tuple[str, ...] = (),
     ) -> dict[str, Any]:
         """Compute status from the children as they are and patch it only when it changed (level-based)."""
         status = compute_status(
             owner=owner, spec=spec, resolved=resolved, invalid=invalid, deployment=deployment, previous=previous,
-            now=self._clock(), conflicts=conflicts, cluster_domain=self._settings.cluster_domain,
+            now=self._clock(), conflicts=conflicts, cluster_domain=self._settings.cluster_domain, failed=failed,
         )
         if status != _comparable(previous, status):
             await self._api.patch_status(namespace=owner.namespace, name=owner.name, status=status)
@@ -144,17 +177,30 @@ class Reconciler:
         return await self._api.apply(action.manifest)
 
     async def refresh_status(self, body: dict[str, Any], *, deployment: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Recompute status from the children as they are now (a Deployment changed); writes nothing else."""
+        """Recompute status from the children as they are now (a Deployment changed); writes nothing else.
+
+        Only for a spec that a reconcile pass has seen (observedGeneration current): a newer spec is the next
+        pass's to plan, announce and write, and waiting for that pass's lock keeps the two from interleaving."""
+        meta = body.get("metadata", {})
+        async with self._locks.setdefault((meta.get("namespace", ""), meta.get("name", "")), asyncio.Lock()):
+            return await self._refresh_status(body, deployment=deployment)
+
+    async def _refresh_status(self, body: dict[str, Any], *, deployment: dict[str, Any] | None) -> dict[str, Any]:
         owner = Owner.from_body(body)
         previous = body.get("status")
+        if (previous or {}).get("observedGeneration") != owner.generation:
+            return dict(previous or {})
         try:
             spec, resolved = self._validate(body, owner)
         except SpecRejected:
             return dict(previous or {})
         if deployment is None:
             deployment = await self._api.get_child(kind="Deployment", namespace=owner.namespace, name=owner.name)
+        # A child refused by the last pass is still missing: only a pass that applies it clears the verdict.
+        degraded = _condition(previous, "Degraded")
+        failed = (str(degraded.get("message", "")),) if degraded.get("reason") == "ApplyFailed" else ()
         return await self._write_status(
-            owner, spec=spec, resolved=resolved, invalid=None, deployment=deployment, previous=previous
+            owner, spec=spec, resolved=resolved, invalid=None, deployment=deployment, previous=previous, failed=failed
         )
 
     async def _reject(self, body: dict[str, Any], owner: Owner, previous: dict[str, Any] | None, message: str) -> None:
@@ -167,7 +213,15 @@ class Reconciler:
             await self._api.emit_event(owner=body, event_type="Warning", reason="InvalidSpec", message=message)
 
     async def _announce(self, body: dict[str, Any], previous: dict[str, Any] | None, status: dict[str, Any]) -> None:
-        """One Event per change of the capacity verdict (not one per pass)."""
+        """One Event per change of the capacity verdict or of the apply failure (not one per pass)."""
+        failed_now = _condition(status, "Degraded")
+        failed_before = _condition(previous, "Degraded")
+        if failed_now.get("reason") == "ApplyFailed" and (failed_now.get("reason"), failed_now.get("message")) != (
+            failed_before.get("reason"), failed_before.get("message")
+        ):
+            await self._api.emit_event(
+                owner=body, event_type="Warning", reason="ApplyFailed", message=failed_now["message"]
+            )
         now = _condition(status, "CapacityPlanned")
         before = _condition(previous, "CapacityPlanned")
         if (now.get("reason"), now.get("message")) == (before.get("reason"), before.get("message")):

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from fleetgate.core.errors import ConfigError
 from fleetgate.engine.args import EngineArgs
-from fleetgate.engine.capacity import CapacityInputs, CapacityPlan, ModelArch, plan_capacity
+from fleetgate.engine.capacity import (
+    CapacityInputs,
+    CapacityPlan,
+    ModelArch,
+    plan_capacity,
+    tensor_parallel_problem,
+)
 from fleetgate.engine.catalog import lookup
 from fleetgate.engine.kube_names import ENGINE_PORT
 from fleetgate.operator.profiles import AcceleratorProfile, Profiles
@@ -62,6 +68,9 @@ def _arch(facts: Architecture | None, reference: str | None) -> ModelArch | None
             kv_heads=facts.kv_heads,
             head_dim=facts.head_dim,
             hidden_size=facts.hidden_size,
+            attention_heads=facts.attention_heads,
+            vocab_size=facts.vocab_size,
+            tied_embeddings=facts.tied_embeddings,
         )
     return lookup(reference) if reference else None
 
@@ -93,6 +102,35 @@ def engine_args_for(*, spec: InferenceServiceSpec, name: str) -> EngineArgs:
     )
 
 
+def pipeline_parallel_size(extra_args: list[str]) -> int:
+    """`--pipeline-parallel-size N` / `-pp N` / `--pipeline-parallel-size=N` from raw engine flags (default 1)."""
+    for i, arg in enumerate(extra_args):
+        flag, eq, value = arg.partition("=")
+        if flag in ("--pipeline-parallel-size", "-pp"):
+            raw = value if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+            try:
+                return max(1, int(raw))
+            except ValueError:
+                raise ConfigError(f"engine.extraArgs: {flag} needs an integer, got {raw!r}") from None
+    return 1
+
+
+def _check_parallelism(*, spec: InferenceServiceSpec, arch: ModelArch | None, gpu: bool) -> None:
+    """What vLLM would refuse at start-up, refused here instead (no pods that crash-loop or idle a GPU)."""
+    tp = spec.engine.tensor_parallel_size
+    if gpu:
+        pp = pipeline_parallel_size(spec.engine.extra_args)
+        if spec.resources.gpus != tp * pp:
+            raise ConfigError(
+                f"resources.gpus is {spec.resources.gpus} but vLLM uses tensorParallelSize x pipeline parallel size "
+                f"= {tp} x {pp} = {tp * pp} GPUs per replica: set resources.gpus to {tp * pp}"
+            )
+    if arch is not None:
+        problem = tensor_parallel_problem(arch=arch, tensor_parallel_size=tp)
+        if problem is not None:
+            raise ConfigError(f"engine.{problem}: vLLM would refuse to start")
+
+
 def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Resolved:
     """Everything the builders and the status need; raises ConfigError for an unusable spec."""
     profile = profiles.resolve(name=spec.resources.accelerator)
@@ -102,6 +140,7 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
         raise ConfigError(f"accelerator {profile.name!r} has no GPUs; set resources.gpus to 0")
     args = engine_args_for(spec=spec, name=name)
     arch = _arch(spec.model.architecture, spec.model.source)
+    _check_parallelism(spec=spec, arch=arch, gpu=profile.is_gpu)
     plan: CapacityPlan | None = None
     if not profile.is_gpu:
         note = "no GPU capacity plan for a CPU profile"

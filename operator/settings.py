@@ -28,9 +28,15 @@ class OperatorSettings:
     # Prometheus that KEDA's prometheus scaler queries.
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     shm_size: str = "16Gi"
+    # Requests of an engine pod whose spec sets no cpu/memory: per GPU (or per CPU-profile replica).
+    engine_cpu_request: int = 4
+    engine_memory_request_gib: int = 16
     cluster_domain: str = "cluster.local"
     # Startup probe budget: base + weights / load rate (download and load), capped.
     startup_base_s: int = 300
     startup_load_bytes_per_s: float = 100e6
     startup_max_s: int = 3 * 3600
     capabilities: Capabilities = field(default_factory=Capabilities)
+    # A child the API server refused is applied again after this long (deleted children are recreated at
+    # once, through their watch events).
+    retry_failed_s: float = 60.0

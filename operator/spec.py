@@ -51,7 +51,14 @@ class Architecture(_Model):
     layers: int = Field(ge=1, le=1000, description="num_hidden_layers")
     kv_heads: int = Field(ge=1, le=1024, description="num_key_value_heads")
     head_dim: int = Field(ge=1, le=4096, description="Attention head dimension.")
-    hidden_size: int | None = Field(default=None, ge=1, description="hidden_size (informational).")
+    hidden_size: int | None = Field(default=None, ge=1, description="hidden_size.")
+    attention_heads: int | None = Field(
+        default=None, ge=1, le=4096, description="num_attention_heads (default hiddenSize / headDim)."
+    )
+    vocab_size: int | None = Field(
+        default=None, ge=1, description="vocab_size: 4-bit checkpoints keep embeddings and lm_head in 16 bits."
+    )
+    tied_embeddings: bool = Field(default=False, description="tie_word_embeddings.")
 
 
 class ModelSource(_Model):
@@ -124,7 +131,10 @@ class Resources(_Model):
     accelerator: str | None = Field(
         default=None, max_length=63, description="Accelerator profile name; the operator's default when unset."
     )
-    gpus: int = Field(default=1, ge=0, le=64, description="GPUs per replica (>= tensorParallelSize).")
+    gpus: int = Field(
+        default=1, ge=0, le=64,
+        description="GPUs per replica: tensorParallelSize x --pipeline-parallel-size (from extraArgs, default 1).",
+    )  # fmt: skip
     cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
     memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
 
@@ -166,8 +176,8 @@ class Gateway(_Model):
 class InferenceServiceSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra=_rules(
-            ("self.resources.gpus == 0 || self.resources.gpus >= self.engine.tensorParallelSize",
-             "resources.gpus must be >= engine.tensorParallelSize"),
+            ("self.resources.gpus == 0 || self.resources.gpus % self.engine.tensorParallelSize == 0",
+             "resources.gpus must be a multiple of engine.tensorParallelSize (tensor x pipeline parallel size)"),
             ("!has(self.autoscaling) || !has(self.replicas) || self.autoscaling.minReplicas <= self.replicas",
              "replicas must be >= autoscaling.minReplicas"),
         )
@@ -181,8 +191,10 @@ class InferenceServiceSpec(_Model):
 
     @model_validator(mode="after")
     def _cross_fields(self) -> InferenceServiceSpec:
-        if self.resources.gpus and self.resources.gpus < self.engine.tensor_parallel_size:
-            raise ValueError("resources.gpus must be >= engine.tensorParallelSize")
+        if self.resources.gpus and self.resources.gpus % self.engine.tensor_parallel_size:
+            raise ValueError(
+                "resources.gpus must be a multiple of engine.tensorParallelSize (tensor x pipeline parallel size)"
+            )
         if self.autoscaling is not None and self.replicas < self.autoscaling.min_replicas:
             raise ValueError("replicas must be >= autoscaling.minReplicas")
         return self

@@ -9,7 +9,8 @@ Conditions (status True/False/Unknown, a CamelCase reason, a message with number
 - CapacityPlanned: True Fits | True ConcurrencyLimited | False DoesNotFit | Unknown NoPlan | Unknown InvalidSpec
 - Ready: True when at least one engine pod is ready (AllReplicasReady / PartiallyReady), else False
 - Progressing: True while pods start or roll out (Starting / RollingOut), else False
-- Degraded: True for InvalidSpec, DoesNotFit, ProgressDeadlineExceeded (pods cannot start) or Conflict
+- Degraded: True for InvalidSpec, DoesNotFit, ApplyFailed (the API server refused a child; Ready is then
+  False too: a model without its Service has no endpoints), ProgressDeadlineExceeded or Conflict
 Phase, for `kubectl get`: Invalid, DoesNotFit, Degraded, Pending, Progressing, Ready, ScaledToZero.
 """
 
@@ -80,6 +81,7 @@ def compute_status(
     now: dt.datetime,
     conflicts: tuple[str, ...] = (),
     cluster_domain: str = "cluster.local",
+    failed: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     gen = owner.generation
 
@@ -111,6 +113,9 @@ def compute_status(
         if not fits:
             degraded = cond("Degraded", "True", "DoesNotFit", f"no engine pods created: {resolved.plan_note}")
             progressing = cond("Progressing", "False", "DoesNotFit", "waiting for a spec that fits")
+        elif failed:
+            degraded = cond("Degraded", "True", "ApplyFailed", "; ".join(failed))
+            progressing = cond("Progressing", "False", "ApplyFailed", "children could not be applied")
         elif conflicts:
             degraded = cond("Degraded", "True", "Conflict", f"owned by another controller: {', '.join(conflicts)}")
             progressing = cond("Progressing", "False", "Conflict", "children cannot be applied")
@@ -126,7 +131,9 @@ def compute_status(
                 if busy
                 else cond("Progressing", "False", "Complete", f"{ready}/{desired} engine pods ready")
             )
-    if ready > 0:
+    if failed and invalid is None:
+        ready_cond = cond("Ready", "False", "ApplyFailed", f"{ready}/{desired} engine pods ready, children missing")
+    elif ready > 0:
         why = "AllReplicasReady" if ready >= desired else "PartiallyReady"
         ready_cond = cond("Ready", "True", why, f"{ready}/{desired} engine pods ready")
     elif desired == 0 and fits and invalid is None:

@@ -15,7 +15,6 @@ import pytest
 from fleetgate.core.localredis import LocalRedis
 
 REPO = Path(__file__).resolve().parent.parent
-EVAL_DATA = REPO.parent / "shared" / "data" / "eval"
 
 
 @pytest.fixture(scope="session")
@@ -34,10 +33,3 @@ def redis_url(redis_server: LocalRedis) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server.url
-
-
-@pytest.fixture(scope="session")
-def eval_data_dir() -> Path:
-    if not EVAL_DATA.is_dir():
-        pytest.fail(f"labelled evaluation data not found at {EVAL_DATA}")
-    return EVAL_DATA

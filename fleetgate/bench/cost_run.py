@@ -157,7 +157,7 @@ async def run_config(
     time_scale: float,
     progress: Any = None,
 ) -> ConfigResult:
-    from fleetgate.gateway.serve import build_server
+    from fleetgate.gateway.serve import build_server, metrics_url
     from fleetgate.router.roundrobin import RoundRobinScheduler
 
     tenants = sorted({item.tenant for item in workload.items})
@@ -169,7 +169,7 @@ async def run_config(
         settings = gateway_settings(config, fleet, tenants=tenants, keys=keys)
         overrides: dict[str, Any] = {} if config.prefix_routing else {"scheduler": RoundRobinScheduler()}
         port = free_port()
-        server = build_server(settings, host="127.0.0.1", port=port, **overrides)
+        server = build_server(settings, host="127.0.0.1", port=port, metrics_port=0, **overrides)
         serve_task = asyncio.create_task(server.serve())
         while not server.started:
             if serve_task.done():
@@ -180,7 +180,8 @@ async def run_config(
         model = "auto" if config.tiers else large
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
-            await _warm_up(session, port, key=keys[tenants[0]], model=model, cache=config.cache)
+            await _warm_up(session, port, key=keys[tenants[0]], model=model, cache=config.cache,
+                           metrics_url=metrics_url(server) or "")
             fleet.reset_counters()
             t0 = time.perf_counter()
             tasks = []
@@ -206,7 +207,9 @@ async def run_config(
     return result
 
 
-async def _warm_up(session: aiohttp.ClientSession, port: int, *, key: str, model: str, cache: bool) -> None:
+async def _warm_up(
+    session: aiohttp.ClientSession, port: int, *, key: str, model: str, cache: bool, metrics_url: str
+) -> None:
     """Load what loads lazily (the embedders) before the clock starts: one request, then wait until the
     cache has stored it (the semantic layer embeds it first)."""
     body = {"model": model, "max_tokens": 512, "temperature": 0,  # room to finish: only "stop" is stored
@@ -216,7 +219,7 @@ async def _warm_up(session: aiohttp.ClientSession, port: int, *, key: str, model
         await r.read()
     deadline = time.monotonic() + 120
     while cache and time.monotonic() < deadline:
-        async with session.get(f"http://127.0.0.1:{port}/metrics") as r:
+        async with session.get(metrics_url) as r:
             if 'fleetgate_cache_stores_total{result="stored"}' in await r.text():
                 return
         await asyncio.sleep(0.25)

@@ -176,7 +176,7 @@ async def _in_process(args: argparse.Namespace, body: bytes) -> dict[str, list[f
         "server": {"port": port, "log_requests": not args.no_gateway_log, "auth": "open"},
         "models": [{"name": MODEL, "endpoints": [engine.url]}],
     })
-    server = build_server(settings)
+    server = build_server(settings, metrics_port=0)
     task = asyncio.ensure_future(server.serve())
     try:
         for _ in range(1000):
@@ -349,7 +349,7 @@ def serve_minimal_gateway(config: str) -> None:
     from fleetgate.router.tiers.types import PassThroughTiers
 
     settings = load_model(GatewaySettings, config)
-    build_server(settings, scheduler=RoundRobinScheduler(), auth=OpenAuth(), limiter=NoLimits(),
+    build_server(settings, metrics_port=0, scheduler=RoundRobinScheduler(), auth=OpenAuth(), limiter=NoLimits(),
                  accountant=NoAccounting(), cache=NoCache(), tiers=PassThroughTiers()).run()
 
 

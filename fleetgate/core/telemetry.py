@@ -25,7 +25,9 @@ DECISION_BUCKETS: tuple[float, ...] = (
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
 )
 
-_STD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None)))
+# Not copied into the JSON: the standard attributes, and uvicorn's `color_message` (the message again,
+# with terminal colour escapes, meant for its own coloured console formatter).
+_STD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"color_message"}
 
 
 class JsonFormatter(logging.Formatter):

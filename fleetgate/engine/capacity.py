@@ -3,7 +3,11 @@
 Pure arithmetic on model architecture facts and deployment knobs, the way the inference-optimization
 literature does it (all sizes in bytes; GB = 10**9 bytes as in those worked examples):
 
-- weights            = parameters x bytes per weight            (dtype or quantization, `WEIGHT_BYTES`)
+- weights            = parameters x bytes per weight            (dtype or quantization, `WEIGHT_BYTES`);
+                       4-bit checkpoints (AWQ, GPTQ, ...) keep the embeddings and lm_head in 16 bits and
+                       add a 16-bit scale and a 4-bit zero point per group of 128 weights, so with
+                       `vocab_size` known: (parameters - embedding parameters) x (0.5 + 2.5/128)
+                       + embedding parameters x 2 (Qwen2.5-7B-AWQ: 5.6 GB, not 3.8 GB)
 - weights per GPU    = weights / tensor_parallel_size            (tensor parallelism shards every matrix)
 - KV bytes per token = 2 x layers x kv_heads x head_dim x kv bytes   (K and V, every layer, every KV head)
 - KV per token/GPU   = 2 x layers x max(1, kv_heads / TP) x head_dim x kv bytes
@@ -76,6 +80,17 @@ class ModelArch:
     kv_heads: int
     head_dim: int
     hidden_size: int | None = None
+    attention_heads: int | None = None  # num_attention_heads, when hidden_size / head_dim is not it
+    vocab_size: int | None = None
+    tied_embeddings: bool = False  # tie_word_embeddings: lm_head shares the embedding matrix
+
+    def query_heads(self) -> int | None:
+        """num_attention_heads: given, else hidden_size / head_dim when that divides, else unknown."""
+        if self.attention_heads is not None:
+            return self.attention_heads
+        if self.hidden_size and self.hidden_size % self.head_dim == 0:
+            return self.hidden_size // self.head_dim
+        return None
 
     def __post_init__(self) -> None:
         if self.parameters <= 0:
@@ -147,8 +162,37 @@ def bytes_per_kv(dtype: str) -> float:
         raise ConfigError(f"capacity: unknown KV-cache dtype {dtype!r}; known: {sorted(KV_BYTES)}") from None
 
 
+# Per-weight overhead of group-quantized 4-bit checkpoints: a 16-bit scale and a 4-bit zero point per 128.
+GROUP_QUANT_OVERHEAD = 2.5 / 128
+
+
 def weight_bytes(*, arch: ModelArch, dtype: str) -> int:
-    return round(arch.parameters * bytes_per_weight(dtype))
+    per_weight = bytes_per_weight(dtype)
+    if per_weight == 0.5 and arch.vocab_size and arch.hidden_size:
+        embedding = arch.vocab_size * arch.hidden_size * (1 if arch.tied_embeddings else 2)
+        quantized = max(0.0, arch.parameters - embedding)
+        return round(quantized * (per_weight + GROUP_QUANT_OVERHEAD) + embedding * 2)
+    return round(arch.parameters * per_weight)
+
+
+def tensor_parallel_problem(*, arch: ModelArch, tensor_parallel_size: int) -> str | None:
+    """Why vLLM would refuse this tensor parallel size for the model, or None.
+
+    vLLM shards attention heads evenly: num_attention_heads % TP == 0; KV heads are split when there are
+    at least TP of them (kv_heads % TP == 0) and replicated otherwise (TP % kv_heads == 0)."""
+    tp = tensor_parallel_size
+    if tp <= 1:
+        return None
+    heads = arch.query_heads()
+    if heads is not None and heads % tp:
+        return f"tensorParallelSize {tp} does not divide the model's {heads} attention heads"
+    kv = arch.kv_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        return (
+            f"tensorParallelSize {tp} and the model's {kv} KV heads do not divide "
+            f"(vLLM needs {kv} % {tp} == 0, or {tp} % {kv} == 0 to replicate them)"
+        )
+    return None
 
 
 def kv_bytes_per_token(*, arch: ModelArch, kv_dtype: str, tensor_parallel_size: int = 1) -> int:

@@ -1,7 +1,8 @@
 """Built-in architecture facts of common open models, for capacity plans without a config.json.
 
 Figures come from each model's published `config.json` (num_hidden_layers, num_key_value_heads, head_dim
-or hidden_size / num_attention_heads, hidden_size) and model card (parameter count). `lookup` matches a
+or hidden_size / num_attention_heads, hidden_size, vocab_size, tie_word_embeddings, num_attention_heads
+where it is not hidden_size / head_dim) and model card (parameter count). `lookup` matches a
 model reference (`hf://org/name`, `org/name`, a local path) by its last path segment, case-insensitive,
 ignoring common packaging suffixes (-Instruct, -chat-hf, -AWQ, -GPTQ, -FP8, -it, ...).
 """
@@ -16,32 +17,38 @@ from fleetgate.engine.capacity import ModelArch
 _B = 10**9
 
 
-def _arch(params_b: float, layers: int, kv_heads: int, head_dim: int, hidden: int) -> ModelArch:
-    return ModelArch(parameters=params_b * _B, layers=layers, kv_heads=kv_heads, head_dim=head_dim, hidden_size=hidden)
+def _arch(
+    params_b: float, layers: int, kv_heads: int, head_dim: int, hidden: int, vocab: int, *, tied: bool = False,
+    heads: int | None = None,
+) -> ModelArch:
+    return ModelArch(
+        parameters=params_b * _B, layers=layers, kv_heads=kv_heads, head_dim=head_dim, hidden_size=hidden,
+        vocab_size=vocab, tied_embeddings=tied, attention_heads=heads,
+    )  # fmt: skip
 
 
 CATALOG: MappingProxyType[str, ModelArch] = MappingProxyType(
     {
-        "llama-2-7b": _arch(6.74, 32, 32, 128, 4096),
-        "llama-2-13b": _arch(13.0, 40, 40, 128, 5120),
-        "llama-2-70b": _arch(68.98, 80, 8, 128, 8192),
-        "meta-llama-3-8b": _arch(8.03, 32, 8, 128, 4096),
-        "meta-llama-3-70b": _arch(70.55, 80, 8, 128, 8192),
-        "llama-3.1-8b": _arch(8.03, 32, 8, 128, 4096),
-        "llama-3.1-70b": _arch(70.55, 80, 8, 128, 8192),
-        "llama-3.3-70b": _arch(70.55, 80, 8, 128, 8192),
-        "llama-3.2-1b": _arch(1.24, 16, 8, 64, 2048),
-        "llama-3.2-3b": _arch(3.21, 28, 8, 128, 3072),
-        "mistral-7b": _arch(7.24, 32, 8, 128, 4096),
-        "mixtral-8x7b": _arch(46.7, 32, 8, 128, 4096),
-        "qwen2.5-0.5b": _arch(0.49, 24, 2, 64, 896),
-        "qwen2.5-1.5b": _arch(1.54, 28, 2, 128, 1536),
-        "qwen2.5-7b": _arch(7.62, 28, 4, 128, 3584),
-        "qwen2.5-14b": _arch(14.7, 48, 8, 128, 5120),
-        "qwen2.5-32b": _arch(32.5, 64, 8, 128, 5120),
-        "qwen2.5-72b": _arch(72.7, 80, 8, 128, 8192),
-        "gemma-3-270m": _arch(0.268, 18, 1, 256, 640),
-        "gemma-3-1b": _arch(1.0, 26, 1, 256, 1152),
+        "llama-2-7b": _arch(6.74, 32, 32, 128, 4096, 32000),
+        "llama-2-13b": _arch(13.0, 40, 40, 128, 5120, 32000),
+        "llama-2-70b": _arch(68.98, 80, 8, 128, 8192, 32000),
+        "meta-llama-3-8b": _arch(8.03, 32, 8, 128, 4096, 128256),
+        "meta-llama-3-70b": _arch(70.55, 80, 8, 128, 8192, 128256),
+        "llama-3.1-8b": _arch(8.03, 32, 8, 128, 4096, 128256),
+        "llama-3.1-70b": _arch(70.55, 80, 8, 128, 8192, 128256),
+        "llama-3.3-70b": _arch(70.55, 80, 8, 128, 8192, 128256),
+        "llama-3.2-1b": _arch(1.24, 16, 8, 64, 2048, 128256, tied=True),
+        "llama-3.2-3b": _arch(3.21, 28, 8, 128, 3072, 128256, tied=True),
+        "mistral-7b": _arch(7.24, 32, 8, 128, 4096, 32768),
+        "mixtral-8x7b": _arch(46.7, 32, 8, 128, 4096, 32000),
+        "qwen2.5-0.5b": _arch(0.49, 24, 2, 64, 896, 151936, tied=True),
+        "qwen2.5-1.5b": _arch(1.54, 28, 2, 128, 1536, 151936, tied=True),
+        "qwen2.5-7b": _arch(7.62, 28, 4, 128, 3584, 152064),
+        "qwen2.5-14b": _arch(14.7, 48, 8, 128, 5120, 152064),
+        "qwen2.5-32b": _arch(32.5, 64, 8, 128, 5120, 152064),
+        "qwen2.5-72b": _arch(72.7, 80, 8, 128, 8192, 152064),
+        "gemma-3-270m": _arch(0.268, 18, 1, 256, 640, 262144, tied=True, heads=4),
+        "gemma-3-1b": _arch(1.0, 26, 1, 256, 1152, 262144, tied=True, heads=4),
     }
 )
 

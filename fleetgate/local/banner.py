@@ -32,6 +32,7 @@ def banner(
     model: str,
     engine_urls: Sequence[str],
     log_dir: Path | None,
+    metrics_url: str | None = None,
 ) -> str:
     lines = [
         "",
@@ -41,7 +42,7 @@ def banner(
         "    " + curl_example(gateway_url=gateway_url, model=model, api_key=settings.server.auth == "api_key"),
         f"    (OpenAI SDK: base_url={gateway_url}/v1, any api_key in open mode)",
         "",
-        f"  gateway metrics: {gateway_url}/metrics",
+        f"  gateway metrics: {metrics_url or '(off: server.metrics_port is null)'}",
         "  engine metrics:  " + ", ".join(f"{u}/metrics" for u in engine_urls),
     ]
     if log_dir is not None:

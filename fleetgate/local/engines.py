@@ -3,7 +3,9 @@
 Each engine runs in its own session (process group), so Ctrl-C in the terminal reaches only
 `fleetgate up`, which then stops the engines in order: SIGTERM to the whole group (vLLM's API
 server and its engine-core child), SIGKILL to the group after `stop_grace_s`. On Linux each
-engine also gets PR_SET_PDEATHSIG, so it is terminated if `fleetgate up` itself is killed.
+engine runs under `group_guard`, which gets PR_SET_PDEATHSIG: if `fleetgate up` itself is killed, the
+guard ends the engine's whole process group (the death signal alone would reach only one process and
+leave the engine's children orphaned).
 
 Start-up waits for every engine's `GET /health` to answer 200, printing one progress line with
 the elapsed seconds and each engine's last log line; an engine that exits, or a timeout, stops
@@ -55,6 +57,7 @@ class EngineProcess:
     spec: EngineSpec
     popen: subprocess.Popen[bytes]
     started_at: float = field(default_factory=time.monotonic)
+    guarded: bool = False  # runs under `group_guard`, which passes a stop to the whole group itself
 
     @property
     def pid(self) -> int:
@@ -153,16 +156,20 @@ class EngineFleet:
         for spec in self.specs:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(spec.log_path, "wb") as log:
+                linux = sys.platform.startswith("linux")
+                # By path, with -P (no script folder or cwd on sys.path): the guard needs only the stdlib.
+                guard = [sys.executable, "-P", str(Path(__file__).with_name("group_guard.py")), str(self.stop_grace_s)]
+                argv = [*guard, "--", *spec.argv] if linux else list(spec.argv)
                 popen = subprocess.Popen(
-                    list(spec.argv),
+                    argv,
                     env=spec.env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                    preexec_fn=_die_with_parent if linux else None,
                 )
-            self.processes.append(EngineProcess(spec=spec, popen=popen))
+            self.processes.append(EngineProcess(spec=spec, popen=popen, guarded=linux))
 
     def wait_healthy(self) -> float:
         """Block until every engine answers `/health`; returns the seconds waited."""
@@ -214,7 +221,11 @@ class EngineFleet:
         """SIGTERM each engine's process group, then SIGKILL what is left after the grace period."""
         live = [p for p in self.processes if p.exited() is None]
         for proc in live:
-            _signal_group(proc.pid, signal.SIGTERM)
+            if proc.guarded:  # the guard signals the group once; a second SIGTERM makes vLLM's server force-quit
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+            else:
+                _signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_grace_s
         for proc in live:
             with contextlib.suppress(subprocess.TimeoutExpired):

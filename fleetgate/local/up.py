@@ -75,6 +75,12 @@ def _check_ports(config: UpConfig) -> None:
         raise LocalStackError(
             f"gateway port {server.port} on {server.host} is in use: stop what holds it or pass --port N"
         )
+    metrics_host = server.metrics_host or server.host
+    if server.port and server.metrics_port and port_in_use(metrics_host, server.metrics_port):
+        raise LocalStackError(
+            f"gateway metrics port {server.metrics_port} on {metrics_host} is in use: stop what holds it, or set "
+            "gateway.server.metrics_port (0: any free port) in --config"
+        )
     engine = config.engine
     if engine.base_port:
         for i in range(engine.replicas):
@@ -129,7 +135,7 @@ async def _sim_engines(engine: EngineConfig) -> AsyncIterator[tuple[list[str], s
 
 
 async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: bool, prompt: str) -> int:
-    from fleetgate.gateway.serve import build_server
+    from fleetgate.gateway.serve import build_server, metrics_url
 
     engine = config.engine
     settings = route_models(gateway=config.gateway, model=engine.model, served_name=served_name, urls=urls)
@@ -138,7 +144,9 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
         configure_logging(level=settings.server.log_level)
     host = settings.server.host
     port = settings.server.port or free_port(host)
-    server = build_server(settings, host=host, port=port)
+    # A free metrics port too when the gateway's own port is picked freely (`--port 0`: tests, several stacks).
+    metrics_port = 0 if not settings.server.port and settings.server.metrics_port is not None else None
+    server = build_server(settings, host=host, port=port, metrics_port=metrics_port)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -147,7 +155,7 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
         await asyncio.sleep(0.05)
     gateway_url = f"http://{host}:{port}"
     _say(banner(gateway_url=gateway_url, settings=settings, model=engine.model, engine_urls=urls,
-                log_dir=engine.log_dir if engine.kind == "vllm" else None))
+                log_dir=engine.log_dir if engine.kind == "vllm" else None, metrics_url=metrics_url(server)))
     if not check:
         await task
         return 0

@@ -2,7 +2,7 @@
 
 Not a simulation of an LLM: it answers `/v1/chat/completions` and `/v1/completions` in vLLM's
 shapes with deterministic text (`"t0 t1 ..."`, one token per chunk, `max_tokens` tokens, default
-16) and exact usage (prompt tokens = whitespace-separated words of the prompt), including vLLM's
+16, `n` choices) and exact usage (prompt tokens = whitespace-separated words of the prompt), including vLLM's
 `stream_options.continuous_usage_stats`. It can be slow (prefill and inter-token delays), fail
 (an HTTP status), drop the connection or go silent mid-stream, and it records what it received
 and how many streams were cancelled by the client. `/health`, `/v1/models` and `/metrics` (a few
@@ -35,6 +35,7 @@ class FakeEngineConfig:
     drop_after_chunks: int | None = None  # close the connection after this many content chunks
     hang_after_chunks: int | None = None  # go silent (connection open) after this many content chunks
     garbage: bool = False  # answer 200 with a body that is not an OpenAI response
+    usage_override: Any = None  # when set, sent as `usage` instead of the real one (malformed-usage tests)
 
 
 @dataclass(slots=True)
@@ -50,6 +51,10 @@ class FakeEngineStats:
     completed: int = 0
     cancelled: int = 0
     running: int = 0
+    # What the engine processed, the truth a charge is compared with: a prompt once its prefill is done,
+    # a completion token once it was handed to the connection.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
     received: deque[Received] = field(default_factory=lambda: deque(maxlen=1000))
 
 
@@ -141,8 +146,11 @@ class FakeEngine:
             return web.Response(body=b"<html>oops</html>", content_type="text/html")
         chat = request.path.endswith("/chat/completions")
         n = int(body.get("max_completion_tokens") or body.get("max_tokens") or cfg.default_max_tokens)
-        usage = {"prompt_tokens": prompt_tokens_of(body), "completion_tokens": n}
-        usage["total_tokens"] = usage["prompt_tokens"] + n
+        prompt = body.get("prompt")
+        prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) else 1
+        choices = int(body.get("n") or 1) * prompts  # vLLM: n completions for each prompt of a list
+        usage = {"prompt_tokens": prompt_tokens_of(body), "completion_tokens": n * choices}
+        usage["total_tokens"] = usage["prompt_tokens"] + n * choices
         self.stats.running += 1
         try:
             if body.get("stream"):
@@ -151,6 +159,8 @@ class FakeEngine:
                 if cfg.prefill_delay_s:
                     await asyncio.sleep(cfg.prefill_delay_s)
                 response = self._complete(body, chat=chat, n=n, usage=usage)
+                self.stats.prompt_tokens += usage["prompt_tokens"]
+                self.stats.completion_tokens += usage["completion_tokens"]
             self.stats.completed += 1
             return response
         except asyncio.CancelledError:
@@ -162,14 +172,16 @@ class FakeEngine:
     def _complete(self, body: dict[str, Any], *, chat: bool, n: int, usage: dict[str, int]) -> web.Response:
         text = "".join(f"t{i} " for i in range(n))
         created = int(time.time())
+        count = usage["completion_tokens"] // max(n, 1) if n else 1
         if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": None, "finish_reason": "length"}
+            choices: list[dict[str, Any]] = [{"index": k, "message": {"role": "assistant", "content": text},
+                                              "logprobs": None, "finish_reason": "length"} for k in range(count)]
             obj = {"id": "chatcmpl-fake", "object": "chat.completion", "created": created}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            choices = [{"index": k, "text": text, "logprobs": None, "finish_reason": "length"} for k in range(count)]
             obj = {"id": "cmpl-fake", "object": "text_completion", "created": created}
-        obj.update({"model": body.get("model"), "choices": [choice], "usage": usage})
+        reported = usage if self.config.usage_override is None else self.config.usage_override
+        obj.update({"model": body.get("model"), "choices": choices, "usage": reported})
         return web.Response(body=orjson.dumps(obj), content_type="application/json")
 
     async def _stream(
@@ -185,15 +197,20 @@ class FakeEngine:
                 "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": body.get("model")}
         prompt = usage["prompt_tokens"]
+        count = usage["completion_tokens"] // max(n, 1) if n else 1
+        override = cfg.usage_override
 
         def event(choice: dict[str, Any], done: int) -> bytes:
             obj = {**base, "choices": [choice]}
             if continuous:
                 obj["usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+                if override is not None:
+                    obj["usage"] = override
             return b"data: " + orjson.dumps(obj) + b"\n\n"
 
         if cfg.prefill_delay_s:
             await asyncio.sleep(cfg.prefill_delay_s)
+        self.stats.prompt_tokens += prompt
         if chat:
             await response.write(event({"index": 0, "delta": {"role": "assistant", "content": ""},
                                         "logprobs": None, "finish_reason": None}, 0))
@@ -207,11 +224,14 @@ class FakeEngine:
             if i and cfg.inter_token_delay_s:
                 await asyncio.sleep(cfg.inter_token_delay_s)
             finish = "length" if i == n - 1 else None
-            choice = ({"index": 0, "delta": {"content": f"t{i} "}, "logprobs": None, "finish_reason": finish}
-                      if chat else {"index": 0, "text": f"t{i} ", "logprobs": None, "finish_reason": finish})
-            await response.write(event(choice, i + 1))
+            for k in range(count):
+                choice = ({"index": k, "delta": {"content": f"t{i} "}, "logprobs": None, "finish_reason": finish}
+                          if chat else {"index": k, "text": f"t{i} ", "logprobs": None, "finish_reason": finish})
+                self.stats.completion_tokens += 1  # generated, whether or not the client still reads it
+                await response.write(event(choice, i * count + k + 1))
         if include_usage:
-            await response.write(b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n")
+            final = usage if override is None else override
+            await response.write(b"data: " + orjson.dumps({**base, "choices": [], "usage": final}) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

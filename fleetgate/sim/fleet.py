@@ -50,7 +50,9 @@ async def start_sim_fleet(
     try:
         for i in range(replicas):
             engine = SimEngine(profile=prof, name=f"sim-{i}")
-            runner = web.AppRunner(build_app(engine), access_log=None, handle_signals=False)
+            # handler_cancellation: a client that leaves cancels its generation, as in vLLM (an abandoned request
+            # must not keep the engine busy, nor hold `fleetgate up`'s stop until it finishes).
+            runner = web.AppRunner(build_app(engine), access_log=None, handle_signals=False, handler_cancellation=True)
             await runner.setup()
             fleet._runners.append(runner)
             site = web.TCPSite(runner, host, base_port + i if base_port else 0)

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP face of one simulated engine (aiohttp, loopback by default).
 
-Routes, as vLLM serves them: `POST /v1/chat/completions`, `POST /v1/completions` (both with
-`stream` and `stream_options.include_usage`), `GET /v1/models`, `GET /health`, `GET /metrics`.
+Routes, as vLLM serves them: `POST /v1/chat/completions`, `POST /v1/completions` (both with `stream`,
+`stream_options.include_usage` and `continuous_usage_stats`), `GET /v1/models`, `GET /health`, `GET /metrics`.
 `usage.prompt_tokens_details.cached_tokens` reports the prefix-cache hit. Chat messages are
 serialised with a Gemma-style template before tokenisation, so a shared system prompt and a growing
 history form a shared prefix.
@@ -110,7 +110,11 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             payload = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
                        "usage": _usage(req)}
             return web.Response(body=orjson.dumps(payload), content_type="application/json")
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage"))
+        # vLLM's continuous_usage_stats: the usage so far on every chunk, so a client that leaves mid-stream
+        # still knows what the engine generated.
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
@@ -130,6 +134,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             else:
                 ch["text"] = new
             chunk = {"id": rid, "object": chunk_obj, "created": created, "model": model, "choices": [ch]}
+            if continuous:
+                chunk["usage"] = _usage(req)
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         if include_usage:
             tail = {"id": rid, "object": chunk_obj, "created": created, "model": model, "choices": [],

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+# Phases in which the operator creates no engine pods: such a model is not offered (unless pods of an
+# earlier spec still serve it).
+UNSERVABLE_PHASES = frozenset({"DoesNotFit", "Invalid"})
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -46,6 +49,7 @@ class ServiceInfo:
     name: str
     served_model: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    unservable: bool = False  # the operator will create no pods for it (DoesNotFit, Invalid)
 
 
 def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
@@ -56,7 +60,8 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
     if not name or not namespace:
         return None
     model = spec.get("model") or {}
-    served = (obj.get("status") or {}).get("servedModel") or model.get("servedName") or name
+    status = obj.get("status") or {}
+    served = status.get("servedModel") or model.get("servedName") or name
     gateway = spec.get("gateway") or {}
     labels = {"inferenceservice": name, "namespace": namespace}
     if gateway.get("tier"):
@@ -69,7 +74,10 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
     ):
         if pricing.get(key) is not None:
             labels[label] = str(pricing[key])
-    return ServiceInfo(namespace=namespace, name=name, served_model=str(served), labels=labels)
+    return ServiceInfo(
+        namespace=namespace, name=name, served_model=str(served), labels=labels,
+        unservable=status.get("phase") in UNSERVABLE_PHASES,
+    )  # fmt: skip
 
 
 def ready_addresses(slice_: Mapping[str, Any]) -> list[tuple[str, int, str]]:
@@ -104,7 +112,8 @@ def build_index(
             index.setdefault(info.served_model, []).append(
                 Endpoint(id=f"{host}:{port}", url=f"http://{host}:{port}", model=info.served_model, labels=labels)
             )
-        index.setdefault(info.served_model, [])
+        if not info.unservable:
+            index.setdefault(info.served_model, [])
     return index
 
 
@@ -145,10 +154,14 @@ class KubernetesEndpointSource:
         return list(self._index.get(model, []))
 
     def _rebuild(self) -> None:
+        before = set(self._index)
         self._index = build_index(services=self._services, slices=self._slices)
         if self._gauge is not None:
             for model, eps in self._index.items():
                 self._gauge.labels(model=model).set(len(eps))
+            for gone in before - set(self._index):  # a deleted model is no longer reported
+                with contextlib.suppress(KeyError):
+                    self._gauge.remove(gone)
 
     def _resources(self) -> tuple[Any, Any]:
         from lightkube.core.resource_registry import resource_registry

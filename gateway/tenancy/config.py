@@ -107,7 +107,7 @@ class TenancyConfig(_Strict):
     on_store_error: Literal["open", "closed"] = "open"
     redis_timeout_s: float = Field(default=2.0, gt=0)  # connect, command and pool wait; then on_store_error
     redis_max_connections: int = Field(default=64, ge=1)  # per gateway replica; a burst queues for these
-    store_retry_s: float = Field(default=1.0, ge=0)  # after a store failure, skip the store this long
+    store_retry_s: float = Field(default=0.25, ge=0)  # after a store failure, one request probes it this often
     default_max_tokens: int = Field(default=1024, ge=1)  # reservation estimate when a request sets none
     sliding_minute_windows: bool = True
     usage_retention_days: int = Field(default=400, ge=1)

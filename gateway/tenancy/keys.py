@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgate.core.errors import AuthenticationError, ConfigError, PermissionDeniedError
+from fleetgate.gateway.authorization import shown
 from fleetgate.gateway.stages import Tenant
 from fleetgate.gateway.tenancy.config import HASH_PREFIX, TenancyConfig, load_keys_file, merged_with_keys_file
 
@@ -122,6 +123,4 @@ class KeyAuthenticator:
         if tenant.is_admin and tenant.allowed_models is not None and not tenant.allowed_models:
             raise PermissionDeniedError("the admin key is for admin endpoints; use a tenant key for inference")
         if tenant.allowed_models is not None and model not in tenant.allowed_models:
-            raise PermissionDeniedError(
-                f"tenant {tenant.id!r} may not use model {model!r}", param="model"
-            )
+            raise PermissionDeniedError(f"tenant {tenant.id!r} may not use model {shown(model)}", param="model")

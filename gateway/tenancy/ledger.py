@@ -7,15 +7,20 @@ a reader never sees half a request. An addition may carry a one-time token: the 
 additions that failed on a store outage, and a retry of one that did land (a timeout after Redis
 applied it) is then dropped instead of counted twice. Rows are keyed `{prefix}usage:{<day>}:<tenant>`
 (the day is the hash tag, so one day's rows share a Redis Cluster slot) with fields
-`<model>\\t<tier>\\t<field>`.
+`<model>\\t<tier>\\t<field>`, where model and tier are percent-escaped (`%`, tab, CR, LF), so no name can
+break the split. Reading skips (and logs) any field that does not parse, so one odd row can never fail a
+usage report. (Model names are bounded before they get here: the gateway records refused and unknown
+names under a placeholder.)
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import unquote
 
 from fleetgate.gateway.tenancy.redis_client import guarded
 
@@ -36,6 +41,29 @@ FIELDS = (
     "saved_tier_micros",
 )
 SEP = "\t"
+_ESCAPES = str.maketrans({"%": "%25", "\t": "%09", "\r": "%0D", "\n": "%0A"})
+
+log = logging.getLogger(__name__)
+
+
+def encode_part(value: str) -> str:
+    return value.translate(_ESCAPES)
+
+
+def decode_part(value: str) -> str:
+    return unquote(value) if "%" in value else value
+
+
+def encode_field(model: str, tier: str, name: str) -> str:
+    return SEP.join((encode_part(model), encode_part(tier), name))
+
+
+def decode_field(raw: str) -> tuple[str, str, str] | None:
+    """(model, tier, field name), or None for a field that is not one of ours."""
+    parts = raw.split(SEP)
+    if len(parts) != 3 or parts[2] not in FIELDS:
+        return None
+    return decode_part(parts[0]), decode_part(parts[1]), parts[2]
 
 ADD_LUA = """
 if KEYS[3] and not redis.call('SET', KEYS[3], '1', 'NX', 'EX', 3600) then
@@ -118,7 +146,7 @@ class RedisLedger:
         args: list[str | int] = [tenant, self._ttl_s]
         for name, amount in values.items():
             if amount:
-                args += [SEP.join((model, tier, name)), amount]
+                args += [encode_field(model, tier, name), amount]
         keys = [self._row_key(day, tenant), self._tenants_key(day)]
         if once:  # a marker kept for an hour makes a retried addition idempotent
             keys.append(f"{self._prefix}usage:{{{day}}}:once:{once}")
@@ -142,8 +170,17 @@ class RedisLedger:
         rows: dict[tuple[str, str, str, str], UsageRow] = {}
         for (day, t), data in zip(pairs, hashes, strict=True):
             for raw_field, raw_value in data.items():
-                fname = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
-                model, tier, name = fname.split(SEP)
+                fname = raw_field.decode("utf-8", "replace") if isinstance(raw_field, bytes) else str(raw_field)
+                parsed = decode_field(fname)
+                try:
+                    amount = int(raw_value)
+                except ValueError:
+                    parsed = None
+                if parsed is None:
+                    log.warning("usage ledger: skipping a malformed field", extra={"day": day, "tenant": t,
+                                                                                   "field": fname[:200]})
+                    continue
+                model, tier, name = parsed
                 row = rows.setdefault((day, t, model, tier), UsageRow(day, t, model, tier))
-                row.values[name] = int(raw_value)
+                row.values[name] = amount
         return [rows[k] for k in sorted(rows)]

@@ -13,18 +13,27 @@ settle(reservation, usage):
     (`stage.TenancyStage`) splits this in two: tokens at settle, dollars when each request record says
     which model really served (an alias is priced at the model it resolved to).
 
-Store down: `on_store_error: open` (default) lets requests through unmetered and logs + counts it (an
-outage of the limits store should not become an outage of inference); `closed` answers 503. After a
-failure the store is not asked again for `store_retry_s`, so an outage costs one timeout, not one per
-request.
+Requests: `sequences` is the number of completions the engine will generate (prompts x `n`, or
+`best_of`); the completion estimate is `max_tokens` per sequence. With `fit_max_tokens` (the client set no
+`max_tokens`, so the gateway sets it upstream) a request refused by a token or dollar window is reserved
+again at the largest `max_tokens` that still fits, and the reservation's `max_tokens` is what the gateway
+forwards: the engine can then never generate more than was reserved.
+
+Store down (`limiter_circuit`): `on_store_error: open` (default) lets requests through unmetered and logs +
+counts it (an outage of the limits store should not become an outage of inference); `closed` answers 503.
+After a failure the store is not asked for `store_retry_s`; then one request probes it, so the limits
+are back within `store_retry_s` of the store whatever the traffic. Settles that cannot be written, and
+the whole real usage of requests let through during the outage, are queued (bounded) and replayed when
+the store answers again, so the budget counters end equal to the ledger.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -33,6 +42,7 @@ from fleetgate.core.kvstore import StoreUnavailableError
 from fleetgate.core.types import Usage
 from fleetgate.gateway.stages import Reservation, Tenant
 from fleetgate.gateway.tenancy.config import TenancyConfig
+from fleetgate.gateway.tenancy.limiter_circuit import Move, StoreCircuit
 from fleetgate.gateway.tenancy.limiter_windows import (
     Check,
     TenantLimits,
@@ -42,7 +52,7 @@ from fleetgate.gateway.tenancy.limiter_windows import (
     window_load,
 )
 from fleetgate.gateway.tenancy.metrics import TenancyMetrics
-from fleetgate.gateway.tenancy.pricing import PriceBook, cost_micros, usd_to_micros
+from fleetgate.gateway.tenancy.pricing import PriceBook, Rates, cost_micros, usd_to_micros
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +60,7 @@ log = logging.getLogger(__name__)
 class CounterBackend(Protocol):
     async def reserve(self, checks: Sequence[Check], *, now_ms: int) -> tuple[int, int, int]: ...
 
-    async def adjust(self, deltas: Sequence[tuple[str, int]]) -> None: ...
+    async def adjust(self, moves: Sequence[Move]) -> None: ...
 
     async def read(self, keys: Sequence[str]) -> list[int]: ...
 
@@ -76,6 +86,7 @@ class TenancyLimiter:
         prices: PriceBook,
         metrics: TenancyMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        max_pending: int = 100_000,
     ) -> None:
         self._limits = limits_from_config(config)
         self._counters = counters
@@ -86,43 +97,60 @@ class TenancyLimiter:
         self._sliding = config.sliding_minute_windows
         self._default_max_tokens = config.default_max_tokens
         self._fail_open = config.on_store_error == "open"
-        self._retry_s = config.store_retry_s
-        self._down_until = 0.0  # monotonic; while in the future, the store is not asked (circuit open)
+        self.circuit = StoreCircuit(retry_s=config.store_retry_s, max_pending=max_pending)
 
     def limits(self, tenant_id: str) -> TenantLimits:
         return self._limits.get(tenant_id, TenantLimits())
 
-    def _store_error(self, op: str, exc: Exception) -> None:
-        self._down_until = time.monotonic() + self._retry_s
+    def _store_error(self, op: str, exc: Exception, started: float) -> None:
+        self.circuit.failed(started)
         if self._metrics is not None:
             self._metrics.store_errors.labels(op=op).inc()
         log.warning("tenancy limits store unavailable", extra={"op": op, "error": str(exc)})
 
-    async def reserve(self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int) -> Reservation:
+    def _estimate(self, tenant: Tenant, model: str, *, prompt: int, per_seq: int, sequences: int,
+                  rates: Rates) -> Reservation:
+        completion = per_seq * sequences
+        micros = cost_micros(Usage(prompt_tokens=prompt, completion_tokens=completion), rates)
+        return Reservation(tenant=tenant, model=model, estimated_tokens=prompt + completion, estimated_micros=micros)
+
+    def _checks(self, tenant: Tenant, reservation: Reservation, limits: TenantLimits, now: float) -> list[Check]:
+        return plan_checks(prefix=self._prefix, tenant_id=tenant.id, limits=limits, now_s=now,
+                           tokens=reservation.estimated_tokens, micros=reservation.estimated_micros,
+                           sliding=self._sliding)
+
+    async def reserve(
+        self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int | None,
+        sequences: int = 1, fit_max_tokens: bool = False,
+    ) -> Reservation:
         await self._prices.refresh_if_stale(model)
-        completion = max_tokens if max_tokens and max_tokens > 0 else self._default_max_tokens
-        tokens = max(prompt_tokens, 0) + completion
-        micros = cost_micros(Usage(prompt_tokens=max(prompt_tokens, 0), completion_tokens=completion),
-                             self._prices.estimate_rates(model))
-        reservation = Reservation(tenant=tenant, model=model, estimated_tokens=tokens, estimated_micros=micros)
+        per_seq = max_tokens if max_tokens and max_tokens > 0 else self._default_max_tokens
+        sequences = max(sequences, 1)
+        prompt = max(prompt_tokens, 0)
+        rates = self._prices.estimate_rates(model)
+        reservation = self._estimate(tenant, model, prompt=prompt, per_seq=per_seq, sequences=sequences, rates=rates)
         limits = self.limits(tenant.id)
         if not limits.any:
             return reservation
         now = self._clock()
         now_ms = int(now * 1000)
-        checks = plan_checks(prefix=self._prefix, tenant_id=tenant.id, limits=limits, now_s=now,
-                             tokens=tokens, micros=micros, sliding=self._sliding)
-        try:
-            if time.monotonic() < self._down_until:
-                raise StoreUnavailableError("limits store marked down after a recent failure")
-            refused, cur, prev = await self._counters.reserve(checks, now_ms=now_ms)
-        except StoreUnavailableError as exc:
-            self._store_error("reserve", exc)
-            if self._fail_open:
-                return reservation
-            raise UpstreamUnavailableError(
-                "the limits store is unavailable and tenancy.on_store_error is 'closed'"
-            ) from exc
+        checks = self._checks(tenant, reservation, limits, now)
+        answer = await self._try_reserve(checks, now_ms=now_ms)
+        if answer is not None and answer[0] and fit_max_tokens and limits.bounds_spend:
+            fitted = self._fit(checks[answer[0] - 1], answer, now_ms=now_ms, prompt=prompt, sequences=sequences,
+                               rates=rates)
+            if 1 <= fitted < per_seq:
+                per_seq = fitted
+                reservation = self._estimate(tenant, model, prompt=prompt, per_seq=per_seq, sequences=sequences,
+                                             rates=rates)
+                checks = self._checks(tenant, reservation, limits, now)
+                answer = await self._try_reserve(checks, now_ms=now_ms)
+        if fit_max_tokens and limits.bounds_spend:
+            reservation.max_tokens = per_seq
+        if answer is None:  # store down, failing open: usage is queued at settle (reconciled later)
+            reservation.token = self._held(checks, reserved=False)
+            return reservation
+        refused, cur, prev = answer
         if refused:
             check = checks[refused - 1]
             if self._metrics is not None:
@@ -134,38 +162,115 @@ class TenancyLimiter:
                 retry_after_s=retry_after_s(check=check, cur=cur, prev=prev, now_ms=now_ms),
                 code=code,
             )
-        held = {
-            "tokens": [c.key for c in checks if c.name == "tpm"],
-            "micros": [c.key for c in checks if c.name.endswith("budget")],
-        }
-        reservation.token = orjson.dumps(held).decode()
+        reservation.token = self._held(checks, reserved=True)
         return reservation
+
+    @staticmethod
+    def _held(checks: Sequence[Check], *, reserved: bool) -> str:
+        held = {
+            "tokens": [[c.key, c.ttl_ms] for c in checks if c.name == "tpm"],
+            "micros": [[c.key, c.ttl_ms] for c in checks if c.name.endswith("budget")],
+            "reserved": reserved,
+        }
+        return orjson.dumps(held).decode()
+
+    def _fit(self, check: Check, answer: tuple[int, int, int], *, now_ms: int, prompt: int, sequences: int,
+             rates: Rates) -> int:
+        """The largest max_tokens per sequence that fits the refusing window (0: none does)."""
+        if check.name == "rpm":
+            return 0
+        room = check.limit - window_load(check=check, cur=answer[1], prev=answer[2], now_ms=now_ms)
+        if check.name == "tpm":
+            return max(0, int((room - prompt) // sequences))
+        lo, hi = 0, 1
+        while cost_micros(Usage(prompt_tokens=prompt, completion_tokens=hi * sequences), rates) <= room:
+            lo, hi = hi, hi * 2
+            if hi > 1 << 40:
+                return lo
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if cost_micros(Usage(prompt_tokens=prompt, completion_tokens=mid * sequences), rates) <= room:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    async def _try_reserve(self, checks: Sequence[Check], *, now_ms: int) -> tuple[int, int, int] | None:
+        """The store's answer, or None when the store is down and the policy is to fail open."""
+        started = self.circuit.admit()
+        if started is not None:
+            try:
+                # Queued moves first: after a restart they must find the counters as the outage left them
+                # (absent), before this reservation creates them again.
+                await self._write_pending()
+                answer = await self._counters.reserve(checks, now_ms=now_ms)
+            except StoreUnavailableError as exc:
+                self._store_error("reserve", exc, started)
+            except asyncio.CancelledError:
+                self.circuit.abandoned()
+                raise
+            else:
+                self.circuit.succeeded(started)
+                return answer
+        if self._fail_open:
+            return None
+        raise UpstreamUnavailableError("the limits store is unavailable and tenancy.on_store_error is 'closed'")
 
     async def settle(self, reservation: Reservation, usage: Usage) -> None:
         """Settle tokens and dollars, pricing `usage` at the reserved model's rates."""
-        money_keys = await self.settle_tokens(reservation, usage)
+        money, held_micros = await self.settle_tokens(reservation, usage)
         real = cost_micros(usage, self._prices.rates(reservation.model))
-        await self.charge(money_keys, real - reservation.estimated_micros)
+        await self.charge(money, real - held_micros, real_micros=real)
 
-    async def settle_tokens(self, reservation: Reservation, usage: Usage) -> list[str]:
-        """Settle the token windows now; return the dollar windows for `charge` (once the real cost is known)."""
+    async def settle_tokens(self, reservation: Reservation, usage: Usage) -> tuple[list[list[Any]], int]:
+        """Settle the token windows now; return the dollar windows for `charge` (once the real cost is known)
+        and the dollars the reservation holds in them (0 when it was let through while the store was down)."""
         if not reservation.token:
-            return []
-        held: dict[str, list[str]] = orjson.loads(reservation.token)
+            return [], 0
+        held: dict[str, Any] = orjson.loads(reservation.token)
         reservation.token = ""  # settle once, even if called twice
-        delta = usage.total_tokens - reservation.estimated_tokens
-        await self._adjust([(key, delta) for key in held["tokens"]], op="settle")
-        return held["micros"]
+        reserved = bool(held.get("reserved", True))
+        real = usage.total_tokens
+        delta = real - (reservation.estimated_tokens if reserved else 0)
+        await self._adjust([Move(key, delta, ttl, real) for key, ttl in held["tokens"]], op="settle")
+        return held["micros"], reservation.estimated_micros if reserved else 0
 
-    async def charge(self, keys: Sequence[str], delta_micros: int) -> None:
-        await self._adjust([(key, delta_micros) for key in keys], op="settle")
+    async def charge(self, keys: Sequence[Sequence[Any]], delta_micros: int, *, real_micros: int) -> None:
+        """Move the dollar windows by `delta_micros`; a window the store lost is set to `real_micros`."""
+        await self._adjust([Move(key, delta_micros, ttl, real_micros) for key, ttl in keys], op="settle")
 
-    async def _adjust(self, deltas: list[tuple[str, int]], *, op: str) -> None:
+    async def _adjust(self, moves: list[Move], *, op: str) -> None:
+        moves = [m for m in moves if m.delta or m.absolute]
+        if not moves:
+            return
+        started = self.circuit.admit()
+        if started is None:
+            self.circuit.queue(moves)
+            return
         try:
-            await self._counters.adjust(deltas)
+            await self._write_pending()
+            await self._counters.adjust(moves)
         except StoreUnavailableError as exc:
-            # The estimate stays counted: conservative for budgets, never an overspend.
-            self._store_error(op, exc)
+            self.circuit.queue(moves)
+            self._store_error(op, exc, started)
+        except asyncio.CancelledError:
+            self.circuit.abandoned()
+            self.circuit.queue(moves)
+            raise
+        else:
+            self.circuit.succeeded(started)
+
+    async def _write_pending(self) -> None:
+        """Write the moves queued while the store was down; on any failure they stay queued."""
+        moves = self.circuit.take()
+        if not moves:
+            return
+        try:
+            await self._counters.adjust(moves)
+        except BaseException:
+            self.circuit.requeue(moves)
+            raise
+        log.info("tenancy limits store back; queued settles replayed", extra={"moves": len(moves)})
 
     async def status(self, tenant_id: str) -> dict[str, dict[str, float | int]]:
         """Current use of each configured limit (settled + in flight), for the usage API and the cost page."""

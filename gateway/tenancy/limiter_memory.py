@@ -2,7 +2,8 @@
 
 Used when no Redis is configured (one gateway process). Check-and-add runs without an `await` in
 between, so on the event loop it is as atomic as the Lua script is in Redis. Counters expire after their
-TTL, checked lazily on access.
+TTL, checked lazily on access. `adjust` adds to existing counters and sets a missing one to the move's
+`absolute` (the real usage), as the Redis script does.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from fleetgate.gateway.tenancy.limiter_circuit import Move
 from fleetgate.gateway.tenancy.limiter_windows import Check, window_load
 
 
@@ -40,11 +42,13 @@ class MemoryCounters:
             self._values[c.key] = (cur + c.amount, expires_base + c.ttl_ms / 1000)
         return 0, 0, 0
 
-    async def adjust(self, deltas: Sequence[tuple[str, int]]) -> None:
-        for key, delta in deltas:
-            if delta and self._get(key) is not None:
-                value, expires = self._values[key]
-                self._values[key] = (value + delta, expires)
+    async def adjust(self, moves: Sequence[Move]) -> None:
+        for m in moves:
+            if self._get(m.key) is not None:
+                value, expires = self._values[m.key]
+                self._values[m.key] = (value + m.delta, expires)
+            elif m.absolute > 0 and m.ttl_ms > 0:
+                self._values[m.key] = (m.absolute, time.monotonic() + m.ttl_ms / 1000)
 
     async def read(self, keys: Sequence[str]) -> list[int]:
         return [self._get(k) or 0 for k in keys]

@@ -3,8 +3,9 @@
 `reserve` runs one script over every window a request touches: it reads each counter (and, for sliding
 minute windows, the previous minute's), refuses if any `load + amount > limit`, and otherwise adds the
 amounts to all of them, in one step that no other gateway replica can interleave with. `adjust` adds the
-settle deltas (real usage minus estimate) only to counters that still exist, so a window that expired
-while a long request ran is never resurrected with a negative value. Keys carry a `{tenant}` hash tag,
+settle deltas (real usage minus estimate) to counters that still exist; a counter that does not (it
+expired while a long request ran, or a Redis restart lost it with the reservation) is set to the real
+usage alone (`Move.absolute`), never to a negative value. Keys carry a `{tenant}` hash tag,
 so one tenant's keys share a Redis Cluster slot.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from fleetgate.gateway.tenancy.limiter_circuit import Move
 from fleetgate.gateway.tenancy.limiter_windows import Check
 from fleetgate.gateway.tenancy.redis_client import guarded
 
@@ -49,8 +51,13 @@ return {0, 0, 0}
 
 ADJUST_LUA = """
 for i = 1, #KEYS do
+  local delta = tonumber(ARGV[3 * i - 2])
+  local ttl = tonumber(ARGV[3 * i - 1])
+  local absolute = tonumber(ARGV[3 * i])
   if redis.call('EXISTS', KEYS[i]) == 1 then
-    redis.call('INCRBY', KEYS[i], ARGV[i])
+    redis.call('INCRBY', KEYS[i], delta)
+  elseif absolute > 0 and ttl > 0 then
+    redis.call('SET', KEYS[i], absolute, 'PX', ttl)
   end
 end
 return 0
@@ -76,11 +83,12 @@ class RedisCounters:
         result = await guarded(self._reserve(keys=keys, args=args), url=self._url)
         return int(result[0]), int(result[1]), int(result[2])
 
-    async def adjust(self, deltas: Sequence[tuple[str, int]]) -> None:
-        items = [(k, d) for k, d in deltas if d]
+    async def adjust(self, moves: Sequence[Move]) -> None:
+        items = [m for m in moves if m.delta or m.absolute]
         if not items:
             return
-        await guarded(self._adjust(keys=[k for k, _ in items], args=[d for _, d in items]), url=self._url)
+        args = [v for m in items for v in (m.delta, m.ttl_ms, m.absolute)]
+        await guarded(self._adjust(keys=[m.key for m in items], args=args), url=self._url)
 
     async def read(self, keys: Sequence[str]) -> list[int]:
         if not keys:

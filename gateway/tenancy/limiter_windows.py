@@ -41,6 +41,11 @@ class TenantLimits:
     def any(self) -> bool:
         return any(v is not None for v in (self.rpm, self.tpm, self.daily_micros, self.monthly_micros))
 
+    @property
+    def bounds_spend(self) -> bool:
+        """A token or dollar limit: one whose overrun the gateway bounds by setting `max_tokens` upstream."""
+        return any(v is not None for v in (self.tpm, self.daily_micros, self.monthly_micros))
+
 
 @dataclass(frozen=True, slots=True)
 class Check:

@@ -76,12 +76,22 @@ def usage_json(rows: Sequence[UsageRow], *, days: Sequence[str], scope: str) -> 
     }
 
 
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(value: str) -> str:
+    """A text cell that a spreadsheet shows as text: a leading `'` keeps a cell starting with a formula
+    character (=, +, -, @, tab, CR) from being evaluated (OWASP's CSV injection advice)."""
+    return "'" + value if value.startswith(FORMULA_PREFIXES) else value
+
+
 def usage_csv(rows: Sequence[UsageRow]) -> str:
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
+    writer = csv.writer(buf, lineterminator="\r\n")  # RFC 4180; a CR or LF inside a cell is then quoted
     usd_cols = [n.replace("_micros", "_usd") for n in MICRO_FIELDS]
     writer.writerow([*KEY_COLUMNS, *FIELDS, *usd_cols])
     for r in rows:
-        writer.writerow([r.day, r.tenant, r.model, r.tier, *(r.values.get(n, 0) for n in FIELDS),
+        writer.writerow([*(csv_text(v) for v in (r.day, r.tenant, r.model, r.tier)),
+                         *(r.values.get(n, 0) for n in FIELDS),
                          *(micros_to_usd(r.values.get(n, 0)) for n in MICRO_FIELDS)])
     return buf.getvalue()

@@ -15,18 +15,28 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from fleetgate.core.errors import FleetGateError, PermissionDeniedError
 from fleetgate.core.kvstore import StoreUnavailableError
+from fleetgate.gateway.context import request_id_from
 from fleetgate.gateway.stages import ANONYMOUS, Tenant
 from fleetgate.gateway.tenancy.report import day_range, usage_csv, usage_json
 from fleetgate.gateway.tenancy.stage import TenancyStage
 
 
-def error_response(exc: FleetGateError) -> JSONResponse:
-    return JSONResponse(exc.to_openai(), status_code=exc.status, headers=exc.headers)
+def error_response(exc: FleetGateError, *, request_id: str | None = None) -> JSONResponse:
+    headers = dict(exc.headers)
+    if request_id is not None:
+        headers["x-request-id"] = request_id
+    return JSONResponse(exc.to_openai(), status_code=exc.status, headers=headers)
+
+
+def _unavailable(what: str, exc: Exception, request_id: str) -> JSONResponse:
+    error = FleetGateError(f"{what} unavailable: {exc}", code="store_unavailable")
+    error.status = 503
+    return error_response(error, request_id=request_id)
 
 
 def _sees_all(tenant: Tenant) -> bool:
@@ -47,32 +57,35 @@ def usage_router(*, tenancy: TenancyStage) -> APIRouter:
 
     @router.get("/v1/usage", response_model=None)
     async def usage(
+        request: Request,
         start: str | None = Query(default=None),
         end: str | None = Query(default=None),
         tenant: str | None = Query(default=None),
         format: str = Query(default="json", pattern="^(json|csv)$"),
         authorization: str | None = Header(default=None),
     ) -> Response:
+        rid = request_id_from(request.headers)
         try:
             _, scope = await caller(authorization, tenant)
             days = day_range(start=start, end=end, today=datetime.now(UTC).date())
             rows = await tenancy.ledger.read(days=days, tenant=scope)
         except FleetGateError as exc:
-            return error_response(exc)
+            return error_response(exc, request_id=rid)
         except StoreUnavailableError as exc:
-            return JSONResponse({"error": {"message": f"usage store unavailable: {exc}", "type": "server_error",
-                                           "param": None, "code": "store_unavailable"}}, status_code=503)
+            return _unavailable("usage store", exc, rid)
         if format == "csv":
             return PlainTextResponse(usage_csv(rows), media_type="text/csv",
-                                     headers={"Content-Disposition": 'attachment; filename="usage.csv"'})
-        return JSONResponse(usage_json(rows, days=days, scope=scope or "all"))
+                                     headers={"Content-Disposition": 'attachment; filename="usage.csv"',
+                                              "x-request-id": rid})
+        return JSONResponse(usage_json(rows, days=days, scope=scope or "all"), headers={"x-request-id": rid})
 
     @router.get("/v1/usage/budgets", response_model=None)
-    async def budgets(authorization: str | None = Header(default=None)) -> Response:
+    async def budgets(request: Request, authorization: str | None = Header(default=None)) -> Response:
+        rid = request_id_from(request.headers)
         try:
             who, scope = await caller(authorization, None)
         except FleetGateError as exc:
-            return error_response(exc)
+            return error_response(exc, request_id=rid)
         ids = [scope] if scope is not None else [t.id for t in tenancy.config.tenants]
         data: list[dict[str, Any]] = []
         try:
@@ -88,9 +101,8 @@ def usage_router(*, tenancy: TenancyStage) -> APIRouter:
                     "windows": await tenancy.limiter.status(tid),
                 })
         except StoreUnavailableError as exc:
-            return JSONResponse({"error": {"message": f"limits store unavailable: {exc}", "type": "server_error",
-                                           "param": None, "code": "store_unavailable"}}, status_code=503)
+            return _unavailable("limits store", exc, rid)
         return JSONResponse({"object": "list", "scope": scope or "all", "as_of": int(time.time()), "data": data,
-                             "caller": {"tenant": who.id, "admin": _sees_all(who)}})
+                             "caller": {"tenant": who.id, "admin": _sees_all(who)}}, headers={"x-request-id": rid})
 
     return router

@@ -31,7 +31,7 @@ from fleetgate.gateway.tenancy.pricing import PriceBook
 @dataclass(slots=True)
 class _Held:
     tenant_id: str
-    keys: list[str]
+    keys: list[list[Any]]  # [counter key, ttl ms]
     estimate_micros: int
     released: bool = False
 
@@ -58,12 +58,15 @@ class TenancyStage:
         self.authenticator.authorize(tenant, model)
 
     # Limiter
-    async def reserve(self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int) -> Reservation:
-        return await self.limiter.reserve(tenant, model, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+    async def reserve(
+        self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int | None,
+        sequences: int = 1, fit_max_tokens: bool = False,
+    ) -> Reservation:
+        return await self.limiter.reserve(tenant, model, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                                          sequences=sequences, fit_max_tokens=fit_max_tokens)
 
     async def settle(self, reservation: Reservation, usage: Usage) -> None:
-        estimate = reservation.estimated_micros
-        keys = await self.limiter.settle_tokens(reservation, usage)
+        keys, estimate = await self.limiter.settle_tokens(reservation, usage)
         self._held.set(_Held(tenant_id=reservation.tenant.id, keys=keys, estimate_micros=estimate))
 
     # Accountant
@@ -72,11 +75,12 @@ class TenancyStage:
         held = self._held.get()
         if held is None or held.tenant_id != record.tenant.id or not held.keys:
             return
-        delta = values.get("cost_micros", 0)
+        cost = values.get("cost_micros", 0)
+        delta = cost
         if not held.released:
             delta -= held.estimate_micros
             held.released = True
-        await self.limiter.charge(held.keys, delta)
+        await self.limiter.charge(held.keys, delta, real_micros=cost)
 
     async def aclose(self) -> None:
         for closer in self.closers:

@@ -7,6 +7,9 @@ below one replica, so scale to zero needs KEDA. KEDA: a Prometheus trigger on th
 the service's pods (KEDA divides by the replica count: AverageValue), `minReplicaCount` 0 when
 `scaleToZero`. Both scale up fast (2 pods per minute, no stabilization) and down slowly (1 pod per 5 min
 after 10 min stable): a GPU pod takes minutes to load its model, so flapping costs more than idling.
+`spec.replicas` (what `kubectl scale fgis` sets through the scale subresource) is the autoscaler's floor
+when it is above max(1, minReplicas), capped at maxReplicas: scaling an autoscaled service up is honoured
+instead of silently ignored, and the default `replicas: 1` leaves minReplicas (and scale to zero) alone.
 """
 
 from __future__ import annotations
@@ -39,7 +42,14 @@ def _target(auto: Autoscaling) -> float:
     return auto.target_queue_depth if auto.metric == "queueDepth" else auto.target_kv_cache_usage
 
 
-def build_hpa(*, owner: Owner, auto: Autoscaling, settings: OperatorSettings) -> dict[str, Any]:
+def floor_replicas(*, auto: Autoscaling, replicas: int) -> int:
+    """The fewest replicas the autoscaler may set: minReplicas, raised by `spec.replicas` (see the docstring)."""
+    if replicas > max(1, auto.min_replicas):
+        return min(replicas, auto.max_replicas)
+    return auto.min_replicas
+
+
+def build_hpa(*, owner: Owner, auto: Autoscaling, settings: OperatorSettings, replicas: int = 1) -> dict[str, Any]:
     metric = settings.hpa_queue_metric if auto.metric == "queueDepth" else settings.hpa_kv_metric
     return child(
         api_version="autoscaling/v2",
@@ -47,7 +57,7 @@ def build_hpa(*, owner: Owner, auto: Autoscaling, settings: OperatorSettings) ->
         owner=owner,
         spec={
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.name},
-            "minReplicas": max(1, auto.min_replicas),
+            "minReplicas": max(1, floor_replicas(auto=auto, replicas=replicas)),
             "maxReplicas": auto.max_replicas,
             "metrics": [
                 {
@@ -64,7 +74,7 @@ def build_hpa(*, owner: Owner, auto: Autoscaling, settings: OperatorSettings) ->
 
 
 def build_scaled_object(
-    *, owner: Owner, auto: Autoscaling, served_model: str, settings: OperatorSettings
+    *, owner: Owner, auto: Autoscaling, served_model: str, settings: OperatorSettings, replicas: int = 1
 ) -> dict[str, Any]:
     series = "vllm:num_requests_waiting" if auto.metric == "queueDepth" else "vllm:kv_cache_usage_perc"
     query = f'sum({series}{{namespace="{owner.namespace}",model_name="{served_model}"}})'
@@ -74,7 +84,7 @@ def build_scaled_object(
         owner=owner,
         spec={
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.name},
-            "minReplicaCount": 0 if auto.scale_to_zero else max(1, auto.min_replicas),
+            "minReplicaCount": _keda_min(auto=auto, replicas=replicas),
             "maxReplicaCount": auto.max_replicas,
             "cooldownPeriod": 600,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior()}},
@@ -94,6 +104,13 @@ def build_scaled_object(
     )
 
 
+def _keda_min(*, auto: Autoscaling, replicas: int) -> int:
+    floor = floor_replicas(auto=auto, replicas=replicas)
+    if auto.scale_to_zero and floor == auto.min_replicas:
+        return 0
+    return max(1, floor)
+
+
 def build_autoscaler(
     *, owner: Owner, spec: InferenceServiceSpec, settings: OperatorSettings, served_model: str | None = None
 ) -> dict[str, Any] | None:
@@ -102,6 +119,10 @@ def build_autoscaler(
         return None
     if settings.capabilities.keda:
         return build_scaled_object(
-            owner=owner, auto=auto, served_model=served_model or spec.model.served_name or owner.name, settings=settings
+            owner=owner,
+            auto=auto,
+            served_model=served_model or spec.model.served_name or owner.name,
+            settings=settings,
+            replicas=spec.replicas,
         )
-    return build_hpa(owner=owner, auto=auto, settings=settings)
+    return build_hpa(owner=owner, auto=auto, settings=settings, replicas=spec.replicas)

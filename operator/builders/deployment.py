@@ -9,7 +9,8 @@
 - The model cache is an emptyDir capped at `spec.model.cacheSize` (`HF_HOME` points there); `pvc://` sources
   mount their claim read-only under /models.
 - GPUs: the profile's extended resource (limits = requests = `spec.resources.gpus`), node selector and
-  tolerations. Prometheus scrape annotations on the pod template (vLLM serves `/metrics` on the API port).
+  tolerations; CPU and memory requests default per GPU (`OperatorSettings.engine_*_request`), never
+  none. Prometheus scrape annotations on the pod template (vLLM serves `/metrics` on the API port).
 - Rollout: maxSurge 1, maxUnavailable 0: capacity never drops during a rollout; a new pod that cannot be
   scheduled leaves the old one serving.
 - `replicas` is omitted when an autoscaler owns it, so server-side apply never fights the HPA.
@@ -47,13 +48,17 @@ def _probe(*, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _resources(*, spec: InferenceServiceSpec, resolved: Resolved) -> dict[str, Any]:
+def _resources(*, spec: InferenceServiceSpec, resolved: Resolved, settings: OperatorSettings) -> dict[str, Any]:
+    """GPUs as limits = requests; CPU and memory as the spec says, else default requests (per GPU, or one
+    CPU replica's), so an engine pod is never QoS BestEffort: the first evicted under node pressure."""
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
-    if spec.resources.cpu:
-        requests["cpu"] = spec.resources.cpu
+    units = max(1, spec.resources.gpus) if resolved.profile.is_gpu else 1
+    requests["cpu"] = spec.resources.cpu or str(settings.engine_cpu_request * units)
     if spec.resources.memory:
         requests["memory"] = limits["memory"] = spec.resources.memory
+    else:
+        requests["memory"] = f"{settings.engine_memory_request_gib * units}Gi"
     if resolved.profile.is_gpu and spec.resources.gpus:
         requests[resolved.profile.resource_name] = limits[resolved.profile.resource_name] = str(spec.resources.gpus)
     out: dict[str, Any] = {}
@@ -101,7 +106,7 @@ def build_deployment(
             if spec.model.credentials_secret
             else {}
         ),
-        "resources": _resources(spec=spec, resolved=resolved),
+        "resources": _resources(spec=spec, resolved=resolved, settings=settings),
         "volumeMounts": mounts,
         "startupProbe": _probe(
             period=PROBE_PERIOD_S, failures=startup_failure_threshold(weight_bytes=weight_bytes, settings=settings)

@@ -14,33 +14,49 @@ from fleetgate.router.tiers.calibration import (
     routing_metrics,
     share_for_budget,
     threshold_for_recall,
+    threshold_for_recall_bound,
     threshold_for_share,
 )
 from fleetgate.router.tiers.config import Tier, TierConfig
-from fleetgate.router.tiers.data import DEFAULT_DATA, LabelledPrompt, load_labelled
+from fleetgate.router.tiers.data import (
+    DEFAULT_FROZEN,
+    LabelledPrompt,
+    default_training_data,
+    load_labelled,
+    load_many,
+)
 from fleetgate.router.tiers.scorer import DEFAULT_ARTIFACT, LinearModel, ScorerArtifact
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     train = sub.add_parser("train", help="train the scorer on labelled prompts (seeded, reproducible)")
-    train.add_argument("--data", type=Path, default=DEFAULT_DATA, help="labelled JSONL (default: the dev set)")
+    train.add_argument("--data", type=Path, nargs="+", default=None,
+                       help="labelled JSONL files (default: router/tiers/data/train.jsonl, plus the dev set "
+                            "../shared/data/eval/tier_queries.dev.jsonl when it is there)")
     train.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact to write")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--folds", type=int, default=5)
-    train.add_argument("--target-recall", type=float, default=0.95, help="recall of `large` for the threshold")
+    train.add_argument("--target-recall", type=float, default=0.95, help="recall of `large` on new prompts")
+    train.add_argument("--confidence", type=float, default=0.99,
+                       help="confidence that new prompts get the target recall (sets the threshold's margin)")
 
     cal = sub.add_parser("calibrate", help="set the threshold for a target share of large-tier calls")
     goal = cal.add_mutually_exclusive_group(required=True)
     goal.add_argument("--target-share", type=float, help="share of calls for the large tier, e.g. 0.45")
     goal.add_argument("--budget", type=float, help="spend as a fraction of always-large, e.g. 0.5")
     goal.add_argument("--target-recall", type=float, help="share of `large` prompts that must reach it")
+    cal.add_argument("--confidence", type=float,
+                     help="with --target-recall: hold it on new prompts with this confidence (a margin)")
     cal.add_argument("--model", choices=("full", "structural"), default="full")
     cal.add_argument("--write", action="store_true", help="write the threshold into the artifact")
     _common(cal)
 
-    ev = sub.add_parser("eval", help="routing quality, savings and decision latency across thresholds")
-    ev.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ev = sub.add_parser("eval", help="dev, frozen and cross-validated figures vs a tuned keyword rule, latency")
+    ev.add_argument("--train", type=Path, nargs="+", default=None,
+                    help="the scorer's training data, for the cross-validation column (default: as `train`)")
+    ev.add_argument("--dev", type=Path, default=None, help="dev set (default: ../shared/data/eval/...dev.jsonl)")
+    ev.add_argument("--frozen", type=Path, default=DEFAULT_FROZEN, help="frozen test set, never trained on")
     ev.add_argument("--thresholds", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9")
     ev.add_argument("--latency-samples", type=int, default=300)
     ev.add_argument("--compute-samples", type=int, default=30, help="samples that compute the embedding")
@@ -87,14 +103,19 @@ def run(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from fleetgate.router.tiers.training import train
 
-    rows = load_labelled(args.data)
-    artifact = train(
-        rows, _embed(rows), seed=args.seed, folds=args.folds, target_recall=args.target_recall,
-        source=args.data.name,
-    )
+    paths: list[Path] = args.data or default_training_data()
+    rows = load_many(paths)
+    try:
+        artifact = train(
+            rows, _embed(rows), seed=args.seed, folds=args.folds, target_recall=args.target_recall,
+            confidence=args.confidence, sources=[(p.name, load_labelled(p)) for p in paths],
+        )
+    except ValueError as exc:  # too few rows of a tier for the folds, a target out of range
+        raise ConfigError(f"cannot train on {', '.join(map(str, paths))}: {exc}") from exc
     artifact.save(args.out)
     y = np.asarray(artifact.labels)
-    print(f"trained on {len(rows)} rows of {args.data} (seed {args.seed}, {args.folds} folds) -> {args.out}")
+    names = " + ".join(f"{p.name} ({len(load_labelled(p))})" for p in paths)
+    print(f"trained on {len(rows)} rows of {names} (seed {args.seed}, {args.folds} folds) -> {args.out}")
     for name, model in (("full", artifact.full), ("structural", artifact.structural)):
         m = routing_metrics(np.asarray(model.oos_scores), y, threshold=model.threshold)
         print(
@@ -102,6 +123,10 @@ def _train(args: argparse.Namespace) -> int:
             f"recall(large)={m.recall_large:.3f} share(large)={m.share_large:.3f}"
         )
     return 0
+
+
+def _sources(artifact: ScorerArtifact) -> str:
+    return " + ".join(str(s.get("name", "?")) for s in artifact.meta.get("sources", [])) or "?"
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -114,7 +139,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     tokens = np.asarray(artifact.input_tokens)
     cost_small = np.asarray([small.call_cost(input_tokens=t, output_tokens=args.output_tokens) or 0 for t in tokens])
     cost_large = np.asarray([large.call_cost(input_tokens=t, output_tokens=args.output_tokens) or 0 for t in tokens])
-    if args.target_recall is not None:
+    if args.target_recall is not None and args.confidence is not None:
+        threshold = threshold_for_recall_bound(scores, y, target=args.target_recall, confidence=args.confidence)
+    elif args.target_recall is not None:
         threshold = threshold_for_recall(scores, y, target=args.target_recall)
     else:
         share = args.target_share
@@ -125,7 +152,7 @@ def _calibrate(args: argparse.Namespace) -> int:
             print(f"budget {args.budget:.2f} x always-large -> at most {share:.3f} of calls to the large tier")
         threshold = threshold_for_share(scores, target=share)
     m = routing_metrics(scores, y, threshold=threshold, cost_small=cost_small, cost_large=cost_large)
-    print(f"calibrated on {len(y)} out-of-sample scores ({args.model} model, {artifact.meta.get('source', '?')})")
+    print(f"calibrated on {len(y)} out-of-sample scores ({args.model} model, {_sources(artifact)})")
     print(f"  threshold            {threshold:.4f}")
     print(f"  share to large tier  {m.share_large:.3f}  ({m.fewer_large_calls:.1%} fewer large calls than always)")
     print(f"  recall of `large`    {m.recall_large:.3f}")

@@ -1,15 +1,39 @@
-"""Labelled tier prompts (`tier_queries.*.jsonl`): loading and token estimates for cost figures."""
+"""Labelled tier prompts (`tier_queries.*.jsonl`): where they live, loading, token estimates for cost figures.
+
+Three sources, each a JSONL file of `{"id", "prompt", "tier": "small"|"large", "category"}` rows:
+- `DEFAULT_TRAIN`: the project's own hand-written training prompts (`router/tiers/data/train.jsonl`);
+- `default_dev()`: the reference dev set beside the clone (`../shared/data/eval/tier_queries.dev.jsonl`, or
+  `$FLEETGATE_EVAL_DATA/tier_queries.dev.jsonl`); optional: training and evaluation work without it;
+- `DEFAULT_FROZEN`: the frozen test set (`tests/data/eval/tier_queries.frozen.jsonl`), never trained on.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgate.core.errors import ConfigError
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "eval" / "tier_queries.dev.jsonl"
+_REPO = Path(__file__).resolve().parents[2]
+DEFAULT_TRAIN = Path(__file__).resolve().with_name("data") / "train.jsonl"
+DEFAULT_FROZEN = _REPO / "tests" / "data" / "eval" / "tier_queries.frozen.jsonl"
+DEV_FILE = "tier_queries.dev.jsonl"
 TIERS = ("small", "large")
+
+
+def default_dev() -> Path:
+    """The dev set: `$FLEETGATE_EVAL_DATA` (a folder) when set, else `../shared/data/eval` beside the clone."""
+    folder = os.environ.get("FLEETGATE_EVAL_DATA")
+    return (Path(folder) if folder else _REPO.parent / "shared" / "data" / "eval") / DEV_FILE
+
+
+def default_training_data() -> list[Path]:
+    """What `fleetgate tier train` fits on by default: the project's prompts, plus the dev set when present."""
+    dev = default_dev()
+    return [DEFAULT_TRAIN, dev] if dev.is_file() else [DEFAULT_TRAIN]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +69,17 @@ def load_labelled(path: Path) -> list[LabelledPrompt]:
             raise ConfigError(f"{path}:{number}: not a labelled tier prompt: {exc}") from exc
     if not rows:
         raise ConfigError(f"labelled data {path} is empty")
+    return rows
+
+
+def load_many(paths: Sequence[Path]) -> list[LabelledPrompt]:
+    """The rows of several files, in order; an id that appears twice is an error (it would be judged twice)."""
+    rows = [row for path in paths for row in load_labelled(path)]
+    seen: set[str] = set()
+    for row in rows:
+        if row.id in seen:
+            raise ConfigError(f"labelled prompt id {row.id!r} appears twice in {', '.join(map(str, paths))}")
+        seen.add(row.id)
     return rows
 
 

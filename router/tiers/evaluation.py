@@ -1,11 +1,13 @@
-"""Evaluation of the tier scorer on labelled prompts: threshold sweeps, honest estimates, decision latency.
+"""Evaluation of the tier scorer on labelled prompts: held-out sets, honest cross-validation, decision latency.
 
-Three kinds of figures, because the shipped scorer is trained on the same 300 labelled rows it is judged on:
-- in-sample: the shipped model's scores on its own training rows (optimistic);
-- out-of-sample (k-fold): each row scored by a model trained without it (same hyper-parameters and seed);
-- nested: the whole procedure (fit + choose the threshold for the target recall on inner out-of-sample
-  scores) run inside each outer training fold and judged on the held-out fold; this is the honest estimate
-  of what the calibrated threshold achieves on new prompts from the same distribution.
+Kinds of figures (`fleetgate tier eval` prints them side by side):
+- a labelled set scored by the shipped artifact: held out (the frozen set) or in-sample (the dev set, which
+  is part of the default training data);
+- out-of-sample (k-fold): each training row scored by a model trained without it (same hyper-parameters);
+- nested: the whole procedure (fit + choose the threshold on inner out-of-sample scores, with the shipped
+  calibration rule) run inside each outer training fold and judged on the held-out fold; this is the honest
+  estimate of what the calibrated threshold achieves on new prompts from the training distribution. The
+  keyword rule is re-tuned inside each outer fold the same way (`keyword_rule_nested`).
 Costs per row: estimated prompt tokens (characters / 4) plus a fixed `output_tokens`, priced per tier.
 Latency: wall time of `TieredResolver.resolve` per prompt, with the cache's embedding passed in, without it
 (MiniLM computed in a worker thread), and with the structural-only model.
@@ -20,12 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleetgate.router.tiers.calibration import RoutingMetrics, routing_metrics, threshold_for_recall
+from fleetgate.router.tiers.calibration import RoutingMetrics, routing_metrics
 from fleetgate.router.tiers.config import Alias, Tier, TierConfig
 from fleetgate.router.tiers.data import LabelledPrompt, estimate_tokens
+from fleetgate.router.tiers.keyword_rule import fit_keyword_rule
 from fleetgate.router.tiers.resolver import Embedder, TieredResolver
 from fleetgate.router.tiers.scorer import ScorerArtifact, TierScorer
-from fleetgate.router.tiers.training import N_STRUCT, FitParams, cross_val_scores, fit_raw
+from fleetgate.router.tiers.training import N_STRUCT, Calibration, FitParams, cross_val_scores, fit_raw
 
 DEFAULT_SMALL = Tier(name="small", model="small", input_usd_per_mtok=0.10, output_usd_per_mtok=0.40)
 DEFAULT_LARGE = Tier(name="large", model="large", input_usd_per_mtok=1.00, output_usd_per_mtok=4.00)
@@ -50,26 +53,43 @@ def row_costs(
 class NestedEstimate:
     metrics: RoutingMetrics  # pooled over outer folds, each with its own threshold
     thresholds: list[float]
+    routed: np.ndarray  # 1.0 where the held-out row went to the large tier
+
+
+def _outer_folds(y: np.ndarray, *, folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    from sklearn.model_selection import StratifiedKFold
+
+    outer = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed + 1)
+    return list(outer.split(np.zeros((len(y), 1)), y))
 
 
 def nested_estimate(
-    x: np.ndarray, y: np.ndarray, *, params: FitParams, folds: int, seed: int, target_recall: float,
+    x: np.ndarray, y: np.ndarray, *, params: FitParams, folds: int, seed: int, calibration: Calibration,
     cost_small: np.ndarray, cost_large: np.ndarray,
 ) -> NestedEstimate:
-    from sklearn.model_selection import StratifiedKFold
-
     routed = np.zeros(len(y))
     thresholds: list[float] = []
-    outer = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed + 1)
-    for train_idx, test_idx in outer.split(x, y):
+    for train_idx, test_idx in _outer_folds(y, folds=folds, seed=seed):
         inner = cross_val_scores(x[train_idx], y[train_idx], params=params, folds=folds, seed=seed)
-        t = threshold_for_recall(inner, y[train_idx], target=target_recall)
+        t = calibration.threshold(inner, y[train_idx])
         w, b = fit_raw(x[train_idx], y[train_idx], params=params)
         scores = 1.0 / (1.0 + np.exp(-(x[test_idx] @ w + b)))
         routed[test_idx] = (scores >= t).astype(float)
         thresholds.append(t)
     metrics = routing_metrics(routed, y, threshold=0.5, cost_small=cost_small, cost_large=cost_large)
-    return NestedEstimate(metrics=metrics, thresholds=thresholds)
+    return NestedEstimate(metrics=metrics, thresholds=thresholds, routed=routed)
+
+
+def keyword_rule_nested(
+    rows: Sequence[LabelledPrompt], *, folds: int, seed: int, target_recall: float
+) -> np.ndarray:
+    """Routed (1.0 = large) per row by a keyword rule tuned on the other folds (the scorer's outer folds)."""
+    y = np.asarray([int(r.large) for r in rows])
+    routed = np.zeros(len(rows))
+    for train_idx, test_idx in _outer_folds(y, folds=folds, seed=seed):
+        rule = fit_keyword_rule([rows[i] for i in train_idx], target_recall=target_recall)
+        routed[test_idx] = rule.predict([rows[i].text for i in test_idx])
+    return routed
 
 
 def percentile_ms(samples: Sequence[float], q: float) -> float:

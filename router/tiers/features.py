@@ -108,6 +108,15 @@ _LEXICON: Mapping[str, tuple[frozenset[str], tuple[str, ...], tuple[str, ...]]] 
 })
 
 
+def lexicon_terms(groups: tuple[str, ...]) -> tuple[str, ...]:
+    """The words and phrases of the named lexicon groups (sorted): the keyword rule's candidate keywords."""
+    terms: set[str] = set()
+    for name in groups:
+        words, _stems, phrases = _LEXICON[name]
+        terms.update(words, phrases)
+    return tuple(sorted(terms))
+
+
 def _damp(count: float) -> float:
     return math.log1p(count)
 

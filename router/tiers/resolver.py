@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fleetgate.core.errors import PermissionDeniedError
 from fleetgate.router.tiers.config import Alias, Tier, TierConfig
 from fleetgate.router.tiers.escalation import compile_refusals, escalation_reason
 from fleetgate.router.tiers.features import normalize_embedding, scoring_text
@@ -114,7 +115,10 @@ class TieredResolver:
         """Every concrete model a tier names (for the gateway's list of valid names)."""
         return self._config.models()
 
-    async def resolve(self, requested_model: str, prompt_text: str, *, embedding: Any | None = None) -> TierDecision:
+    async def resolve(
+        self, requested_model: str, prompt_text: str, *, embedding: Any | None = None,
+        allowed_models: frozenset[str] | None = None,
+    ) -> TierDecision:
         plan = self._plans.get(requested_model)
         self._request_alias.set("" if plan is None else requested_model)  # "": explicit name
         if plan is None:
@@ -136,7 +140,8 @@ class TieredResolver:
                 except Exception:  # fail open, once: the structural model decides from now on
                     self._embedder_broken = True
                     log.exception("tier router: computing prompt embeddings failed; using the structural scorer")
-        decision = self.decide(alias=requested_model, prompt_text=text, embedding=vector)
+        decision = self.decide(alias=requested_model, prompt_text=text, embedding=vector,
+                               allowed_models=allowed_models)
         m = self._metrics
         m.decision_seconds.labels(requested_model, source).observe(time.perf_counter() - start)
         m.decisions.labels(requested_model, decision.tier or "", decision.reason).inc()
@@ -144,10 +149,19 @@ class TieredResolver:
             m.scores.labels(requested_model).observe(decision.score)
         return decision
 
-    def decide(self, *, alias: str, prompt_text: str, embedding: np.ndarray | None) -> TierDecision:
-        """Synchronous decision for an alias, given the text to score and a normalised embedding (or None)."""
+    def decide(
+        self, *, alias: str, prompt_text: str, embedding: np.ndarray | None,
+        allowed_models: frozenset[str] | None = None,
+    ) -> TierDecision:
+        """Synchronous decision for an alias, given the text to score and a normalised embedding (or None).
+        With `allowed_models`, only tiers serving one of those models are chosen, escalated to or fallen back to:
+        a disallowed choice becomes the strongest allowed tier below it, else the weakest allowed above it."""
         plan = self._plans[alias]
         tiers = plan.alias.tiers
+        usable = [i for i, t in enumerate(tiers) if allowed_models is None or t.model in allowed_models]
+        if not usable:
+            raise PermissionDeniedError(f"no tier of alias {alias!r} serves a model this tenant may use",
+                                        param="model")
         score: Score | None = None
         if len(tiers) == 1:
             index, reason = 0, "single-tier"
@@ -166,8 +180,13 @@ class TieredResolver:
                 log.exception("tier router: scoring failed for alias %s", alias)
                 index = len(tiers) - 1 if self._config.on_scorer_error == "strongest" else 0
                 reason = "scorer-error"
+        if index not in usable:
+            below = [i for i in usable if i < index]
+            index = below[-1] if below else usable[0]
+            reason += "+allowed"
         tier = tiers[index]
-        escalate = tiers[index + 1] if plan.alias.cascade.enabled and index + 1 < len(tiers) else None
+        above = [i for i in usable if i > index]
+        escalate = tiers[above[0]] if plan.alias.cascade.enabled and above else None
         return TierDecision(
             model=tier.model,
             tier=tier.name,
@@ -176,7 +195,8 @@ class TieredResolver:
             reason=reason,
             escalate_to=escalate.model if escalate else None,
             escalate_tier=escalate.name if escalate else None,
-            fallbacks=fallback_order(tiers=tiers, chosen=index, policy=plan.alias.fallback),
+            fallbacks=[(m, name) for m, name in fallback_order(tiers=tiers, chosen=index, policy=plan.alias.fallback)
+                       if allowed_models is None or m in allowed_models],
         )
 
     def should_escalate(self, response: dict[str, Any], *, decision: TierDecision | None = None) -> str | None:

@@ -24,9 +24,14 @@ class TierDecision:
 class TierResolver(Protocol):
     def aliases(self) -> list[str]: ...
 
-    async def resolve(self, requested_model: str, prompt_text: str, *, embedding: Any | None = None) -> TierDecision:
+    async def resolve(
+        self, requested_model: str, prompt_text: str, *, embedding: Any | None = None,
+        allowed_models: frozenset[str] | None = None,
+    ) -> TierDecision:
         """Map a requested model or alias to a concrete model. Explicit model names pass through
-        (reason "explicit"). Unknown names are the gateway's concern (404 with valid names)."""
+        (reason "explicit"). Unknown names are the gateway's concern (404 with valid names).
+        `allowed_models` (passed only for a tenant with a model list): an alias picks among these only,
+        and raises `PermissionDeniedError` when none of its tiers is allowed."""
         ...
 
     def should_escalate(self, response: dict[str, Any]) -> str | None:
@@ -40,7 +45,10 @@ class PassThroughTiers:
     def aliases(self) -> list[str]:
         return []
 
-    async def resolve(self, requested_model: str, prompt_text: str, *, embedding: Any | None = None) -> TierDecision:
+    async def resolve(
+        self, requested_model: str, prompt_text: str, *, embedding: Any | None = None,
+        allowed_models: frozenset[str] | None = None,
+    ) -> TierDecision:
         return TierDecision(model=requested_model)
 
     def should_escalate(self, response: dict[str, Any]) -> str | None:

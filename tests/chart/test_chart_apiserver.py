@@ -263,3 +263,44 @@ async def test_apply_run_operator_and_delete(
     assert not left, f"objects of the release left after deleting its templates: {sorted(left)}"
     crds = {name for (res, _ns, name) in _live(server) if res == "customresourcedefinitions"}
     assert "inferenceservices.fleetgate.io" in crds, "the CRD (and so every InferenceService) must survive"
+
+
+async def test_upgrade_without_the_key_hashes_is_refused_while_auth_is_api_key(
+    apiserver: tuple[Any, str, Path], helm: Path, helm_home: Path
+) -> None:
+    """`helm upgrade -f my-values.yaml` without the hashes would delete the release's keys Secret and leave
+    the gateway on auth: api_key (every client 401): the chart fails instead. `--dry-run=server` renders
+    with `lookup` against the emulator, as an upgrade does."""
+    from lightkube.resources.core_v1 import Secret
+
+    from .conftest import Chart
+
+    _server, url, kubeconfig = apiserver
+    chart = Chart(helm=helm, home=helm_home, env={"KUBECONFIG": str(kubeconfig)})
+    hashes = ['gateway.apiKeys.adminKeyHashes=["sha256:' + "0" * 64 + '"]']
+    server_side = ["--dry-run=server", "--disable-openapi-validation"]  # kmock serves no OpenAPI document
+    first = await asyncio.to_thread(chart.template, set_json=hashes, extra=server_side, namespace=NAMESPACE)
+    assert first.returncode == 0, first.stderr  # a first install: no Secret yet, nothing to protect
+    assert (await asyncio.to_thread(chart.template, extra=server_side, namespace=NAMESPACE)).returncode == 0
+
+    client = KubeApi.from_server(url=url, field_manager="test", token=TEST_TOKEN)
+    try:
+        await client._client.create(Secret.from_dict({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "fg-fleetgate-gateway-keys", "namespace": NAMESPACE,  # as the release made it
+                         "labels": {"app.kubernetes.io/managed-by": "Helm"},
+                         "annotations": {"meta.helm.sh/release-name": "fg",
+                                         "meta.helm.sh/release-namespace": NAMESPACE}},
+            "stringData": {"keys.yaml": "admin_key_hashes: []\n"},
+        }))  # fmt: skip
+    finally:
+        await client.aclose()
+    refused = await asyncio.to_thread(chart.template, extra=server_side, namespace=NAMESPACE)
+    assert refused.returncode != 0 and "every client would get 401" in refused.stderr, refused.stderr
+    assert "fleet/fg-fleetgate-gateway-keys" in refused.stderr
+    kept = await asyncio.to_thread(chart.template, set_json=hashes, extra=server_side, namespace=NAMESPACE)
+    assert kept.returncode == 0, kept.stderr
+    opened = await asyncio.to_thread(
+        chart.template, set_values=["gateway.config.server.auth=open"], extra=server_side, namespace=NAMESPACE
+    )
+    assert opened.returncode == 0, opened.stderr

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import httpx
 import pytest
 import redis.exceptions
 import yaml
@@ -168,20 +169,31 @@ def test_probe_and_metrics_paths_are_served_by_the_gateway_app(chart: Any, tmp_p
     rendered = chart.render(set_values=["serviceMonitor.enabled=true"])
     deployment, configmap = _gateway(rendered)
     settings = _load_settings(configmap, tmp_path)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert settings.server.metrics_port == ports["metrics"] != settings.server.port == ports["http"]
+    # Tests listen on loopback and a free port; the paths are what matters here.
+    settings.server.metrics_port, settings.server.metrics_host = 0, "127.0.0.1"
     # Only what needs a cluster or Redis is replaced; everything else is the real app factory.
     app = create_app(settings, endpoint_source=StaticEndpointSource([]), auth=OpenAuth(), kvstore=MemoryKVStore())
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
     (monitor,) = rendered.of_kind("ServiceMonitor")
     (test_pod,) = rendered.component("Pod", "test")
     script = test_pod["spec"]["containers"][0]["command"][-1]
-    tested = set(re.findall(r'"(/[a-z]+)"', script))
-    assert tested, "the helm test Pod checks no path"
+    checks = [("client" if base == "base" else base, path)
+              for base, path in re.findall(r'\b(base|metrics) \+ "(/[a-z0-9/]+)"', script)]
+    tested = {path for base, path in checks if base == "client"}
+    assert tested and ("metrics", "/metrics") in checks, "the helm test Pod checks no path"
     with TestClient(app, raise_server_exceptions=False) as client:  # runs the app's start-up
         ready = container["readinessProbe"]["httpGet"]["path"]
         assert client.get(ready).status_code == 200, "not ready without engines: kept out of the Service"
-        paths = {container["livenessProbe"]["httpGet"]["path"]} | {e["path"] for e in monitor["spec"]["endpoints"]}
+        paths = {container["livenessProbe"]["httpGet"]["path"]}
         for path in sorted(paths | tested | {"/v1/models"}):
             assert client.get(path).status_code not in {404, 405}, path
+        metrics_base = app.state.metrics_listener.url.removesuffix("/metrics")
+        scraped = {e["path"] for e in monitor["spec"]["endpoints"]} | {p for b, p in checks if b == "metrics"}
+        for path in scraped:  # on the metrics port, absent from the client one
+            assert httpx.get(metrics_base + path).status_code == 200, path
+            assert client.get(path).status_code == 404, path
         assert client.post("/v1/chat/completions", content=b"{}").status_code not in {404, 405}
 
 
@@ -251,3 +263,44 @@ def test_values_expose_every_gateway_config_section() -> None:
     schema = json.loads((Path(__file__).resolve().parents[2] / "charts/fleetgate/values.schema.json").read_text())
     allowed = set(schema["properties"]["gateway"]["properties"]["config"]["properties"])
     assert allowed | {"discovery", "redis_url"} == set(GatewaySettings.model_fields)
+
+
+@pytest.mark.parametrize(("auth", "models_status", "passes"), [
+    ("api_key", 401, True), ("api_key", 200, False), ("open", 200, True), ("api_key", 404, False),
+])  # fmt: skip
+def test_helm_test_pod_checks_health_and_auth_and_is_always_deleted(
+    chart: Any, auth: str, models_status: int, passes: bool
+) -> None:
+    """The `helm test` Pod's own script, run against a stub gateway on loopback: it passes when /healthz (and
+    /metrics on the metrics Service) is 200 and /v1/models without a key is 401 under api_key (200 when
+    open), fails otherwise; and the Pod is deleted whatever the outcome (no failed Pod left behind)."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    values = ["gateway.apiKeys.adminKeyHashes={sha256:" + "0" * 64 + "}"] if auth == "api_key" else []
+    if auth == "open":
+        values.append("gateway.config.server.auth=open")
+    (pod,) = chart.render(set_values=values).component("Pod", "test")
+    policy = set(pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"].split(","))
+    assert {"hook-succeeded", "hook-failed", "before-hook-creation"} <= policy
+
+    class Stub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path in ("/healthz", "/metrics") else models_status)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        script = pod["spec"]["containers"][0]["command"][-1]
+        for name in ("base", "metrics"):  # the stub stands in for both Services
+            script = re.sub(rf'{name} = "[^"]+"', f'{name} = "http://127.0.0.1:{server.server_port}"', script)
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    finally:
+        server.shutdown()
+    assert (proc.returncode == 0) is passes, proc.stdout + proc.stderr

@@ -32,14 +32,20 @@ def test_operator_arguments_parse_and_match_the_release(chart: Any, scenario: Pa
     assert spec["replicas"] <= 1 and spec["strategy"]["type"] == "Recreate"
 
     assert not args.standalone, "without peering a second operator would reconcile the same objects"
-    peerings = rendered.of_kind("KopfPeering") + rendered.of_kind("ClusterKopfPeering")
-    assert peerings and {p["metadata"]["name"] for p in peerings} == {args.peering}
+    # One cluster-wide peering object whatever the scope: `fleetgate operator --priority 100`, run
+    # cluster-wide with the default peering name, must meet the chart's operator there to take over.
+    assert not rendered.of_kind("KopfPeering")
+    peerings = rendered.of_kind("ClusterKopfPeering")
+    assert [p["metadata"]["name"] for p in peerings] == [args.peering]
+    default_cli = argparse.ArgumentParser()
+    run_cli.add_arguments(default_cli)
+    assert default_cli.parse_args(["--priority", "100"]).peering == args.peering
     roles = {r["metadata"]["namespace"] for r in rendered.component("Role", "operator")}
     if args.all_namespaces:
-        assert [p["kind"] for p in peerings] == ["ClusterKopfPeering"]
         assert not roles
     else:
-        assert {p["metadata"]["namespace"] for p in peerings} == set(args.namespace) == roles
+        assert set(args.namespace) == roles
+    assert args.liveness_host == "0.0.0.0", "the kubelet probes the pod address"
 
     (container,) = spec["template"]["spec"]["containers"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"

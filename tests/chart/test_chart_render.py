@@ -98,8 +98,8 @@ def test_names_and_labels_fit_kubernetes_limits(chart: Any) -> None:
 def test_fullname_override_names_every_object(chart: Any) -> None:
     rendered = chart.render(set_values=["fullnameOverride=fleet"])
     for obj in rendered.objects:
-        if obj["kind"] == "KopfPeering":
-            continue  # shared on purpose: a second install on the same namespace must collide with it
+        if obj["kind"] == "ClusterKopfPeering":
+            continue  # shared on purpose with `fleetgate operator`'s default (--peering fleetgate)
         assert obj["metadata"]["name"].startswith("fleet-"), obj["metadata"]["name"]
 
 
@@ -179,12 +179,30 @@ def test_service_monitor_targets_the_gateway(chart: Any) -> None:
     (monitor,) = rendered.of_kind("ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prom"
-    (service,) = rendered.component("Service", "gateway")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (service,) = rendered.component("Service", "gateway-metrics")
+    (client,) = rendered.component("Service", "gateway")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert not selector.items() <= client["metadata"]["labels"].items()  # the client Service is not scraped
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
+
+
+def test_gateway_metrics_have_their_own_port_and_cluster_ip_service(chart: Any) -> None:
+    """/metrics shows every tenant's spend: never on the client port or the client (maybe public) Service."""
+    rendered = chart.render(set_values=["gateway.service.type=LoadBalancer", "gateway.metricsPort=9123"])
+    (client,) = rendered.component("Service", "gateway")
+    (metrics,) = rendered.component("Service", "gateway-metrics")
+    assert [p["targetPort"] for p in client["spec"]["ports"]] == ["http"]
+    assert metrics["spec"]["type"] == "ClusterIP"
+    assert [(p["port"], p["targetPort"]) for p in metrics["spec"]["ports"]] == [(9123, "metrics")]
+    (deployment,) = rendered.component("Deployment", "gateway")
+    pod = deployment["spec"]["template"]
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert ports["metrics"] == 9123 and ports["http"] != 9123
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9123"
     assert not chart.render().of_kind("ServiceMonitor"), "ServiceMonitor rendered while disabled"
 
 

@@ -28,6 +28,12 @@ class RunningGateway:
     app: FastAPI
 
     @property
+    def metrics_url(self) -> str:
+        """`/metrics` on the gateway's separate metrics port (never the client port)."""
+        url: str = self.app.state.metrics_listener.url
+        return url
+
+    @property
     def pipeline(self) -> Pipeline:
         pipeline: Pipeline = self.app.state.pipeline
         return pipeline
@@ -76,7 +82,7 @@ async def start_gateway() -> AsyncIterator[Callable[..., Awaitable[RunningGatewa
 
     async def start(settings: GatewaySettings, **stages: Any) -> RunningGateway:
         port = free_port()
-        server = build_server(settings, port=port, **stages)
+        server = build_server(settings, port=port, metrics_port=0, **stages)  # 0: no clash between runs
         task = asyncio.ensure_future(server.serve())
         for _ in range(500):
             if server.started or task.done():

@@ -66,9 +66,26 @@ async def test_health_and_readiness(start_gateway, gateway: RunningGateway) -> N
         assert (await client.get(gateway.url + "/healthz")).status_code == 200
         ready = await client.get(gateway.url + "/readyz")
         no_engines = await client.get(empty.url + "/readyz")
-    assert (ready.status_code, ready.json()) == (200, {"status": "ready", "models": 1, "endpoints": 1})
+    assert (ready.status_code, ready.json()) == (
+        200, {"status": "ready", "models": 1, "endpoints": 1, "ejected": [], "all_ejected": False}
+    )
     # ready without engines: it answers (503s naming the problem); the body tells
-    assert (no_engines.status_code, no_engines.json()) == (200, {"status": "ready", "models": 2, "endpoints": 0})
+    assert (no_engines.status_code, no_engines.json()) == (
+        200, {"status": "ready", "models": 2, "endpoints": 0, "ejected": [], "all_ejected": False}
+    )
+
+
+async def test_readiness_names_ejected_endpoints(start_gateway) -> None:  # type: ignore[no-untyped-def]
+    """Every endpoint ejected (its engine is down): /readyz still answers 200 but names them, so a probe
+    can choose to treat "all ejected" as not ready."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    gw = await start_gateway(settings_for({"m1": [dead]}))
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        failed = await client.post("/v1/chat/completions", json={**CHAT, "model": "m1"})
+        body = (await client.get("/readyz")).json()
+    assert failed.status_code >= 500
+    assert body["endpoints"] == 1 and body["all_ejected"] is True
+    assert len(body["ejected"]) == 1 and "127.0.0.1" in body["ejected"][0]
 
 
 async def test_not_ready_before_start(engine: FakeEngine) -> None:
@@ -99,7 +116,8 @@ def test_fleetgate_gateway_command_serves_from_a_config_file(tmp_path: Path) -> 
     config = tmp_path / "gw.yaml"
     config.write_text("server: {port: 1, auth: open}\nmodels: [{name: m1, endpoints: ['http://127.0.0.1:9']}]\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetgate", "gateway", "--config", str(config), "--port", str(port)],
+        [sys.executable, "-m", "fleetgate", "gateway", "--config", str(config), "--port", str(port),
+         "--metrics-port", "0"],
         env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:

@@ -13,6 +13,7 @@ from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.core.errors import AuthenticationError, PermissionDeniedError, RateLimitError
 from fleetgate.core.localredis import free_port
 from fleetgate.core.types import Endpoint, Usage
+from fleetgate.gateway.estimate import TEMPLATE_TOKENS_PER_MESSAGE, TEMPLATE_TOKENS_PER_REQUEST
 from fleetgate.gateway.parsing import chat_prompt_text, estimate_prompt_tokens
 from fleetgate.gateway.stages import RequestRecord, Reservation, Tenant
 from fleetgate.router.tiers.types import TierDecision
@@ -42,11 +43,14 @@ class CountingLimiter:
         self.reserved: list[tuple[int, int]] = []
         self.settled: list[Usage] = []
 
-    async def reserve(self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int) -> Reservation:
+    async def reserve(self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int | None,
+                      sequences: int = 1, fit_max_tokens: bool = False) -> Reservation:
         if len(self.reserved) >= self.limit:
             raise RateLimitError("too many requests", retry_after_s=2.5)
-        self.reserved.append((prompt_tokens, max_tokens))
-        return Reservation(tenant=tenant, model=model, estimated_tokens=prompt_tokens + max_tokens, estimated_micros=0)
+        completion = (max_tokens or 0) * sequences
+        self.reserved.append((prompt_tokens, completion))
+        return Reservation(tenant=tenant, model=model, estimated_tokens=prompt_tokens + completion,
+                           estimated_micros=0)
 
     async def settle(self, reservation: Reservation, usage: Usage) -> None:
         self.settled.append(usage)
@@ -132,8 +136,9 @@ async def test_401_403_and_429_from_the_stages(start_gateway, engine: FakeEngine
     assert models_no_key.status_code == 401
     assert len(engine.received) == 1
     await gw.pipeline.drain()
-    expected = estimate_prompt_tokens(chat_prompt_text(CHAT["messages"]))  # type: ignore[arg-type]
-    assert limiter.reserved == [(expected, 2)]  # a rough prompt estimate + max_tokens
+    text = estimate_prompt_tokens(chat_prompt_text(CHAT["messages"]))
+    template = TEMPLATE_TOKENS_PER_MESSAGE * len(CHAT["messages"]) + TEMPLATE_TOKENS_PER_REQUEST  # type: ignore[arg-type]
+    assert limiter.reserved == [(text + template, 2)]  # a rough prompt + chat template estimate, max_tokens
     assert limiter.settled == [Usage(prompt_tokens=3, completion_tokens=2)]
 
 
@@ -240,7 +245,7 @@ async def test_connect_failure_is_retried_once_on_the_fallback_endpoint(start_ga
     gw = await start_gateway(settings_for({"m1": [dead, engine.url]}, debug_headers=True), scheduler=scheduler)
     async with httpx.AsyncClient(base_url=gw.url) as client:
         r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
-        metrics = (await client.get("/metrics")).text
+        metrics = (await client.get(gw.metrics_url)).text
     assert r.status_code == 200
     assert r.headers["x-fleetgate-endpoint"] == engine.url.removeprefix("http://")
     assert r.headers["x-fleetgate-route-reasons"] == "fixed=1.000"

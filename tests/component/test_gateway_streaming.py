@@ -130,7 +130,7 @@ async def test_engine_dying_mid_stream_ends_with_an_error_event(start_engine, st
     assert out[-2]["error"]["code"] == "upstream_error"
     assert "closed the stream" in out[-2]["error"]["message"] or "broke off" in out[-2]["error"]["message"]
     async with httpx.AsyncClient(base_url=gw.url) as client:
-        metrics = (await client.get("/metrics")).text
+        metrics = (await client.get(gw.metrics_url)).text
     assert 'fleetgate_upstream_errors_total{endpoint="' in metrics and 'kind="midstream"' in metrics
 
 
@@ -149,7 +149,7 @@ async def test_ttft_and_tpot_metrics_have_model_tier_tenant_labels(engine: FakeE
     await collect(gateway.url, chat(max_tokens=4))
     await gateway.pipeline.drain()
     async with httpx.AsyncClient(base_url=gateway.url) as client:
-        metrics = (await client.get("/metrics")).text
+        metrics = (await client.get(gateway.metrics_url)).text
     labels = 'model="m1",tenant="anonymous",tier=""'
     assert f"fleetgate_time_to_first_token_seconds_count{{{labels}}} 1.0" in metrics
     assert f"fleetgate_time_per_output_token_seconds_count{{{labels}}} 1.0" in metrics
@@ -169,5 +169,5 @@ async def test_client_leaving_during_prefill_cancels_upstream_at_once(start_engi
     assert time.monotonic() - started < 10
     await gw.pipeline.drain()
     async with httpx.AsyncClient(base_url=gw.url) as client:
-        metrics = (await client.get("/metrics")).text
+        metrics = (await client.get(gw.metrics_url)).text
     assert 'fleetgate_requests_total{cache="bypass",model="m1",status="499",tenant="anonymous",tier=""} 1.0' in metrics

@@ -136,7 +136,7 @@ async def test_usage_api_scopes_formats_and_exact_totals(engine: FakeEngine, gw:
         assert mine["tenant"] == "acme" and mine["daily_budget_usd"] == 10
         assert mine["windows"]["daily_budget"]["used"] == own["totals"]["cost_micros"]  # settled, nothing in flight
 
-        metrics = (await c.get("/metrics")).text
+        metrics = (await c.get(gw.metrics_url)).text
     assert 'fleetgate_tenant_cost_usd_total{model="m1",tenant="acme",tier=""}' in metrics
     assert 'llm_cost_per_million_tokens{cost_basis="list",model_name="m1",phase="generation"} 2.0' in metrics
     assert 'fleetgate_time_to_first_token_seconds_count{model="m1",tenant="globex"' in metrics

@@ -122,7 +122,7 @@ async def test_cascade_escalates_a_cut_off_cheap_answer(start_engine: Start, sta
 
 async def _metrics(gw: RunningGateway) -> str:
     async with httpx.AsyncClient(base_url=gw.url) as client:
-        return (await client.get("/metrics")).text
+        return (await client.get(gw.metrics_url)).text
 
 
 @pytest.mark.parametrize("cheap_endpoints", ["dead", "none"])

@@ -67,7 +67,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             server=ServerSettings(port=port, log_requests=False, auth="open"),
             models=[ModelRoute(name=MODEL, endpoints=fleet.urls)],
         )
-        server = build_server(settings)
+        server = build_server(settings, metrics_port=0)
         thread = threading.Thread(target=server.run, name="gateway", daemon=True)
         thread.start()
         deadline = time.monotonic() + 60

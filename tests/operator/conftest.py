@@ -78,9 +78,9 @@ async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], *, within: f
         await asyncio.sleep(0.05)
 
 
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    server = new_emulator()
+@contextlib.asynccontextmanager
+async def serving(server: Any) -> AsyncIterator[Cluster]:
+    """An emulator served on loopback, with a client for the test itself."""
     async with server, apps.Server(server):
         url = str(server.url).rstrip("/")
         api = KubeApi.from_server(url=url, field_manager="test")
@@ -88,6 +88,12 @@ async def cluster() -> AsyncIterator[Cluster]:
             yield Cluster(server=server, url=url, api=api)
         finally:
             await api.aclose()
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    async with serving(new_emulator()) as served:
+        yield served
 
 
 @pytest.fixture

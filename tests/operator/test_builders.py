@@ -84,6 +84,9 @@ def test_deployment_runs_vllm_with_gpu_scheduling() -> None:
     args = container["args"]
     assert args[args.index("--tensor-parallel-size") + 1] == "4"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    # Not QoS BestEffort: CPU and memory are requested even when the spec names none (per GPU by default).
+    assert container["resources"]["requests"]["cpu"] == "16"
+    assert container["resources"]["requests"]["memory"] == "64Gi"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
@@ -119,6 +122,19 @@ def test_hpa_or_keda_by_capability() -> None:
     keda = _by_kind(_children(doc, OperatorSettings(capabilities=Capabilities(keda=True))))["ScaledObject"]
     assert keda["spec"]["minReplicaCount"] == 0
     assert 'model_name="llama-3.1-70b-instruct"' in keda["spec"]["triggers"][0]["metadata"]["query"]
+
+
+def test_kubectl_scale_on_an_autoscaled_service_raises_the_autoscaler_floor() -> None:
+    """`kubectl scale fgis --replicas N` sets spec.replicas: honoured as the floor, within maxReplicas."""
+    doc = _example("llama-70b-h100-tp4")  # autoscaling 1..4
+    for replicas, floor in ((1, 1), (3, 3), (9, 4)):
+        doc["spec"]["replicas"] = replicas
+        assert _by_kind(_children(doc))["HorizontalPodAutoscaler"]["spec"]["minReplicas"] == floor
+    keda_settings = OperatorSettings(capabilities=Capabilities(keda=True))
+    doc["spec"]["autoscaling"].update({"minReplicas": 0, "scaleToZero": True})
+    for replicas, floor in ((1, 0), (2, 2)):  # the default replicas: 1 keeps scale to zero
+        doc["spec"]["replicas"] = replicas
+        assert _by_kind(_children(doc, keda_settings))["ScaledObject"]["spec"]["minReplicaCount"] == floor
 
 
 def test_kv_metric_target_in_milli_units() -> None:

@@ -30,7 +30,7 @@ def _cr(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 SMALL: dict[str, Any] = {
     "model": {"source": "hf://Qwen/Qwen2.5-7B-Instruct-AWQ", "servedName": "qwen"},
-    "engine": {"quantization": "awq_marlin", "maxModelLen": 8192, "maxNumSeqs": 32},
+    "engine": {"quantization": "awq_marlin", "maxModelLen": 8192, "maxNumSeqs": 24},
     "resources": {"accelerator": "nvidia-l4", "gpus": 1},
     "replicas": 1,
 }
@@ -108,6 +108,7 @@ async def test_invalid_spec_sets_condition_and_event_and_operator_survives(
 
 async def test_spec_that_does_not_fit_creates_no_pods(cluster: Cluster, operator: asyncio.Task[None]) -> None:
     doc = yaml.safe_load((EXAMPLES / "does-not-fit.yaml").read_text())
+    doc["metadata"]["namespace"] = "default"  # as `kubectl apply -n default -f` does
     await cluster.create(doc)
     await wait_for(lambda: _status(cluster, "too-big").get("phase") == "DoesNotFit", what="DoesNotFit status")
     assert _cond(cluster, "too-big", "CapacityPlanned") == ("False", "DoesNotFit")
@@ -122,6 +123,13 @@ async def test_autoscaler_added_and_removed(cluster: Cluster, operator: asyncio.
     await cluster.create(_cr("auto", spec))
     await wait_for(lambda: "auto" in cluster.objects("horizontalpodautoscalers"), what="HPA")
     assert "replicas" not in cluster.objects("deployments")["auto"]["spec"]
+    # `kubectl scale fgis/auto --replicas 3` (spec.replicas) is honoured: the autoscaler's floor rises.
+    await cluster.patch_spec("auto", {"replicas": 3})
+    await wait_for(
+        lambda: cluster.objects("horizontalpodautoscalers")["auto"]["spec"]["minReplicas"] == 3,
+        within=5,
+        what="HPA floor raised by kubectl scale",
+    )
     await cluster.patch_spec("auto", {"autoscaling": None})
     await wait_for(lambda: "auto" not in cluster.objects("horizontalpodautoscalers"), within=5, what="HPA deleted")
 
@@ -162,3 +170,95 @@ async def test_every_request_the_operator_made_is_granted_by_rbac(
         checked += 1
     assert checked > 5
     assert API_CALLS  # the declared list is what test_operator_rbac checks statically
+
+
+async def test_children_carrying_block_owner_deletion_are_allowed_by_rbac(
+    cluster: Cluster, operator: asyncio.Task[None]
+) -> None:
+    """OwnerReferencesPermissionEnforcement: setting blockOwnerDeletion needs `update` on the owner's
+    finalizers; without it a real API server refuses every child (kmock does not enforce it)."""
+    await cluster.create(_cr("owned", SMALL))
+    await wait_for(lambda: "owned" in cluster.objects("poddisruptionbudgets"), what="children")
+    for plural in ("deployments", "services", "poddisruptionbudgets"):
+        (ref,) = cluster.objects(plural)["owned"]["metadata"]["ownerReferences"]
+        assert ref["blockOwnerDeletion"]
+        group = ref["apiVersion"].split("/")[0]
+        assert allows(group=group, resource="inferenceservices/finalizers", verb="update"), plural
+
+
+@pytest.mark.parametrize("plural", ["services", "poddisruptionbudgets", "deployments"])
+async def test_a_deleted_child_is_recreated_and_status_does_not_stay_ready(
+    cluster: Cluster, operator: asyncio.Task[None], plural: str
+) -> None:
+    from fleetgate.operator.kube import resource_class
+
+    kinds = {"services": ("", "v1", "Service"), "poddisruptionbudgets": ("policy", "v1", "PodDisruptionBudget"),
+             "deployments": ("apps", "v1", "Deployment")}  # fmt: skip
+    await cluster.create(_cr("heal", SMALL))
+    await wait_for(lambda: "heal" in cluster.objects("deployments"), what="children")
+    await cluster.fake_rollout("heal", ready=1)
+    await wait_for(lambda: _status(cluster, "heal").get("phase") == "Ready", what="Ready")
+    old_uid = cluster.objects(plural)["heal"]["metadata"]["uid"]
+    group, version, kind = kinds[plural]
+    await cluster.api._client.delete(resource_class(group, version, kind, plural), "heal", namespace="default")
+    await wait_for(
+        lambda: cluster.objects(plural).get("heal", {}).get("metadata", {}).get("uid") not in (None, old_uid),
+        within=5,
+        what=f"{plural}/heal recreated",
+    )
+    if plural == "deployments":  # a fresh Deployment has no ready pods: status must say so
+        await wait_for(lambda: _status(cluster, "heal").get("phase") == "Pending", within=5, what="not Ready")
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "a" * 64])
+async def test_a_name_children_cannot_use_is_invalid_once_not_an_error_loop(
+    cluster: Cluster, operator: asyncio.Task[None], name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await cluster.create(_cr(name, SMALL))
+    await wait_for(lambda: _status(cluster, name).get("phase") == "Invalid", what="Invalid status")
+    message = next(c["message"] for c in _status(cluster, name)["conditions"] if c["type"] == "Degraded")
+    assert "metadata.name" in message and ("DNS-1035" in message or "at most 63" in message)
+    await wait_for(lambda: bool(_events(cluster, "InvalidSpec")), what="InvalidSpec event")
+    assert not cluster.objects("deployments") and not cluster.objects("services")
+    await asyncio.sleep(0.5)
+    assert len(_events(cluster, "InvalidSpec")) == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR" and r.name.startswith("kopf.objects")]
+
+
+async def test_one_capacity_event_per_edit_and_waiting_is_not_an_error(
+    cluster: Cluster, operator: asyncio.Task[None], caplog: pytest.LogCaptureFixture
+) -> None:
+    await cluster.create(_cr("once", SMALL))
+    await wait_for(lambda: len(_events(cluster, "CapacityPlanned")) == 1, what="first CapacityPlanned")
+    await cluster.patch_spec("once", {"engine": {"maxModelLen": 4096}})
+    await wait_for(lambda: _status(cluster, "once").get("observedGeneration") == 2, what="edit reconciled")
+    await wait_for(lambda: len(_events(cluster, "CapacityPlanned")) == 2, what="second CapacityPlanned")
+    await asyncio.sleep(0.5)
+    assert len(_events(cluster, "CapacityPlanned")) == 2, [e["message"] for e in _events(cluster, "CapacityPlanned")]
+    assert not [r for r in caplog.records if r.levelname == "ERROR" and r.name.startswith("kopf")], "waiting is normal"
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "engine", "resources", "expected"),
+    [
+        ("llama-tp3", "hf://meta-llama/Llama-3.1-70B-Instruct", {"tensorParallelSize": 3},
+         {"accelerator": "nvidia-h100-80gb", "gpus": 3}, "does not divide the model's 64 attention heads"),
+        ("idle-gpu", "hf://Qwen/Qwen2.5-7B-Instruct", {"tensorParallelSize": 2},
+         {"accelerator": "nvidia-l4", "gpus": 4}, "set resources.gpus to 2"),
+    ],
+)  # fmt: skip
+async def test_specs_vllm_would_refuse_are_invalid_with_no_pods(
+    cluster: Cluster,
+    operator: asyncio.Task[None],
+    name: str,
+    source: str,
+    engine: dict[str, Any],
+    resources: dict[str, Any],
+    expected: str,
+) -> None:
+    await cluster.create(_cr(name, {"model": {"source": source}, "engine": engine, "resources": resources}))
+    await wait_for(lambda: _status(cluster, name).get("phase") == "Invalid", what="Invalid status")
+    message = next(c["message"] for c in _status(cluster, name)["conditions"] if c["type"] == "Degraded")
+    assert expected in message
+    await wait_for(lambda: expected in " ".join(e["message"] for e in _events(cluster, "InvalidSpec")), what="Event")
+    assert name not in cluster.objects("deployments")

@@ -228,3 +228,33 @@ def test_catalog_llama2_70b_facts_match_the_worked_example() -> None:
     arch = lookup("meta-llama/Llama-2-70b-hf")
     assert arch is not None
     assert (arch.layers, arch.kv_heads, arch.head_dim) == (80, 8, 128)
+
+
+def test_awq_keeps_embeddings_and_lm_head_in_16_bits_and_counts_scales() -> None:
+    """Qwen2.5-7B-Instruct-AWQ's checkpoint is about 5.5 GB, not parameters x 0.5 byte (3.81 GB)."""
+    from fleetgate.engine.capacity import weight_bytes
+    from fleetgate.engine.catalog import lookup
+
+    arch = lookup("hf://Qwen/Qwen2.5-7B-Instruct-AWQ")
+    assert arch is not None
+    awq = weight_bytes(arch=arch, dtype="awq_marlin") / 1e9
+    assert 5.3 < awq < 5.8, awq
+    assert abs(weight_bytes(arch=arch, dtype="bfloat16") / 1e9 - 15.24) < 0.01  # 16-bit: unchanged
+    tied = lookup("Qwen/Qwen2.5-0.5B-Instruct-AWQ")
+    assert tied is not None and tied.tied_embeddings  # one 16-bit embedding matrix, not two
+    assert weight_bytes(arch=tied, dtype="awq") < weight_bytes(arch=tied, dtype="float16")
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "ok"),
+    [("llama-3.1-70b", 3, False), ("llama-3.1-70b", 4, True), ("llama-3.1-70b", 16, True),
+     ("qwen2.5-7b", 2, True), ("qwen2.5-7b", 8, False), ("qwen2.5-0.5b", 4, False), ("gemma-3-270m", 4, True),
+     ("gemma-3-270m", 3, False), ("qwen2.5-1.5b", 3, False)],
+)  # fmt: skip
+def test_tensor_parallel_must_divide_attention_and_kv_heads(model: str, tp: int, ok: bool) -> None:
+    from fleetgate.engine.capacity import tensor_parallel_problem
+    from fleetgate.engine.catalog import lookup
+
+    arch = lookup(model)
+    assert arch is not None
+    assert (tensor_parallel_problem(arch=arch, tensor_parallel_size=tp) is None) is ok

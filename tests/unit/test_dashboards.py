@@ -146,8 +146,8 @@ async def exported() -> AsyncIterator[set[str]]:
     cache_config = CacheConfig.model_validate({"semantic": {"embedder": "hashing"}, "store_truncated": True})
     cache = build_cache(cache_config, kvstore=kvstore, registry=registry)
     port = free_port()
-    server = build_server(settings, port=port, registry=registry, kvstore=kvstore, scheduler=scheduler, cache=cache,
-                          endpoint_source=source)
+    server = build_server(settings, port=port, metrics_port=0, registry=registry, kvstore=kvstore,
+                          scheduler=scheduler, cache=cache, endpoint_source=source)
     task = asyncio.ensure_future(server.serve())
     for _ in range(500):
         if server.started or task.done():
@@ -171,7 +171,7 @@ async def exported() -> AsyncIterator[set[str]]:
                      for _ in range(3)]
             assert 429 in codes
             await server.config.app.state.pipeline.drain()
-            text = (await c.get("/metrics")).text
+            text = (await c.get(server.config.app.state.metrics_listener.url)).text
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)

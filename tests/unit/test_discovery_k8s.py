@@ -146,6 +146,20 @@ async def test_watch_follows_pods_and_services(api_url: tuple[Any, str]) -> None
         await admin.delete(isvc_cls, "llama", namespace="ml")
         await _eventually(lambda: source.models() == [])
         assert source.endpoints("llama-8b") == []
+        # A deleted model is no longer reported (not frozen at its last count).
+        assert registry.get_sample_value("fleetgate_discovered_endpoints", {"model": "llama-8b"}) is None
     finally:
         await source.aclose()
         await admin.close()
+
+
+@pytest.mark.parametrize(("phase", "listed"), [("DoesNotFit", False), ("Invalid", False), ("Pending", True)])
+def test_a_model_the_operator_creates_no_pods_for_is_not_offered(phase: str, listed: bool) -> None:
+    info = service_info({**ISVC, "status": {"phase": phase, "servedModel": "llama-8b"}})
+    assert info is not None
+    assert ("llama-8b" in build_index(services={("ml", "llama"): info}, slices={})) is listed
+    # Pods of an earlier spec that still serve keep the model offered.
+    serving = {("ml", "llama-a"): _slice("llama-a", "llama", ("10.0.0.1", True, "p1"))}
+    assert [e.url for e in build_index(services={("ml", "llama"): info}, slices=serving)["llama-8b"]] == [
+        "http://10.0.0.1:8000"
+    ]

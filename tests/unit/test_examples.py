@@ -34,6 +34,8 @@ def test_example_is_valid(path: Path) -> None:
     for doc in docs:
         jsonschema.Draft4Validator(schema).validate(doc)
         assert doc["apiVersion"] == "fleetgate.io/v1alpha1"
+        # `kubectl apply -n <ns> -f` must work: a hard-coded namespace would clash with the operator's scope.
+        assert "namespace" not in doc["metadata"], f"{path.name}: no metadata.namespace in examples"
         parse_spec(doc["spec"])
 
 

@@ -44,6 +44,13 @@ def test_completion_prompts(prompt: object, text: str) -> None:
     assert p.prompt_text == text and p.max_tokens == 3
 
 
+def deep(levels: int) -> object:
+    value: object = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("kind", "body", "param"),
     [
@@ -52,7 +59,33 @@ def test_completion_prompts(prompt: object, text: str) -> None:
         ("chat", raw(model="", messages=[{"role": "user"}]), "model"),
         ("chat", raw(model=3, messages=[{"role": "user"}]), "model"),
         ("chat", raw(model="m", messages={"role": "user"}), "messages"),
-        ("chat", raw(model="m", messages=[{"content": "no role"}]), "messages"),
+        ("chat", raw(model="m", messages=[{"content": "no role"}]), "messages[0].role"),
+        ("chat", raw(model="m", messages=[{"role": "wizard", "content": "x"}]), "messages[0].role"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": 3}]), "messages[0].content"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": [{"type": "text"}]}]),
+         "messages[0].content[0].text"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": ["x"]}]), "messages[0].content[0]"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}, 5]), "messages[1]"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], temperature="abc"), "temperature"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], temperature=2.5), "temperature"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], top_p=-0.1), "top_p"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], n=129), "n"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], stop=[1]), "stop"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], max_completion_tokens="9"),
+         "max_completion_tokens"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], presence_penalty=3), "presence_penalty"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], logit_bias={"5": 101}), "logit_bias.5"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], user=["u"]), "user"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], stream=True,
+                     stream_options={"include_usage": "yes"}), "stream_options.include_usage"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}], tools=[{"function": {}}]),
+         "tools[0].type"),
+        ("completions", raw(model="m", prompt="x", logprobs=True), "logprobs"),
+        ("completions", raw(model="m", prompt="x", echo="no"), "echo"),
+        ("chat", raw(model="m", messages=[{"role": "user", "content": "x"}])[:-1] + b',"x":' + b"[" * 300 + b"]" * 300
+         + b"}", None),  # parses (orjson reads 1024 levels) but could not be re-serialised downstream
+        ("chat", raw(model="m", messages=[{"role": "wizard", "content": "x"}])[:-1] + b',"x":' + b"[" * 300
+         + b"]" * 300 + b"}", None),  # the depth is checked first
         ("chat", raw(model="m", messages=[{"role": "user"}], max_tokens=0), "max_tokens"),
         ("chat", raw(model="m", messages=[{"role": "user"}], max_tokens=True), "max_tokens"),
         ("chat", raw(model="m", messages=[{"role": "user"}], n=0), "n"),
@@ -67,6 +100,27 @@ def test_rejections_name_the_parameter(kind: str, body: bytes, param: str | None
     with pytest.raises(InvalidRequestError) as info:
         parse_request(kind, body)  # type: ignore[arg-type]
     assert info.value.param == param
+    assert info.value.status == 400
+
+
+def test_engine_specific_fields_and_lenient_shapes_pass_through() -> None:
+    body = raw(model="m", messages=[{"role": "system", "content": "s"},
+                                    {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                 {"type": "image_url", "image_url": {"url": "x"}}]},
+                                    {"role": "assistant", "content": None, "tool_calls": []},
+                                    {"role": "tool", "content": "r", "tool_call_id": "1"}],
+               top_k=5, min_p=0.1, guided_json={"type": "object"}, temperature=0, top_p=1, n=2, stop="x",
+               logprobs=True, top_logprobs=3, seed=-1, extra=deep(60))
+    p = parse_request("chat", body)
+    assert p.body["top_k"] == 5 and p.body["guided_json"] == {"type": "object"}
+    assert "<|assistant|>" in p.prompt_text
+    assert parse_request("completions", raw(model="m", prompt=[[1, 2], [3]])).prompt_text == "1 2\n3"
+
+
+def test_deep_nesting_is_a_400_without_recursion() -> None:
+    body = b'{"model":"m","messages":[{"role":"user","content":"x"}],"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(InvalidRequestError) as info:
+        parse_request("chat", body)
     assert info.value.status == 400
 
 

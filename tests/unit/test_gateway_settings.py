@@ -60,17 +60,27 @@ def test_endpoint_ids() -> None:
     assert endpoint_id("https://host") == "host:443"
 
 
+GENERIC_500 = "the engine failed (HTTP 500); details are in the gateway log under this request id"
+
+
 @pytest.mark.parametrize(
-    ("body", "message", "code"),
+    ("status", "body", "message", "code"),
     [
-        (b'{"error": {"message": "too long", "type": "BadRequestError", "code": 400}}', "too long", "400"),
-        (b'{"object": "error", "message": "flat vllm", "type": "x", "code": 400}', "flat vllm", "400"),
-        (b"Internal Server Error", "engine e:1 answered HTTP 500: Internal Server Error", None),
-        (b"", "engine e:1 answered HTTP 500", None),
+        (400, b'{"error": {"message": "too long", "type": "BadRequestError", "code": 400}}', "too long", "400"),
+        (400, b'{"object": "error", "message": "flat vllm", "type": "x", "code": 400}', "flat vllm", "400"),
+        (400, b'{"error": {"message": "bad\\nTraceback (most recent call last):\\n  File \\"/x.py\\""}}',
+         "the engine refused the request (HTTP 400); details are in the gateway log under this request id", None),
+        (400, b'{"error": {"message": "no such file at http://10.0.0.7:8000/x on 10.0.0.8:9"}}',
+         "no such file at <url> on <address>", None),
+        (500, b'{"error": {"message": "CUDA OOM in worker 10.0.0.7", "code": 500}}', GENERIC_500, "500"),
+        (500, b"Internal Server Error", GENERIC_500, None),
+        (500, b"", GENERIC_500, None),
     ],
 )
-def test_engine_errors_are_relayed_openai_shaped(body: bytes, message: str, code: str | None) -> None:
-    err = from_engine(500, body, endpoint="e:1")
-    assert err.status == 500 and err.message == message and err.code == code
+def test_engine_errors_are_relayed_openai_shaped_and_sanitized(
+    status: int, body: bytes, message: str, code: str | None
+) -> None:
+    err = from_engine(status, body, endpoint="e:1")
+    assert err.status == status and err.message == message and err.code == code
     assert set(err.to_openai()["error"]) == {"message", "type", "param", "code"}
     assert not isinstance(err, UpstreamBadResponseError)

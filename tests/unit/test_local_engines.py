@@ -16,13 +16,20 @@ from fleetgate.local.errors import EngineStartError
 # A fake engine: writes its own pid and a child's pid, serves /health after `delay` seconds,
 # optionally ignores SIGTERM (to force the SIGKILL path) or dies during start-up.
 FAKE = r"""
-import http.server, os, signal, subprocess, sys, time
+import http.server, os, signal, subprocess, sys, threading, time
 port, delay, mode, pidfile = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 with open(pidfile, "w") as f:
     f.write(f"{os.getpid()} {child.pid}")
 if mode == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode == "count":  # like uvicorn (vLLM's server): the first SIGTERM stops gracefully, a second forces
+    def on_term(signum, frame):
+        with open(pidfile + ".term", "a") as f:
+            f.write("TERM\n")
+        signal.signal(signal.SIGTERM, on_term)
+        threading.Timer(0.5, os._exit, (0,)).start()
+    signal.signal(signal.SIGTERM, on_term)
 print("loading weights", flush=True)
 time.sleep(delay)
 if mode == "die":
@@ -169,3 +176,15 @@ def test_engines_die_when_their_parent_is_killed(tmp_path: Path) -> None:
         proc.kill()
         proc.wait(timeout=30)
     assert not _alive(leader, settle_s=10), "the engine outlived a SIGKILLed parent"
+    # ... and so did the engine's own children (the death signal alone reached only one process).
+    assert not [pid for pid in _pids(tmp_path, "engine-0") if _alive(pid)], "an engine's child was orphaned"
+
+
+def test_a_stop_sends_the_engine_one_sigterm(tmp_path: Path) -> None:
+    """vLLM's server (uvicorn) force-quits on a second SIGTERM: the engine must get exactly one."""
+    fleet = EngineFleet(specs=[_spec(tmp_path, "engine-0", mode="count")], stop_grace_s=5, progress=lambda _: None,
+                        poll_s=0.1)
+    fleet.start()
+    fleet.stop()
+    assert (tmp_path / "engine-0.pids.term").read_text() == "TERM\n"
+    assert not [pid for pid in _pids(tmp_path, "engine-0") if _alive(pid)]

@@ -74,3 +74,46 @@ def test_missing_vllm_is_reported_with_the_fix(tmp_path: Path, monkeypatch: pyte
     assert "No module named 'vllmx_not_installed'" in err
     assert "run `make install`" in err
     assert "==> stopping engines" in err
+
+
+def test_up_sim_stops_promptly_after_a_client_abandoned_a_request(tmp_path: Path) -> None:
+    """An abandoned generation used to hold the simulated engine's shutdown for a minute (issue 14)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = tmp_path / "up.yaml"
+    config.write_text("gateway:\n  server:\n    metrics_port: 0\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetgate", "up", "--engine", "sim", "--port", str(port), "--engine-base-port",
+         "0", "--config", str(config)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "Ctrl-C stops everything" in line:
+                break
+        body = b'{"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000}'
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises((TimeoutError, urllib.error.URLError)):
+            urllib.request.urlopen(request, timeout=1)  # the client gives up: the generation is abandoned
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=30)[1]
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode in (0, 130), rest  # 130: stopped by Ctrl-C
+    assert took < 15, f"fleetgate up took {took:.1f}s to stop"
+    assert "\x1b[" not in rest and "\\u001b" not in rest  # no colour escapes in the JSON log lines

@@ -101,3 +101,20 @@ def test_accepted_by_both(spec: dict[str, Any]) -> None:
 def test_refused_by_both(spec: dict[str, Any]) -> None:
     assert not _pydantic_ok(spec)
     assert not _cel_ok(spec)
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen", "llama-70b", "a" * 63, "qwen2.5-7b", "a" * 64, "Qwen", "7b-model", "ends-", "under_score"]
+)
+def test_name_rule_agrees_with_the_operator_check(name: str) -> None:
+    """The CRD's root rule on metadata.name refuses exactly the names the operator reports as Invalid."""
+    from fleetgate.operator.crd import build_crd
+    from fleetgate.operator.names import name_problem
+
+    root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    (rule,) = root["x-kubernetes-validations"]
+    env = celpy.Environment()
+    program = env.program(env.compile(rule["rule"]))
+    accepted = bool(program.evaluate({"self": celpy.json_to_cel({"metadata": {"name": name}})}))
+    assert accepted == (name_problem(name) is None)
+    assert accepted == (name in ("qwen", "llama-70b", "a" * 63))

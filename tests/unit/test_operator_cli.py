@@ -28,7 +28,8 @@ def test_plan_exits_1_when_a_spec_does_not_fit(capsys: pytest.CaptureFixture[str
 def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--json", str(EXAMPLES / "small-l4-awq.yaml")]) == 0
     (result,) = json.loads(capsys.readouterr().out)
-    assert result["plan"]["fits"] is True and result["plan"]["maxConcurrentSequences"] >= 32
+    target = yaml.safe_load((EXAMPLES / "small-l4-awq.yaml").read_text())["spec"]["engine"]["maxNumSeqs"]
+    assert result["plan"]["fits"] is True and result["plan"]["maxConcurrentSequences"] >= target
 
 
 def test_plan_rejects_an_invalid_file_with_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -42,3 +43,19 @@ def test_crd_command_prints_the_crd(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crd"]) == 0
     crd = yaml.safe_load(capsys.readouterr().out)
     assert crd["metadata"]["name"] == "inferenceservices.fleetgate.io"
+
+
+def test_operator_liveness_endpoint_host_and_port_are_configurable() -> None:
+    import argparse
+
+    from fleetgate.operator import run_cli
+
+    parser = argparse.ArgumentParser()
+    run_cli.add_arguments(parser)
+    defaults = parser.parse_args([])
+    assert run_cli.liveness_endpoint(host=defaults.liveness_host, port=defaults.liveness_port) == (
+        "http://127.0.0.1:8080/healthz"  # loopback unless told otherwise (the chart says 0.0.0.0)
+    )
+    args = parser.parse_args(["--liveness-host", "::", "--liveness-port", "9090"])
+    assert run_cli.liveness_endpoint(host=args.liveness_host, port=args.liveness_port) == "http://[::]:9090/healthz"
+    assert run_cli.liveness_endpoint(host="0.0.0.0", port=0) is None

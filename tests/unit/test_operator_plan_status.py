@@ -155,3 +155,16 @@ def test_scaled_to_zero() -> None:
     status = _status(spec={**SPEC, "replicas": 0}, deployment={**_deployment(0), "spec": {"replicas": 0}})
     assert status["phase"] == "ScaledToZero"
     assert _conds(status)["Ready"] == ("False", "ScaledToZero")
+
+
+def test_a_child_the_api_server_refused_is_degraded_and_not_ready() -> None:
+    """Pods ready but the Service refused: no endpoints reach the gateway, so status must not say Ready."""
+    parsed = parse_spec(SPEC)
+    resolved = resolve(spec=parsed, name=OWNER.name, profiles=Profiles())
+    status = compute_status(
+        owner=OWNER, spec=parsed, resolved=resolved, invalid=None, deployment=_deployment(2), previous=None, now=NOW,
+        failed=("Service/m: HTTP 422: Service \"m\" is invalid",),
+    )  # fmt: skip
+    assert status["phase"] == "Degraded"
+    assert _conds(status)["Degraded"] == ("True", "ApplyFailed") and _conds(status)["Ready"] == ("False", "ApplyFailed")
+    assert "Service/m" in next(c["message"] for c in status["conditions"] if c["type"] == "Degraded")

@@ -108,3 +108,17 @@ def test_weighted_random_picker_follows_scores() -> None:
     assert counts[2] == 0
     assert 0.2 < counts[0] / 3000 < 0.3
     assert {p.pick(EPS, [0.0, 0.0, 0.0])[0] for _ in range(60)} == {0, 1, 2}
+
+
+def test_session_table_holds_digests_not_client_keys() -> None:
+    """A megabyte `user` must not be stored: the table's memory is bounded by its entry count alone."""
+    import sys
+
+    s = SessionAffinityScorer(name="session", max_sessions=1000)
+    huge = "u" * 1_000_000
+    for i in range(50):
+        s.on_start(RoutingRequest(request_id="r", model="m", prompt_text="", session_key=f"{i}{huge}"), {}, EPS[1])
+    stored = sum(sys.getsizeof(k) for k in s._last)
+    assert len(s._last) == 50 and stored < 50 * 100  # 16-byte digests, not 50 MB of keys
+    again = RoutingRequest(request_id="r", model="m", prompt_text="", session_key=f"7{huge}")
+    assert s.score(again, {}, EPS) == [0.0, 1.0, 0.0]  # affinity still works through the digest

@@ -3,6 +3,9 @@ settle, Retry-After, messages that name the limit, fail-open/closed on a store o
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from decimal import Decimal
 
@@ -14,11 +17,12 @@ from fleetgate.core.types import Usage
 from fleetgate.gateway.stages import Tenant
 from fleetgate.gateway.tenancy.config import TenancyConfig
 from fleetgate.gateway.tenancy.limiter import CounterBackend, TenancyLimiter
+from fleetgate.gateway.tenancy.limiter_circuit import Move, StoreCircuit
 from fleetgate.gateway.tenancy.limiter_memory import MemoryCounters
 from fleetgate.gateway.tenancy.limiter_redis import RedisCounters
 from fleetgate.gateway.tenancy.limiter_windows import Check
 from fleetgate.gateway.tenancy.meter import TokenMeter
-from fleetgate.gateway.tenancy.pricing import PriceBook
+from fleetgate.gateway.tenancy.pricing import PriceBook, cost_micros
 from fleetgate.gateway.tenancy.redis_client import redis_client
 
 T0 = 1_800_000_000.0 - (1_800_000_000.0 % 86400) + 3600  # 01:00:00 UTC on some day, minute-aligned
@@ -146,7 +150,7 @@ async def test_settle_is_idempotent_and_tenants_without_limits_pass(counters: Co
 
 
 async def test_settle_never_resurrects_an_expired_window(counters: CounterBackend) -> None:
-    await counters.adjust([("fg:tenancy:lim:{acme}:tpm:1", -500)])
+    await counters.adjust([Move("fg:tenancy:lim:{acme}:tpm:1", -500, 60_000)])
     assert await counters.read(["fg:tenancy:lim:{acme}:tpm:1"]) == [0]
 
 
@@ -158,7 +162,7 @@ class DownCounters:
         self.calls += 1
         raise StoreUnavailableError("down")
 
-    async def adjust(self, deltas: Sequence[tuple[str, int]]) -> None:
+    async def adjust(self, moves: Sequence[Move]) -> None:
         raise StoreUnavailableError("down")
 
     async def read(self, keys: Sequence[str]) -> list[int]:
@@ -190,3 +194,127 @@ async def test_redis_counters_report_an_unreachable_server_as_unavailable() -> N
     with pytest.raises(StoreUnavailableError):
         await RedisCounters(client, url="redis://127.0.0.1:1/0").read(["k"])
     await client.aclose()
+
+
+class FlakyCounters(MemoryCounters):
+    """Memory counters behind a switch: while `down`, every call fails as an unreachable store would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.calls = 0
+
+    def _gate(self) -> None:
+        self.calls += 1
+        if self.down:
+            raise StoreUnavailableError("down")
+
+    async def reserve(self, checks: Sequence[Check], *, now_ms: int) -> tuple[int, int, int]:
+        self._gate()
+        return await super().reserve(checks, now_ms=now_ms)
+
+    async def adjust(self, moves: Sequence[Move]) -> None:
+        self._gate()
+        await super().adjust(moves)
+
+
+def flaky_limiter(store: FlakyCounters, *, policy: str, **tenant: object) -> TenancyLimiter:
+    config = TenancyConfig.model_validate({
+        "tenants": [{"id": "acme", **tenant}], "on_store_error": policy, "store_retry_s": 0.05,
+        "prices": {"m": {"input_usd_per_1m": "10", "output_usd_per_1m": "30"}},
+    })
+    return TenancyLimiter(config, counters=store, prices=PriceBook(config, meter=TokenMeter(MemoryKVStore())))
+
+
+@pytest.mark.parametrize("policy", ["open", "closed"])
+async def test_limits_come_back_while_traffic_flows(policy: str) -> None:
+    """Steady traffic during and after an outage: the store is probed every store_retry_s (not pushed away by
+    every short-circuited request) and the limits apply again within that time of the store's return."""
+    store = FlakyCounters()
+    lim = flaky_limiter(store, policy=policy, rpm=1000)
+    store.down = True
+    outcomes: list[str] = []
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:  # 200 requests/s for 0.5 s, far more than one per store_retry_s
+        try:
+            await lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
+            outcomes.append("served")
+        except UpstreamUnavailableError:
+            outcomes.append("503")
+        await asyncio.sleep(0.005)
+    assert set(outcomes) == ({"served"} if policy == "open" else {"503"})
+    assert 5 <= store.calls <= 12  # one probe per 0.05 s, not one call per request nor none at all
+    store.down = False
+    back = time.monotonic()
+    while lim.circuit.down:
+        with contextlib.suppress(UpstreamUnavailableError):
+            await lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
+        await asyncio.sleep(0.005)
+    assert time.monotonic() - back < 0.1
+    r = await lim.reserve(ACME, "m", prompt_tokens=1, max_tokens=1)
+    assert r.token  # reserved in the store again
+
+
+async def test_spend_let_through_during_an_outage_reaches_the_budget_counters() -> None:
+    store = FlakyCounters()
+    lim = flaky_limiter(store, policy="open", tpm=10**6, daily_budget_usd="1")
+    first = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=100)  # before: reserved normally
+    store.down = True
+    usages = [Usage(prompt_tokens=10 + i, completion_tokens=20 * i) for i in range(5)]
+    for u in usages:  # through the outage: unmetered, settled into the queue
+        r = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=100)
+        await lim.settle(r, u)
+    await lim.settle(first, Usage(prompt_tokens=10, completion_tokens=7))  # a settle that fails, queued
+    assert lim.circuit.pending > 0
+    await asyncio.sleep(0.06)
+    store.down = False
+    probe = await lim.reserve(ACME, "m", prompt_tokens=0, max_tokens=1)  # reaches the store, replays
+    await lim.settle(probe, Usage())
+    assert lim.circuit.pending == 0
+    status = await lim.status("acme")
+    everything = [*usages, Usage(prompt_tokens=10, completion_tokens=7)]
+    assert status["tpm"]["used"] == sum(u.total_tokens for u in everything)
+    rates = lim._prices.rates("m")
+    assert status["daily_budget"]["used"] == sum(cost_micros(u, rates) for u in everything)
+
+
+async def test_sequences_multiply_the_completion_and_fit_lowers_max_tokens(counters: CounterBackend) -> None:
+    lim = make(counters, Clock(T0), tpm=1000)
+    r = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=50, sequences=6)
+    assert r.estimated_tokens == 10 + 300 and r.max_tokens is None
+    with pytest.raises(RateLimitError):  # 690 left, 10 x 100 does not fit and the client chose max_tokens
+        await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=100, sequences=10)
+    fitted = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=100, sequences=10, fit_max_tokens=True)
+    assert fitted.max_tokens == 68 and fitted.estimated_tokens == 10 + 680  # (690 - 10) // 10
+    assert (await lim.status("acme"))["tpm"]["used"] == 1000
+
+
+def test_circuit_admits_one_probe_and_a_cancelled_probe_does_not_wedge_it() -> None:
+    now = [100.0]
+    circuit = StoreCircuit(retry_s=1.0, clock=lambda: now[0])
+    first = circuit.admit()
+    assert first is not None
+    circuit.failed(first)
+    assert circuit.down and circuit.admit() is None  # open: short-circuit, and the window does not move
+    now[0] = 100.9
+    assert circuit.admit() is None
+    now[0] = 101.0
+    probe = circuit.admit()
+    assert probe is not None and circuit.admit() is None  # half-open: one probe at a time
+    circuit.abandoned()  # the probing request was cancelled before Redis answered
+    again = circuit.admit()
+    assert again is not None
+    circuit.succeeded(again)
+    assert not circuit.down
+    circuit.failed(first)  # a failure of a call sent before the store came back is stale
+    assert not circuit.down
+
+
+def test_circuit_queue_is_bounded_counted_and_merged_per_key() -> None:
+    circuit = StoreCircuit(retry_s=1.0, max_pending=3)
+    circuit.queue([Move("a", 5, 10, 5), Move("b", -2, 10, 1), Move("a", 1, 10, 1), Move("c", 7, 10, 7)])
+    assert circuit.pending == 3 and circuit.dropped == 1  # the oldest move went, and was counted
+    assert sorted(circuit.take(), key=lambda m: m.key) == [Move("a", 1, 10, 1), Move("b", -2, 10, 1),
+                                                           Move("c", 7, 10, 7)]
+    circuit.queue([Move("a", 5, 10, 5), Move("a", -3, 20, 2)])
+    assert circuit.take() == [Move("a", 2, 20, 7)]

@@ -80,8 +80,10 @@ async def test_alias_follows_the_score_and_the_calibrated_threshold() -> None:
 async def test_configured_threshold_overrides_the_artifact() -> None:
     embedding = TOWARD_LARGE
     score = TierScorer(artifact=ARTIFACT).score("Tell me.", embedding=embedding).value
-    above = resolver({"tiers": [SMALL, LARGE], "threshold": min(score + 0.001, 0.999)})
-    below = resolver({"tiers": [SMALL, LARGE], "threshold": max(score - 0.001, 0.001)})
+    assert 0.0 < score < 1.0
+    # Half-way to 1 and to 0: just above and below the score, however confident the shipped model is.
+    above = resolver({"tiers": [SMALL, LARGE], "threshold": score + (1.0 - score) / 2})
+    below = resolver({"tiers": [SMALL, LARGE], "threshold": score / 2})
     assert (await above.resolve("auto", "Tell me.", embedding=embedding)).tier == "small"
     assert (await below.resolve("auto", "Tell me.", embedding=embedding)).tier == "large"
 

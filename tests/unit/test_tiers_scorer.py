@@ -35,8 +35,10 @@ def test_shipped_artifact_loads_with_both_models_and_calibration_data() -> None:
     assert artifact.full.weights.shape == (len(STRUCTURAL_FEATURES) + EMBEDDING_DIM,)
     assert artifact.structural.weights.shape == (len(STRUCTURAL_FEATURES),)
     assert 0 < artifact.full.threshold < 1 and 0 < artifact.structural.threshold < 1
-    assert len(artifact.full.oos_scores) == len(artifact.labels) == len(artifact.input_tokens) == 300
-    assert artifact.meta["source"] == "tier_queries.dev.jsonl"
+    assert len(artifact.full.oos_scores) == len(artifact.labels) == len(artifact.input_tokens) == artifact.meta["rows"]
+    names = [s["name"] for s in artifact.meta["sources"]]
+    assert names[0] == "train.jsonl"  # the project's own prompts, plus the dev set
+    assert sum(s["rows"] for s in artifact.meta["sources"]) == artifact.meta["rows"]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -103,12 +105,14 @@ def test_bad_artifacts_raise_config_errors(tmp_path: Path) -> None:
             ScorerArtifact.load(path)
 
 
-def test_shipped_artifact_matches_the_dev_data_and_the_current_feature_code(eval_data_dir: Path) -> None:
-    """If the feature code or the data changed, the shipped artifact is stale: rerun `fleetgate tier train`."""
-    from fleetgate.router.tiers.data import load_labelled
+def test_shipped_artifact_matches_the_training_prompts_and_the_current_feature_code() -> None:
+    """If the feature code or the project's training prompts changed, the shipped artifact is stale: rerun
+    `fleetgate tier train`. Checked on the prompts in the repository, so no data from outside the clone."""
+    from fleetgate.router.tiers.data import DEFAULT_TRAIN, load_labelled
     from fleetgate.router.tiers.training import data_fingerprint, structural_fingerprint
 
-    rows = load_labelled(eval_data_dir / "tier_queries.dev.jsonl")
-    meta = ScorerArtifact.load().meta
-    assert meta["data_sha256"] == data_fingerprint(rows)
-    assert meta["structural_features_sha256"] == structural_fingerprint([r.text for r in rows])
+    rows = load_labelled(DEFAULT_TRAIN)
+    source = next(s for s in ScorerArtifact.load().meta["sources"] if s["name"] == DEFAULT_TRAIN.name)
+    assert source["rows"] == len(rows)
+    assert source["data_sha256"] == data_fingerprint(rows)
+    assert source["structural_features_sha256"] == structural_fingerprint([r.text for r in rows])

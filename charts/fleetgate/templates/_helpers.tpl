@@ -190,6 +190,7 @@ of the mounted key file.
 {{- $server := deepCopy (default dict $cfg.server) }}
 {{- $_ := set $server "host" "0.0.0.0" }}
 {{- $_ := set $server "port" (int $gw.port) }}
+{{- $_ := set $server "metrics_port" (int $gw.metricsPort) }}
 {{- $_ := set $server "log_level" $gw.logLevel }}
 {{- /* Secure by default in a cluster: API keys are required unless the values say auth: open. */ -}}
 {{- if not (hasKey $server "auth") }}
@@ -207,6 +208,12 @@ of the mounted key file.
 {{- $_ := set $cfg "tenancy" $tenancy }}
 {{- end }}
 {{- toYaml $cfg }}
+{{- end }}
+
+{{/* The gateway's auth mode as gateway.yaml will say it: api_key unless gateway.config.server.auth says otherwise. */}}
+{{- define "fleetgate.gateway.authMode" -}}
+{{- $server := .Values.gateway.config.server | default dict }}
+{{- default "api_key" $server.auth }}
 {{- end }}
 
 {{/* The Kopf peering object's name. */}}

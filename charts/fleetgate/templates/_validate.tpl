@@ -18,7 +18,7 @@ and how to fix it; values.schema.json catches wrong types and unknown keys befor
 {{- fail (printf "the gateway can run %d replicas but no Redis is configured: replicas must share caches, rate limits and budgets; set redis.enabled=true or redis.externalUrl, or run one replica (gateway.replicas=1, autoscaling off)" $most) }}
 {{- end }}
 {{- $server := $v.gateway.config.server | default dict }}
-{{- range $key, $instead := dict "host" "(the chart listens on every pod address)" "port" "gateway.port" "log_level" "gateway.logLevel" }}
+{{- range $key, $instead := dict "host" "(the chart listens on every pod address)" "port" "gateway.port" "metrics_port" "gateway.metricsPort" "metrics_host" "(metrics listen on every pod address)" "log_level" "gateway.logLevel" }}
 {{- if hasKey $server $key }}
 {{- fail (printf "gateway.config.server.%s is set by the chart: use %s instead" $key $instead) }}
 {{- end }}
@@ -26,6 +26,16 @@ and how to fix it; values.schema.json catches wrong types and unknown keys befor
 {{- $keys := $v.gateway.apiKeys }}
 {{- if and $keys.existingSecret (or $keys.adminKeyHashes $keys.tenants) }}
 {{- fail "gateway.apiKeys.existingSecret is set together with gateway.apiKeys.adminKeyHashes/tenants: keep the hashes in the existing Secret, or let the chart create one from the values" }}
+{{- end }}
+{{- /* `helm upgrade -f my-values.yaml` without the key hashes would delete the keys Secret of the release
+while the gateway stays on auth: api_key, and every client would get 401. lookup is empty under
+`helm template` and on a first install, so this only ever refuses such an upgrade. */ -}}
+{{- if and (eq (include "fleetgate.gateway.authMode" .) "api_key") (not (include "fleetgate.gateway.keysSecret" .)) }}
+{{- $keysName := include "fleetgate.componentName" (dict "root" . "component" "gateway-keys") }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $keysName }}
+{{- if $existing }}
+{{- fail (printf "gateway.apiKeys has no adminKeyHashes, tenants or existingSecret, but this release's keys Secret %s/%s exists and the gateway uses auth: api_key: this upgrade would delete the keys and every client would get 401. Pass the hashes again (e.g. --set-json 'gateway.apiKeys.adminKeyHashes=[\"sha256:...\"]', or keep them in my-values.yaml), or use --reuse-values, or set gateway.config.server.auth=open on purpose" .Release.Namespace $keysName) }}
+{{- end }}
 {{- end }}
 {{- $known := list }}
 {{- range (default list ($v.gateway.config.tenancy).tenants) }}
