@@ -17,7 +17,7 @@ critical kind among the unmatched words (`format`, `language`, ...), `entity` fo
 `constraint` for words added on one side only, `entity` for one word against one word, else `rewrite`.
 
 `verify` is symmetric in `a` and `b` up to floating point. Cost: two analyses (cached per text, so a stored
-entry is analysed once) and a 29-term dot product; tens of microseconds per candidate.
+entry is analysed once) and a 31-term dot product: about 0.03 ms per candidate.
 """
 
 from __future__ import annotations
