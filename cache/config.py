@@ -2,7 +2,7 @@
 
 The defaults are the ones `fleetgate cache-eval` measures (precision first): a semantic hit needs cosine
 similarity >= `semantic.threshold` on the last user message within the same partition *and* the lexical
-near-miss verifier's agreement (`fleetgate.cache.verifier`).
+near-miss verifier's agreement (`fleetgate.cache.verifier`: structural vetoes, then a learned pair model).
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ class SemanticConfig(BaseModel):
     batch_wait_ms: float = Field(default=0.0, ge=0.0, le=50.0)
     preload: bool = False  # load the model at start-up; default: on the first semantic lookup (stays small)
     threshold: float = Field(default=0.5, ge=-1.0, le=1.0)  # cosine similarity, before the verifier
-    verify: bool = True  # the lexical near-miss verifier; turning it off is unsafe (see cache-eval)
-    rewrite_min: float = Field(default=0.86, ge=-1.0, le=1.0)  # similarity a reworded paraphrase needs
+    verify: bool = True  # the near-miss verifier; turning it off is unsafe (see cache-eval)
+    # the pair model's acceptance probability; None: the threshold cross-validated with the shipped model
+    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
     top_k: int = Field(default=4, ge=1, le=64)  # candidates fetched and verified per lookup
     hnsw_above: int = Field(default=20_000, ge=1)  # a partition switches from a flat scan to HNSW
     hnsw_m: int = Field(default=32, ge=4)

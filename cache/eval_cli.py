@@ -1,9 +1,16 @@
-"""`fleetgate cache-eval`: precision/recall of the response cache on the labelled data, and lookup latency.
+"""`fleetgate cache-eval`: precision/recall of the response cache on labelled data, and lookup latency.
 
-Prints, for `cache_pairs.dev.jsonl` and `cache_conversations.dev.jsonl`: precision, recall on the true
-rows and false hits by kind at the shipped defaults (full set, tuning half and held-out half), a sweep
-over similarity thresholds with the verifier on and off (the curve), cross-tenant hits, then lookup
-latency p50/p99 with `--entries` stored entries and where the time goes.
+Three columns, for pairs and for conversations, at the shipped settings:
+- `dev`: `cache_pairs.dev.jsonl` / `cache_conversations.dev.jsonl` (`--data`, default ../shared/data/eval);
+- `frozen`: the repository's frozen test set (`--frozen`, default tests/data/eval/*.frozen.jsonl), written
+  apart and never tuned on (shown as n/a where it is absent);
+- `cv`: out-of-fold results of the pair model on dev + the hand-written training rows (cache/data), with
+  the shipped threshold: each row is judged by a model that did not see it.
+Each column gives precision, recall of the same=true rows, false hits and false-hit rate by kind, and
+cross-tenant hits (dev and frozen run through the real `TwoLayerCache`, a fresh one per row). Then two
+sweeps on dev and frozen: the similarity threshold with the verifier on and off, and the pair model's
+`min_confidence`. `--fit` first refits the pair model on dev + training rows and writes pair_model.json.
+Last, lookup latency p50/p99 with `--entries` stored entries and where the time goes.
 """
 
 from __future__ import annotations
@@ -14,26 +21,38 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from fleetgate.cache.config import CacheConfig
 from fleetgate.cache.evaluation import MemoEmbedder, Score, load_rows, score_rows, sweep, texts_of
 
-DEFAULT_THRESHOLDS = (0.0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+DEFAULT_THRESHOLDS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9)
+DEFAULT_CONFIDENCES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
+_REPO = Path(__file__).resolve().parent.parent
+KINDS = ("pairs", "conversations")
 
 
 def default_data_dir() -> Path:
     env = os.environ.get("FLEETGATE_EVAL_DATA")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "eval"
+    return _REPO.parent / "shared" / "data" / "eval"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", type=Path, default=None, help="folder with cache_pairs.dev.jsonl (default: "
+    parser.add_argument("--data", type=Path, default=None, help="folder with cache_*.dev.jsonl (default: "
                         "$FLEETGATE_EVAL_DATA or ../shared/data/eval next to the repository)")
+    parser.add_argument("--frozen", type=Path, default=_REPO / "tests" / "data" / "eval",
+                        help="folder with cache_*.frozen.jsonl (default: the repository's tests/data/eval)")
+    parser.add_argument("--train", type=Path, default=_REPO / "cache" / "data",
+                        help="folder with train_pairs.jsonl and train_conversations.jsonl (cross-validation, --fit)")
+    parser.add_argument("--fit", action="store_true", help="refit the pair model on dev + training rows and "
+                        "write it to the package's pair_model.json before evaluating")
     parser.add_argument("--threshold", type=float, default=None, help="override the shipped similarity threshold")
-    parser.add_argument("--rewrite-min", type=float, default=None, help="override the verifier's rewrite_min")
+    parser.add_argument("--min-confidence", type=float, default=None,
+                        help="override the pair model's acceptance probability")
     parser.add_argument("--sweep", type=float, nargs="*", default=list(DEFAULT_THRESHOLDS))
+    parser.add_argument("--confidences", type=float, nargs="*", default=list(DEFAULT_CONFIDENCES))
     parser.add_argument("--entries", type=int, default=100_000, help="stored entries for the latency run (0: skip)")
     parser.add_argument("--queries", type=int, default=200, help="lookups timed in the latency run")
     parser.add_argument("--embedder", choices=["minilm-onnx-int8", "minilm-onnx", "minilm", "hashing"],
@@ -42,61 +61,121 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "started on a free loopback port")
 
 
-def _line(name: str, s: Score) -> str:
-    kinds = ", ".join(f"{k} {v}" for k, v in sorted(s.false_by_kind.items())) or "none"
-    return (f"  {name:<22} precision {100 * s.precision:5.1f}% ({s.true_hits}/{s.hits})  "
-            f"recall {100 * s.recall:5.1f}% ({s.true_hits}/{s.positives})  false hits: {kinds}")
+def _cell(s: Score | None) -> str:
+    if s is None:
+        return "n/a"
+    return f"{100 * s.precision:5.1f}% / {100 * s.recall:5.1f}% ({s.true_hits}/{s.hits} hits, {s.positives} true)"
+
+
+def _kinds(s: Score | None) -> str:
+    if s is None:
+        return "n/a"
+    return ", ".join(f"{k} {v}/{s.rows_by_kind[k]}" for k, v in sorted(s.false_by_kind.items())) or "none"
 
 
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _load(folder: Path, pattern: str) -> dict[str, list[dict[str, Any]]] | None:
+    paths = {kind: folder / pattern.format(kind=kind) for kind in KINDS}
+    if not all(p.is_file() for p in paths.values()):
+        return None
+    return {kind: load_rows(p) for kind, p in paths.items()}
+
+
+def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: MemoEmbedder, config: CacheConfig,
+                    *, refit: bool) -> dict[str, Score]:
+    """Out-of-fold scores on dev + train per kind (refitting and writing the model first with `refit`)."""
+    import numpy as np
+
+    from fleetgate.cache import pairmodel, training
+
+    items = [ex for name in ("dev", "train") for kind in KINDS
+             for ex in training.examples(sets[name][kind], source=f"{name} {kind}")]
+    texts = sorted({e.a for e in items} | {e.b for e in items})
+    vectors = dict(zip(texts, embedder.embed(texts), strict=True))
+    data = training.featurize(items, vectors, threshold=config.semantic.threshold)
+    if refit:
+        model, probs = training.fit(data)
+        pairmodel.MODEL_PATH.write_text(model.to_json(), encoding="utf-8")
+        pairmodel.load_model.cache_clear()
+        print(f"pair model refitted on {model.info['candidates']} candidates, threshold {model.threshold} "
+              f"(cross-validated precision {100 * model.info['cv_precision']:.1f}%, "
+              f"recall {100 * model.info['cv_recall']:.1f}%): {pairmodel.MODEL_PATH}")
+    else:
+        probs = training.out_of_fold(data)
+    bar = config.semantic.min_confidence
+    bar = pairmodel.load_model().threshold if bar is None else bar
+    hit = training.hits(data, probs, bar)
+    sources = np.array([e.source for e in items])
+    scores = {kind: training.score(data, hit, np.isin(sources, [f"dev {kind}", f"train {kind}"])) for kind in KINDS}
+    return scores
+
+
 async def _evaluate(args: argparse.Namespace) -> int:
     from fleetgate.cache.build import build_embedder
+    from fleetgate.cache.pairmodel import load_model
 
-    data = args.data or default_data_dir()
-    pairs_path, conv_path = data / "cache_pairs.dev.jsonl", data / "cache_conversations.dev.jsonl"
-    for path in (pairs_path, conv_path):
-        if not path.is_file():
-            print(f"fleetgate cache-eval: {path} not found (use --data)", file=sys.stderr)
-            return 2
+    dev = _load(args.data or default_data_dir(), "cache_{kind}.dev.jsonl")
+    train = _load(args.train, "train_{kind}.jsonl")
+    if dev is None or train is None:
+        print(f"fleetgate cache-eval: dev or training rows not found (--data {args.data or default_data_dir()}, "
+              f"--train {args.train})", file=sys.stderr)
+        return 2
+    frozen = _load(args.frozen, "cache_{kind}.frozen.jsonl")
     base = CacheConfig()
     sem = base.semantic.model_copy(update={"embedder": args.embedder})
     if args.threshold is not None:
         sem = sem.model_copy(update={"threshold": args.threshold})
-    if args.rewrite_min is not None:
-        sem = sem.model_copy(update={"rewrite_min": args.rewrite_min})
+    if args.min_confidence is not None:
+        sem = sem.model_copy(update={"min_confidence": args.min_confidence})
     shipped = base.model_copy(update={"semantic": sem})
-    sets = {"pairs": load_rows(pairs_path), "conversations": load_rows(conv_path)}
+    sets = {"dev": dev, "train": train, **({"frozen": frozen} if frozen else {})}
 
     start = time.perf_counter()
     embedder = MemoEmbedder(build_embedder(shipped))
-    embedder.prime([t for rows in sets.values() for t in texts_of(rows)], progress=_progress)
+    embedder.prime([t for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])], progress=_progress)
     print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt")
-    print(f"settings: threshold {sem.threshold}, rewrite_min {sem.rewrite_min}, top_k {sem.top_k}, "
+    cv = _cross_validate(sets, embedder, shipped, refit=args.fit)
+    model = load_model()
+    print(f"settings: similarity threshold {sem.threshold}, pair model threshold "
+          f"{sem.min_confidence if sem.min_confidence is not None else model.threshold}, top_k {sem.top_k}, "
           f"verify {sem.verify}")
-    print("note: the verifier's word lists and rules were designed while reading these dev files (both halves);\n"
-          "      the odd-id half is reported apart but is not a clean held-out set")
-    for name, rows in sets.items():
-        scores = await score_rows(rows, shipped, embedder)
-        print(f"\n{name} ({len(rows)} rows, {scores['all'].positives} same=true) at the shipped settings:")
-        print(_line("all rows", scores["all"]))
-        print(_line("even ids (tuning half)", scores["even"]))
-        print(_line("odd ids (held out)", scores["odd"]))
-        print(f"  cross-tenant hits: {scores['all'].cross_tenant_hits} of {len(rows)} foreign lookups")
-        print("  sweep (threshold: precision / recall / false hits, verifier on | verifier off):")
-        on = [shipped.model_copy(update={"semantic": sem.model_copy(update={"threshold": t})}) for t in args.sweep]
-        off = [c.model_copy(update={"semantic": c.semantic.model_copy(update={"verify": False})}) for c in on]
-        for t, a, b in zip(args.sweep, await sweep(rows, on, embedder), await sweep(rows, off, embedder), strict=True):
-            print(f"    {t:4.2f}: {100 * a.precision:5.1f}% / {100 * a.recall:5.1f}% / {a.false_hits:3d}   |"
-                  f"   {100 * b.precision:5.1f}% / {100 * b.recall:5.1f}% / {b.false_hits:3d}")
+    print(f"frozen set: {args.frozen if frozen else 'not found at ' + str(args.frozen)}")
+    for kind in KINDS:
+        scores: dict[str, Score | None] = {name: (await score_rows(sets[name][kind], shipped, embedder)
+                                                  if name in sets else None) for name in ("dev", "frozen")}
+        scores["cv"] = cv[kind]
+        print(f"\n{kind} at the shipped settings: precision / recall")
+        for name, s in scores.items():
+            print(f"  {name:<7} {_cell(s)}")
+        print("  false hits by kind (false hits / rows of that kind):")
+        for name, s in scores.items():
+            print(f"  {name:<7} {_kinds(s)}")
+        print("  cross-tenant hits: " + ", ".join(f"{name} {s.cross_tenant_hits}/{s.rows}" for name, s in
+                                                    scores.items() if s is not None and name != "cv"))
+        for name in ("dev", "frozen"):
+            if name not in sets:
+                continue
+            rows = sets[name][kind]
+            print(f"  {name} sweep, similarity threshold: precision / recall, verifier on | verifier off")
+            on = [shipped.model_copy(update={"semantic": sem.model_copy(update={"threshold": t})}) for t in args.sweep]
+            off = [c.model_copy(update={"semantic": c.semantic.model_copy(update={"verify": False})}) for c in on]
+            for t, a, b in zip(args.sweep, await sweep(rows, on, embedder), await sweep(rows, off, embedder),
+                               strict=True):
+                print(f"    {t:4.2f}: {_cell(a)}   |   {_cell(b)}")
+            print(f"  {name} sweep, pair model min_confidence: precision / recall")
+            confs = [shipped.model_copy(update={"semantic": sem.model_copy(update={"min_confidence": c})})
+                     for c in args.confidences]
+            for c, a in zip(args.confidences, await sweep(rows, confs, embedder), strict=True):
+                print(f"    {c:4.2f}: {_cell(a)}")
     if args.entries > 0:
         from fleetgate.cache.latency import measure
 
         print(f"\nlookup latency with {args.entries} entries in one partition (worst case), "
               f"{args.queries} real prompts:")
-        prompts = [t for t in texts_of(sets["pairs"])]
+        prompts = [t for t in texts_of(sets["dev"]["pairs"])]
         timings, facts = await measure(embedder=embedder.inner, config=shipped, prompts=prompts,
                                        entries=args.entries, queries=args.queries, progress=_progress)
         print(f"  index: {'HNSW' if facts['hnsw'] else 'flat'}, built in {facts['build_s']:.1f} s; "

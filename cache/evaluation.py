@@ -6,8 +6,8 @@ a false hit; recall is hits over the `same=true` rows. Every row is also looked 
 which must never hit. Embeddings are computed once per text (`MemoEmbedder`) so a threshold sweep costs
 only cache operations.
 
-Split: rows with an even numeric id suffix are the tuning half, odd ones the held-out half; both are
-reported beside the full set.
+The cross-validation column of `fleetgate cache-eval` is computed apart, on the pair model's out-of-fold
+probabilities (`fleetgate.cache.training`), with the same gates as a lookup.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class Score:
     hits: int = 0
     true_hits: int = 0
     false_by_kind: Counter[str] = field(default_factory=Counter)
+    rows_by_kind: Counter[str] = field(default_factory=Counter)
     cross_tenant_hits: int = 0
 
     @property
@@ -97,11 +98,6 @@ def texts_of(rows: Iterable[dict[str, Any]]) -> list[str]:
     return out
 
 
-def half(row: dict[str, Any]) -> str:
-    digits = "".join(c for c in str(row["id"]).rsplit("-", 1)[-1] if c.isdigit())
-    return "even" if int(digits or 0) % 2 == 0 else "odd"
-
-
 def _request(messages: list[dict[str, Any]], *, tenant: str) -> CacheRequest:
     return CacheRequest(tenant=tenant, model="eval-model", kind="chat",
                         body={"model": "eval-model", "messages": messages, "temperature": 0})
@@ -127,22 +123,20 @@ async def _row_hits(row: dict[str, Any], config: CacheConfig, embedder: Embedder
     return mine.status in hit_statuses, foreign.status in hit_statuses
 
 
-async def score_rows(rows: Sequence[dict[str, Any]], config: CacheConfig, embedder: Embedder) -> dict[str, Score]:
-    """Scores for the whole set and its two halves ("all", "even", "odd")."""
-    scores = {"all": Score(), "even": Score(), "odd": Score()}
+async def score_rows(rows: Sequence[dict[str, Any]], config: CacheConfig, embedder: Embedder) -> Score:
+    s = Score()
     for row in rows:
         hit, foreign = await _row_hits(row, config, embedder)
-        for name in ("all", half(row)):
-            s = scores[name]
-            s.rows += 1
-            s.positives += bool(row["same"])
-            s.hits += hit
-            s.true_hits += hit and bool(row["same"])
-            s.cross_tenant_hits += foreign
-            if hit and not row["same"]:
-                s.false_by_kind[str(row["kind"])] += 1
-    return scores
+        s.rows += 1
+        s.positives += bool(row["same"])
+        s.hits += hit
+        s.true_hits += hit and bool(row["same"])
+        s.cross_tenant_hits += foreign
+        s.rows_by_kind[str(row["kind"])] += 1
+        if hit and not row["same"]:
+            s.false_by_kind[str(row["kind"])] += 1
+    return s
 
 
 async def sweep(rows: Sequence[dict[str, Any]], configs: Sequence[CacheConfig], embedder: Embedder) -> list[Score]:
-    return [(await score_rows(rows, c, embedder))["all"] for c in configs]
+    return [await score_rows(rows, c, embedder) for c in configs]

@@ -72,6 +72,13 @@ def message_text(message: Mapping[str, Any]) -> str | None:
     return None
 
 
+def follows_user_turns(messages: Any) -> bool:
+    """Whether the last message follows earlier user turns: a follow-up in a conversation (the verifier's
+    pair model weighs such short, context-bound messages apart)."""
+    return isinstance(messages, list) and any(
+        isinstance(m, Mapping) and m.get("role") == "user" for m in messages[:-1])
+
+
 def cache_keys(req: CacheRequest) -> CacheKeys:
     body = req.body
     head = _canonical([req.tenant, req.model, req.kind, output_params(body)])

@@ -4,9 +4,11 @@
   "explain", "list", "what are the steps to"): words that never change which answer is right.
 - `ALIASES`: abbreviations, slang, unit symbols and irregular verb forms folded to one spelling.
 - `SYNONYMS`: small groups of words that ask for the same thing; all map to the first word.
-- `CRITICAL`: words that, when present on one side only, change the answer: negation and polar
+- `CRITICAL`: words that, when present on one side only, usually change the answer: negation and polar
   opposites, output format, natural and programming languages, units, dates, scope, comparatives and
-  audience/constraint words. The verifier never forgives a difference in them.
+  audience/constraint words. The pair model (`fleetgate.cache.pairmodel`) counts a difference in them by
+  kind, one feature each; they are not grown to fit evaluation rows.
+- `POLAR_PAIRS`: the polar words as (positive, negative) pairs, for the sign of a left-over polar word.
 - `MARKERS`: relational words whose argument order matters ("than", "from", "to", "over", "of", "in").
 - `PARTICLES`: verb particles whose swap flips the meaning ("turn on" / "turn off").
 """
@@ -95,14 +97,20 @@ SYNONYMS = (
     "dictionary dict",
 )
 NEGATIONS = _words("not no never without none nothing neither nor except excluding exclude")
-_POLAR = """
-    enable disable on off allow block deny accept decline reject include exclude add remove public private
-    increase decrease import export upload download start stop open close lock unlock hide pros cons
-    advantage disadvantage benefit risk drawback love hate buy sell win lose true false always encrypt
-    decrypt connect disconnect subscribe unsubscribe install uninstall like dislike agree disagree prime
-    composite even odd positive negative gain loss profit before after earliest latest ignore track
-    avoid eat suspend resume against
-"""
+# The polar words as (positive, negative) pairs, so that two rewordings on the same side ("turn on" /
+# "enable") are told apart from opposites ("turn off" / "enable"). The same words as before, paired.
+POLAR_PAIRS: tuple[tuple[str, str], ...] = (
+    ("enable", "disable"), ("on", "off"), ("allow", "block"), ("accept", "deny"), ("accept", "decline"),
+    ("accept", "reject"), ("include", "exclude"), ("add", "remove"), ("public", "private"),
+    ("increase", "decrease"), ("import", "export"), ("upload", "download"), ("start", "stop"), ("open", "close"),
+    ("lock", "unlock"), ("pros", "cons"), ("advantage", "disadvantage"), ("benefit", "risk"),
+    ("benefit", "drawback"), ("love", "hate"), ("buy", "sell"), ("win", "lose"), ("true", "false"),
+    ("encrypt", "decrypt"), ("connect", "disconnect"), ("subscribe", "unsubscribe"), ("install", "uninstall"),
+    ("like", "dislike"), ("agree", "disagree"), ("prime", "composite"), ("even", "odd"),
+    ("positive", "negative"), ("gain", "loss"), ("profit", "loss"), ("before", "after"),
+    ("earliest", "latest"), ("resume", "suspend"),
+)
+_POLAR = " ".join(w for pair in POLAR_PAIRS for w in pair) + " hide always ignore track avoid eat against"
 _FORMAT = """
     json yaml yml xml html csv markdown table tabular bullet bulleted numbered paragraph essay sentence
     word haiku limerick poem sonnet rhyme tweet speech story outline code snippet diagram chart graph pdf

@@ -10,8 +10,12 @@
   expanded, Snowball (Porter2) stems, `SYNONYMS` folded to one representative, `STOPWORDS` dropped (and
   tokens one typo away from a framing word such as "waht");
 - `pairs`: (verb stem, particle) for "turn on", "log out", ...;
-- `markers`: marker -> (first content token after it, first non-number content token after it);
-- `proper`: stems of capitalised words that do not start a sentence (names, places, products).
+- `markers`: marker -> the first content token and the first non-number content token after each of its
+  occurrences;
+- `proper`: stems of capitalised words that do not start a sentence (names, places, products);
+- `surface`: the lower-cased token behind each of `words` (word frequencies are looked up on real words);
+- `clauses`: the clause each of `words` is in (a greeting or a thank-you is a clause of its own);
+- `positions`: the token index of each of `words`, to tell which words stand next to each other.
 
 The word lists live in `fleetgate.cache.lexicon`.
 """
@@ -36,7 +40,7 @@ _NUMBER_WORDS = MappingProxyType({w: i for i, w in enumerate(_SMALL_NUMBERS.spli
     "hundred": 100, "thousand": 1000, "million": 1_000_000, "dozen": 12,
 })
 _COURTESY = re.compile(
-    r"\bif (?:it is|it's|its) not (?:too much )?(?:trouble|a problem|too much to ask)\b"
+    r"\bif (?:it is|it's|its) not (?:too much )?(?:trouble|a problem|to ask)\b"
     r"|\bif you (?:do not|don't|dont) mind\b|\bno worries\b|\bnot sure if\b|\bthanks? (?:you )?in advance\b"
     r"|\bwalk (?:me|us) through\b"
 )
@@ -55,9 +59,12 @@ _CONTRACTIONS = (
     (re.compile(r"\bp\.m\.?"), "pm"),
 )
 _QUOTED = re.compile(r"```.*?```|`[^`]+`|\"[^\"]+\"|“[^”]+”|(?<![\w])'(?=\S)[^'\n]*[^'\s]'(?![\w])", re.DOTALL)
-_TOKEN = re.compile(r"op[-+*/^=<>]|w/o?|[a-z0-9µ]+(?:[.+#\-/'][a-z0-9]+)*(?:\+\+|#)?|%|\$|€|£")
+_TOKEN = re.compile(
+    r"(?<![a-z0-9])--?[a-z][a-z0-9-]*|op[-+*/^=<>]|w/o?|[a-z0-9µ]+(?:[.+#\-/'][a-z0-9]+)*(?:\+\+|#)?|%|\$|€|£"
+)
 _NUMERIC = re.compile(r"^\d+(?:[.,/]\d+)*$")
 _PROPER = re.compile(r"(?<![.!?:\n]\s)(?<![.!?:\n])(?<!^)\b([A-Z][A-Za-z]+)\b")
+_CLAUSE = re.compile(r"[,;:.!?\u2014\u2013]+(?=\s|$)|\s-\s")  # punctuation that ends a clause, not "node.js"
 NEGATION = "<not>"  # every negation word ("not", "no", "never", "without", ...) becomes this one word
 
 
@@ -68,8 +75,11 @@ class Analysis:
     idents: tuple[str, ...]
     words: tuple[str, ...]
     pairs: frozenset[tuple[str, str]]
-    markers: dict[str, tuple[str, str]]
+    markers: dict[str, frozenset[str]]
     proper: frozenset[str] = frozenset()  # stems of capitalised words inside a sentence (names, products)
+    surface: tuple[str, ...] = ()  # the lower-cased token each of `words` came from (for word frequencies)
+    clauses: tuple[int, ...] = ()  # the clause (split at , ; : . ! ? and dashes) each of `words` is in
+    positions: tuple[int, ...] = ()  # the token index of each of `words` (adjacency: "express shipping")
 
 
 @lru_cache(maxsize=1)
@@ -104,6 +114,22 @@ def critical_kind(word_stem: str) -> str | None:
     return _tables()[2].get(word_stem)
 
 
+@lru_cache(maxsize=1)
+def _polarity() -> dict[str, int]:
+    synonyms = _tables()[0]
+    out: dict[str, int] = {}
+    for positive, negative in lexicon.POLAR_PAIRS:
+        for word, sign in ((positive, 1), (negative, -1)):
+            out[word] = sign
+            out[synonyms.get(stem(word), stem(word))] = sign
+    return out
+
+
+def polarity(word: str) -> int:
+    """+1 for the positive side of a polar pair ("enable", "on"), -1 for the negative side, 0 otherwise."""
+    return _polarity().get(word, 0)
+
+
 def _squash(text: str) -> str:
     return " ".join(text.split()).strip(" .:")
 
@@ -121,9 +147,9 @@ def _payload(text: str) -> tuple[str, list[str]]:
 
 def tokens(frame: str) -> list[str]:
     """Lower-cased frame text -> tokens with courtesy removed and contractions/aliases expanded."""
-    frame = _COURTESY.sub(" ", frame)
     for pattern, repl in _CONTRACTIONS:
         frame = pattern.sub(repl, frame)
+    frame = _COURTESY.sub(" ", frame)  # after the contractions: "if it isn't too much to ask"
     frame = re.sub(r"(?<=\d),(?=\d{3}\b)", "", frame)  # 1,250,000 -> 1250000
     frame = re.sub(r"\b(\d+(?:\.\d+)?)(?=[a-z%]+\b)", r"\1 ", frame)  # 6am -> 6 am, 5km -> 5 km, 2x -> 2 x
     frame = re.sub(r"(?<=[a-z])-(?=[a-z])", " ", frame)  # one-sentence -> one sentence
@@ -164,34 +190,51 @@ def analyse(text: str) -> Analysis:
     numbers: list[str] = []
     idents: list[str] = []
     words: list[str] = []
+    surface: list[str] = []
     pairs: set[tuple[str, str]] = set()
-    markers: dict[str, tuple[str, str]] = {}
-    toks = tokens(frame)
+    markers: dict[str, set[str]] = {}
+    toks: list[str] = []
+    clause_of: list[int] = []  # clause index of each token
+    for number, clause in enumerate(_CLAUSE.split(frame)):
+        clause_toks = tokens(clause)
+        toks += clause_toks
+        clause_of += [number] * len(clause_toks)
+    clauses: list[int] = []
+    positions: list[int] = []
     content: list[tuple[int, str]] = []  # (position, normalised token) of every non-stop token
     for i, tok in enumerate(toks):
-        if tok.startswith("op") and len(tok) == 3:
+        if len(tok) == 3 and tok.startswith("op") and not tok[2].isalpha():  # "op+", not the word "opt"
             idents.append(tok)
             content.append((i, tok))
-        elif _NUMERIC.match(tok) or tok in _NUMBER_WORDS:
+        # "one" is far more often a pronoun ("which one", "a new one") than a count: it stays a word
+        elif _NUMERIC.match(tok) or (tok in _NUMBER_WORDS and tok != "one"):
             value = tok if _NUMERIC.match(tok) else str(_NUMBER_WORDS[tok])
             numbers.append(value)
             content.append((i, value))
-        elif any(c.isdigit() for c in tok) or any(c in tok for c in ".+#/"):
+        elif any(c.isdigit() for c in tok) or any(c in tok for c in ".+#/") or tok.startswith("-"):  # --flag
             idents.append(tok)
             content.append((i, tok))
         elif tok in lexicon.NEGATIONS:
             words.append(NEGATION)
+            surface.append(tok)
+            clauses.append(clause_of[i])
+            positions.append(i)
             content.append((i, NEGATION))
         elif not _is_stop(tok, stops):
             s = stem(tok)
             words.append(synonyms.get(s, s))
+            surface.append(tok)
+            clauses.append(clause_of[i])
+            positions.append(i)
             content.append((i, words[-1]))
             if i + 1 < len(toks) and toks[i + 1] in lexicon.PARTICLES:
                 pairs.add((words[-1], toks[i + 1]))
     for i, tok in enumerate(toks):
-        if tok in lexicon.MARKERS and tok not in markers:
+        if tok in lexicon.MARKERS:
             after = [w for pos, w in content if pos > i]
             if after:
-                markers[tok] = (after[0], next((w for w in after if not w.isdigit()), ""))
+                markers.setdefault(tok, set()).update(
+                    w for w in (after[0], next((w for w in after if not w.isdigit()), "")) if w)
     return Analysis(quoted=tuple(spans), numbers=tuple(numbers), idents=tuple(idents), words=tuple(words),
-                    pairs=frozenset(pairs), markers=markers, proper=proper)
+                    pairs=frozenset(pairs), markers={k: frozenset(v) for k, v in markers.items()}, proper=proper,
+                    surface=tuple(surface), clauses=tuple(clauses), positions=tuple(positions))

@@ -20,8 +20,9 @@ While down, lookups answer `bypass` at once and a background task pings the stor
 `backend_retry_s`; once it answers, the index is rebuilt from the log (the store may have restarted
 empty) and caching resumes.
 
-Warm-up: `start()` (called by the gateway's lifespan) loads the embedder in a thread; until it is loaded,
-semantic lookups answer `miss` ("semantic layer warming up") instead of holding requests for seconds.
+Warm-up: `start()` (called by the gateway's lifespan) loads the embedder and the verifier's word tables in
+a thread; until they are loaded, semantic lookups answer `miss` ("semantic layer warming up") instead of
+holding requests for seconds.
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ import orjson
 
 from fleetgate.cache.config import CacheConfig
 from fleetgate.cache.embedding import Embedder
-from fleetgate.cache.keys import CacheKeys, cache_keys
+from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
-from fleetgate.cache.verifier import verify
+from fleetgate.cache.verifier import verify, warm_up
 from fleetgate.core.kvstore import KVStore, MemoryKVStore, StoreUnavailableError
 
 log = logging.getLogger("fleetgate.cache")
@@ -74,10 +75,17 @@ class TwoLayerCache:
         self._replicated = not isinstance(kvstore, MemoryKVStore)
 
     async def start(self) -> None:
-        """Gateway lifespan hook: load the embedder in a thread without holding up start-up."""
+        """Gateway lifespan hook: load the embedder and the verifier's word tables in a thread without holding
+        up start-up."""
+        if self.embedder is not None and self._warming is None:
+            self._warming = asyncio.create_task(asyncio.to_thread(self._load_models), name="cache-models-load")
+
+    def _load_models(self) -> None:
         load = getattr(self.embedder, "load", None)
-        if load is not None and self._warming is None:
-            self._warming = asyncio.create_task(asyncio.to_thread(load), name="cache-embedder-load")
+        if load is not None:
+            load()
+        if self.config.semantic.verify:
+            warm_up()  # word frequency lists of seven languages: seconds on the first verification otherwise
 
     async def aclose(self) -> None:
         for task in (self._warming, self._probe):
@@ -231,7 +239,8 @@ class TwoLayerCache:
             if not self._owned(req, keys, record):
                 continue
             verdict = (verify(str(record.get("text", "")), keys.semantic_text, similarity=score,
-                              rewrite_min=sem.rewrite_min) if sem.verify else None)
+                              conversation=follows_user_turns(req.body.get("messages")),
+                              min_confidence=sem.min_confidence) if sem.verify else None)
             if verdict is not None and not verdict.ok:
                 self.metrics.rejections.labels(verdict.reason).inc()
                 result.reason = f"near miss rejected ({verdict.reason}, similarity {score:.3f})"

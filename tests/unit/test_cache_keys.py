@@ -71,3 +71,16 @@ def test_completions_are_exact_only_and_keyed_on_the_prompt() -> None:
     a = cache_keys(CacheRequest(tenant="t", model="m", kind="completions", body={"prompt": "x", "temperature": 0}))
     b = cache_keys(CacheRequest(tenant="t", model="m", kind="completions", body={"prompt": "y", "temperature": 0}))
     assert a.semantic_text is None and a.partition == b.partition and a.exact != b.exact
+
+
+def test_follows_user_turns_tells_a_follow_up_from_a_first_question() -> None:
+    from fleetgate.cache.keys import follows_user_turns
+
+    system = {"role": "system", "content": "You are terse."}
+    first = {"role": "user", "content": "I use Windows."}
+    reply = {"role": "assistant", "content": "Noted."}
+    last = {"role": "user", "content": "How do I take a screenshot?"}
+    assert not follows_user_turns([system, last])
+    assert not follows_user_turns([last])
+    assert follows_user_turns([system, first, reply, last])
+    assert not follows_user_turns(None)

@@ -55,3 +55,15 @@ async def test_semantic_layer_waits_for_the_model_without_blocking_requests() ->
     assert len(cache.index.vectors) == 1
     assert (await cache.lookup(req("How do I sort a slice in Go?"))).status == CacheStatus.HIT_SEMANTIC
     await cache.aclose()
+
+
+async def test_start_also_loads_the_verifier_tables() -> None:
+    from fleetgate.cache.wordmatch import zipf
+
+    zipf.cache_clear()
+    config = CacheConfig(semantic=SemanticConfig(embedder="hashing", threshold=0.5))
+    cache = TwoLayerCache(config=config, kvstore=MemoryKVStore(), embedder=HashingEmbedder(),
+                          metrics=CacheMetrics(CollectorRegistry()))
+    await cache.start()
+    await cache.aclose()
+    assert zipf.cache_info().currsize > 0  # the word tables were used in the warm-up, not on a request

@@ -1,0 +1,215 @@
+"""Structured comparison of two prompts: hard vetoes, then the pair model's feature vector.
+
+`veto(a, b)` returns a reason when the two prompts differ in something that always changes the answer,
+whatever the wording around it; these are exact structural checks, not word lists:
+- `slot`: quoted strings, code and pasted payloads (lines after the first) differ;
+- `number`: different numbers, or the same numbers in another order ("port 8080 on host port 80");
+- `identifier`: different identifiers or arithmetic operators (x200, ec2, c++, `+` vs `-`);
+- `negation`: a negation word on one side only, a verb particle flipped ("turn on" / "turn off",
+  "opt in" / "opt out"), or left-over polar words of opposite signs on the two sides ("enable" /
+  "disable", "enable" / "turn off"; `lexicon.POLAR_PAIRS`): one alone may be rewording, not opposites;
+- `entity` (or the critical kind of the words, `scope` for "all" / "single"): a shared word with a
+  different word right before it on each side ("express shipping" / "standard shipping", "Roth IRA" /
+  "traditional IRA"), however the rest is worded (synonym modifiers, "fixed IP" / "static IP", are lost
+  to this: precision first);
+- `order`: the arguments after a relational marker both prompts use are swapped ("X better than Y" vs
+  "Y better than X", "N yen in dollars" vs "N dollars in yen", "A to B" vs "B to A").
+
+`features(a, b, similarity=..., match=...)` describes the rest for the learned pair model
+(`fleetgate.cache.pairmodel`), each a number (`FEATURES` names them, in order):
+- the embedding's cosine similarity (and its excess over 0.8, a kink the linear model can use);
+- the size of the difference (`fleetgate.cache.wordmatch.match`): unmatched words, the larger and the
+  smaller side, whether it is one-sided (an added requirement), one word against one word (a substitution), its
+  share of all content words, and how many pairs matched only as typos or acronyms;
+- what the difference is made of: generic words (Zipf >= 5, "help", "make"), content words, unknown
+  strings (misspellings the matcher could not pair), capitalised names, and the verifier's critical kinds
+  (polar opposite, format, language, unit, date, scope, comparative, constraint); content words added on
+  one side only (an added requirement, "... for a beginner") apart from generic ones (a politeness wrapper),
+  and unmatched words inside a clause that also holds matched words (an added detail) rather than in a
+  clause of their own ("Hope you are well.");
+- surface similarity: rapidfuzz's normalised Indel ratio of the lower-cased prompts, and their length ratio;
+- `rewrite_distance`: the share of unmatched words times (1 - similarity): a large rewrite is a paraphrase
+  only when the embedding still finds the two close (two different questions on one topic are not);
+- `question_mismatch`: both prompts ask a wh-question and share no question word ("how long" / "how much");
+- `conversation`: the two messages follow the same earlier turns (the partition holds the whole history),
+  where short follow-ups lean on that shared context ("How do I stop it?" / "How can I prevent that?");
+- the gap in the share of words more frequent in another major language than in English (`wordfreq`):
+  a question asked in French against the same question in English.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from fleetgate.cache.textnorm import NEGATION, Analysis, critical_kind, polarity
+from fleetgate.cache.wordmatch import WordMatch, zipf
+
+_KINDS = ("negation", "format", "language", "unit", "date", "scope", "comparative", "constraint")
+_KIND_OF = {"proglang": "language"}  # one weight for natural and programming languages
+_QUESTION = re.compile(r"\bhow (?:much|many|long|often|far|old|big)\b|\b(?:what|how|why|when|where|who|which)\b")
+_OTHER_LANGUAGES = ("fr", "es", "de", "it", "pt", "nl")  # wordfreq's large word lists besides English
+
+FEATURES: tuple[str, ...] = (
+    "similarity", "similarity_over_080", "diff_words", "larger_side", "smaller_side", "one_sided", "one_to_one",
+    "diff_share", "typos", "acronyms", "diff_generic", "diff_content", "one_sided_content", "diff_attached",
+    "one_sided_attached", "diff_unknown", "diff_proper",
+    *(f"kind_{k}" for k in _KINDS), "char_ratio", "length_ratio", "foreign_gap", "rewrite_distance",
+    "question_mismatch", "conversation",
+)
+
+
+def _particle_flip(a: Analysis, b: Analysis) -> bool:
+    both = a.pairs | b.pairs
+    return any(v == verb and p != particle for verb, particle in a.pairs ^ b.pairs for v, p in both)
+
+
+def _swapped(a: Analysis, b: Analysis) -> bool:
+    content_a = set(a.words) | set(a.numbers) | set(a.idents)
+    content_b = set(b.words) | set(b.numbers) | set(b.idents)
+    for marker in a.markers.keys() & b.markers.keys():
+        only_a, only_b = a.markers[marker] - b.markers[marker], b.markers[marker] - a.markers[marker]
+        if any(x in content_b for x in only_a) and any(y in content_a for y in only_b):
+            return True
+    return False
+
+
+def veto(a: Analysis, b: Analysis, *, match: WordMatch) -> str:
+    """The reason two prompts can never share an answer, or ""."""
+    if a.quoted != b.quoted:
+        return "slot"
+    if a.numbers != b.numbers:
+        return "number"
+    if set(a.idents) != set(b.idents):
+        return "identifier"
+    if _particle_flip(a, b):
+        return "negation"
+    if _swapped(a, b):
+        return "order"
+    if any(a.words[i] == NEGATION for i in match.left) or any(b.words[j] == NEGATION for j in match.right):
+        return "negation"
+    if opposite_polarity(a, b, match):
+        return "negation"
+    swaps = swapped_modifiers(a, b, match=match)
+    if swaps:
+        return next((k for pair in swaps for k in map(critical_kind, pair) if k), "entity")
+    return ""
+
+
+def _surface(x: Analysis, i: int) -> str:
+    return x.surface[i] if i < len(x.surface) else x.words[i]
+
+
+def swapped_modifiers(a: Analysis, b: Analysis, *, match: WordMatch) -> list[tuple[str, str]]:
+    """(word in a, word in b) right before a shared word, different, and unmatched on both sides: "express
+    shipping" / "standard shipping", "enable 2FA" / "disable two-factor authentication". A swapped modifier
+    inside an otherwise reworded question is a near miss, not a paraphrase."""
+    free_a, free_b = set(match.left), set(match.right)
+
+    def before(x: Analysis, i: int, free: set[int]) -> int | None:
+        if 0 < i < len(x.positions) and x.positions[i - 1] == x.positions[i] - 1 and i - 1 in free:
+            return i - 1
+        return None
+
+    # every occurrence counts, not only the one the matcher paired: "delivery" and "shipping" are one stem
+    same = {(i, j) for i, w in enumerate(a.words) for j, v in enumerate(b.words) if w == v} | set(match.pairs)
+    out: list[tuple[str, str]] = []
+    for i, j in sorted(same):
+        pa, pb = before(a, i, free_a), before(b, j, free_b)
+        if pa is not None and pb is not None and a.words[pa] != b.words[pb]:
+            out.append((a.words[pa], b.words[pb]))
+    return out
+
+
+def modifier_swaps(a: Analysis, b: Analysis, *, match: WordMatch) -> int:
+    return len(swapped_modifiers(a, b, match=match))
+
+
+def _signs(x: Analysis, unmatched: tuple[int, ...]) -> set[int]:
+    """Polarity of the left-over words, and of the particle of a left-over verb ("turn off": -1)."""
+    free = set(unmatched)
+    signs = {polarity(x.words[i]) for i in free}
+    signs |= {polarity(particle) for verb, particle in x.pairs if verb in {x.words[i] for i in free}}
+    return signs - {0}
+
+
+def opposite_polarity(a: Analysis, b: Analysis, match: WordMatch) -> bool:
+    """A positive polar word left over on one side and a negative one on the other: "enable" / "disable",
+    "enable 2FA" / "turn off two-factor authentication" (one polar word alone may be rewording)."""
+    sa, sb = _signs(a, match.left), _signs(b, match.right)
+    return any(-s in sb for s in sa)
+
+
+def _questions(text: str) -> frozenset[str]:
+    return frozenset(m.group(0).replace(" ", "-") for m in _QUESTION.finditer(text))
+
+
+def _question_mismatch(a: str, b: str) -> float:
+    """1 when both prompts ask a wh-question and share no question word ("how long" vs "how much", "what is"
+    vs "how do I"): a different question on the same topic more often than a paraphrase."""
+    qa, qb = _questions(a), _questions(b)
+    return float(bool(qa) and bool(qb) and not (qa & qb))
+
+
+def _attached(x: Analysis, unmatched: tuple[int, ...]) -> int:
+    """Unmatched words in a clause that also holds a matched word: a detail added to the question itself
+    ("... if I need the money back within a year"), not a wrapper around it ("Thanks a lot!")."""
+    if not x.clauses:
+        return len(unmatched)
+    free = set(unmatched)
+    anchored = {x.clauses[i] for i in range(len(x.words)) if i not in free}
+    return sum(x.clauses[i] in anchored for i in unmatched)
+
+
+def _foreign(word: str) -> bool:
+    from wordfreq import zipf_frequency
+
+    english = zipf(word)
+    return any(zipf_frequency(word, lang) > english + 1.0 for lang in _OTHER_LANGUAGES)
+
+
+_foreign_cached = lru_cache(maxsize=65536)(_foreign)
+
+
+def foreign_share(x: Analysis) -> float:
+    """Share of a prompt's content words more frequent in another major language than in English."""
+    words = x.surface or x.words
+    return sum(map(_foreign_cached, words)) / len(words) if words else 0.0
+
+
+def features(a: Analysis, b: Analysis, *, similarity: float, match: WordMatch, text_a: str, text_b: str,
+             conversation: bool = False) -> list[float]:
+    from rapidfuzz.distance import Indel
+
+    diff = [(a, i) for i in match.left] + [(b, j) for j in match.right]
+    left, right = len(match.left), len(match.right)
+    total = len(a.words) + len(b.words)
+    generic = content = unknown = proper = 0
+    kinds = dict.fromkeys(_KINDS, 0)
+    for side, i in diff:
+        stem = side.words[i]
+        freq = zipf(_surface(side, i))
+        if freq >= 5.0:
+            generic += 1
+        elif freq >= 2.5:
+            content += 1
+        else:
+            unknown += 1
+        proper += stem in a.proper or stem in b.proper
+        kind = critical_kind(stem)
+        if kind:
+            kinds[_KIND_OF.get(kind, kind)] += 1
+    la, lb = text_a.strip().lower(), text_b.strip().lower()
+    one_sided = (left == 0) != (right == 0)
+    attached = _attached(a, match.left) + _attached(b, match.right)
+    return [
+        similarity, max(0.0, similarity - 0.8), float(left + right), float(max(left, right)), float(min(left, right)),
+        float(one_sided), float(left == 1 and right == 1), (left + right) / max(total, 1),
+        float(match.typos), float(match.acronyms), float(generic), float(content),
+        float(content if one_sided else 0), float(attached), float(attached if one_sided else 0),
+        float(unknown), float(proper),
+        *(float(kinds[k]) for k in _KINDS),
+        float(Indel.normalized_similarity(la, lb)), min(len(la), len(lb)) / max(len(la), len(lb), 1),
+        abs(foreign_share(a) - foreign_share(b)), (left + right) / max(total, 1) * (1.0 - similarity),
+        _question_mismatch(la, lb), float(conversation),
+    ]

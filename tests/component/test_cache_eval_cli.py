@@ -1,0 +1,54 @@
+"""`fleetgate cache-eval` end to end on tiny hand-written sets (hashing embedder, no model files, no ../shared)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetgate.cli import main
+
+PAIRS = [
+    {"id": "p1", "a": "How do I rename a git branch?", "b": "how do i renmae a git branch", "same": True,
+     "kind": "typo"},
+    {"id": "p2", "a": "How do I enable dark mode?", "b": "How do I disable dark mode?", "same": False,
+     "kind": "negation"},
+    {"id": "p3", "a": "What is 15% of 80?", "b": "What is 25% of 80?", "same": False, "kind": "number"},
+]
+CONVERSATIONS = [
+    {"id": "c1", "same": False, "kind": "context",
+     "conv_a": [{"role": "user", "content": "I use Windows."}, {"role": "assistant", "content": "Noted."},
+                {"role": "user", "content": "How do I take a screenshot?"}],
+     "conv_b": [{"role": "user", "content": "I use macOS."}, {"role": "assistant", "content": "Noted."},
+                {"role": "user", "content": "How do I take a screenshot?"}]},
+]
+
+
+def _write(folder: Path, suffix: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for kind, rows in (("pairs", PAIRS), ("conversations", CONVERSATIONS)):
+        (folder / f"cache_{kind}.{suffix}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_three_columns_with_the_frozen_set_absent_then_present(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    dev = _write(tmp_path / "dev", "dev")
+    args = ["cache-eval", "--embedder", "hashing", "--entries", "0", "--data", str(dev), "--sweep", "0.5",
+            "--confidences", "0.9"]
+    assert main([*args, "--frozen", str(tmp_path / "missing")]) == 0
+    out = capsys.readouterr().out
+    assert "frozen  n/a" in out and "dev     100.0% / 100.0% (1/1 hits, 1 true)" in out
+    assert "cv " in out and "cross-tenant hits: dev 0/3" in out
+
+    frozen = _write(tmp_path / "frozen", "frozen")
+    assert main([*args, "--frozen", str(frozen)]) == 0
+    out = capsys.readouterr().out
+    assert "frozen  100.0% / 100.0% (1/1 hits, 1 true)" in out and "frozen sweep, similarity threshold" in out
+    assert "cross-tenant hits: dev 0/3, frozen 0/3" in out
+
+
+def test_missing_dev_data_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cache-eval", "--embedder", "hashing", "--entries", "0", "--data", str(tmp_path)]) == 2
+    assert "not found" in capsys.readouterr().err
