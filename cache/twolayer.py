@@ -20,9 +20,9 @@ While down, lookups answer `bypass` at once and a background task pings the stor
 `backend_retry_s`; once it answers, the index is rebuilt from the log (the store may have restarted
 empty) and caching resumes.
 
-Warm-up: `start()` (called by the gateway's lifespan) loads the embedder and the verifier's word tables in
-a thread; until they are loaded, semantic lookups answer `miss` ("semantic layer warming up") instead of
-holding requests for seconds.
+Warm-up: the embedder and the verifier's word tables load in a thread on the first request that reaches the
+semantic layer (at start-up with `semantic.preload`); until they are loaded, semantic lookups answer `miss`
+("semantic layer warming up") instead of holding requests for a second or more.
 """
 
 from __future__ import annotations
@@ -71,12 +71,25 @@ class TwoLayerCache:
         self._up = True
         self._next_ping = 0.0
         self._warming: asyncio.Task[Any] | None = None
+        self._background_warm_up = False  # set by start(): load models in a thread, answer `miss` meanwhile
         self._probe: asyncio.Task[None] | None = None
         self._replicated = not isinstance(kvstore, MemoryKVStore)
 
     async def start(self) -> None:
-        """Gateway lifespan hook: load the embedder and the verifier's word tables in a thread without holding
-        up start-up."""
+        """Gateway lifespan hook. With `semantic.preload` the embedder and the verifier's word tables load now,
+        in a thread, without holding up start-up; otherwise on the first request that reaches the semantic
+        layer, so a gateway whose cache is bypassed never holds them (the word tables alone are ~200 MB)."""
+        self._background_warm_up = True
+        if self.config.semantic.preload:
+            self._warm()
+
+    async def warm_up(self) -> None:
+        """Load the semantic layer's models now and wait for them (benchmarks, tests, eager callers)."""
+        self._warm()
+        if self._warming is not None:
+            await asyncio.shield(self._warming)
+
+    def _warm(self) -> None:
         if self.embedder is not None and self._warming is None:
             self._warming = asyncio.create_task(asyncio.to_thread(self._load_models), name="cache-models-load")
 
@@ -175,7 +188,9 @@ class TwoLayerCache:
             if hit is not None:
                 return hit
             if decision.semantic and self.embedder is not None:
-                if self._still_warming():  # MiniLM loads in the background after start-up (seconds)
+                if self._background_warm_up:  # a started (serving) cache; offline users load on first use
+                    self._warm()
+                if self._still_warming():  # the models load in the background (about a second)
                     self.metrics.lookups.labels("semantic", "bypass").inc()
                     return CacheLookup(status=CacheStatus.MISS, reason="semantic layer warming up", state=state)
                 return await self._semantic(req, keys, state)

@@ -69,6 +69,7 @@ async def test_typo_paraphrase_hits_and_negation_does_not(minilm: MiniLMEmbedder
 
 async def test_embedding_runs_off_the_event_loop(minilm: MiniLMEmbedder) -> None:
     cache = make(minilm)
+    await cache.warm_up()  # else lookups answer "warming up" without embedding
     ticks = 0
     done = asyncio.Event()
 

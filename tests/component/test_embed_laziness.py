@@ -36,11 +36,15 @@ SCRIPT = textwrap.dedent("""
         task = asyncio.ensure_future(server.serve())
         while not server.started:
             await asyncio.sleep(0.01)
-        # The verifier's word tables load in the background after start-up; lookups answer `miss` without
-        # embedding until then. Wait for that, so the requests below reach the embedder.
-        warming = getattr(server.config.app.state.stages.cache, "_warming", None)
-        if warming is not None:
-            await warming
+        # The first request that reaches the semantic layer starts loading the verifier's word tables in the
+        # background; lookups answer `miss` without embedding until then. Wait for that, so the requests
+        # below reach the embedder.
+        if temperature == 0 and cache.get("enabled"):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+                await client.post("/v1/chat/completions", json={
+                    "model": "m", "max_tokens": 4, "temperature": 0,
+                    "messages": [{"role": "user", "content": "warm up"}]})
+            await server.config.app.state.stages.cache.warm_up()
         statuses = []
         if temperature is not None:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:

@@ -57,7 +57,19 @@ async def test_semantic_layer_waits_for_the_model_without_blocking_requests() ->
     await cache.aclose()
 
 
-async def test_start_also_loads_the_verifier_tables() -> None:
+async def test_preload_loads_the_verifier_tables_at_start() -> None:
+    from fleetgate.cache.wordmatch import zipf
+
+    zipf.cache_clear()
+    config = CacheConfig(semantic=SemanticConfig(embedder="hashing", threshold=0.5, preload=True))
+    cache = TwoLayerCache(config=config, kvstore=MemoryKVStore(), embedder=HashingEmbedder(),
+                          metrics=CacheMetrics(CollectorRegistry()))
+    await cache.start()
+    await cache.aclose()
+    assert zipf.cache_info().currsize > 0  # the word tables were used in the warm-up, not on a request
+
+
+async def test_without_preload_the_tables_load_on_the_first_semantic_lookup_only() -> None:
     from fleetgate.cache.wordmatch import zipf
 
     zipf.cache_clear()
@@ -65,5 +77,11 @@ async def test_start_also_loads_the_verifier_tables() -> None:
     cache = TwoLayerCache(config=config, kvstore=MemoryKVStore(), embedder=HashingEmbedder(),
                           metrics=CacheMetrics(CollectorRegistry()))
     await cache.start()
-    await cache.aclose()
-    assert zipf.cache_info().currsize > 0  # the word tables were used in the warm-up, not on a request
+    sampled = CacheRequest(tenant="t", model="m", kind="chat",
+                           body={"messages": [{"role": "user", "content": "hi"}], "temperature": 0.9})
+    assert (await cache.lookup(sampled)).status == CacheStatus.BYPASS
+    assert zipf.cache_info().currsize == 0  # a bypassing gateway stays small: nothing loaded
+    first = await cache.lookup(req("In Go, how do I sort a slice?"))
+    assert first.reason == "semantic layer warming up"
+    await cache.aclose()  # waits for the warm-up task
+    assert zipf.cache_info().currsize > 0
