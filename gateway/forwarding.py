@@ -4,7 +4,9 @@ For each (model, tier) in order — the tier's model first, then `TierDecision.f
 scheduler picks an endpoint among the model's endpoints. A connect failure (nothing reached the
 engine) is reported with `scheduler.on_connect_error` and retried once on `Decision.fallbacks[0]`;
 if that fails too, or the model has no usable endpoint, the next fallback model is tried. Nothing
-is retried once the engine answered: the first response (any status) is returned.
+is retried once the engine answered: the first response (any status) is returned. A model scaled to
+zero is woken first (`Waker` holds the request until it has an endpoint). When no engine serves, the
+503 carries `Retry-After`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from fleetgate.gateway.discovery import EndpointSource
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.settings import ServerSettings
 from fleetgate.gateway.upstream import ConnectFailed, send
+from fleetgate.gateway.wake import Waker
 from fleetgate.router.types import RoutingRequest, Scheduler
 
 log = logging.getLogger("fleetgate.gateway.upstream")
@@ -71,10 +74,10 @@ class Forwarder:
         session: Callable[[], aiohttp.ClientSession],
     ) -> None:
         self._server = server
-        self._source = endpoint_source
         self._scheduler = scheduler
         self._metrics = metrics
         self._session = session
+        self.waker = Waker(source=endpoint_source, settings=server.scale_from_zero)
 
     async def open(
         self, ctx: RequestContext, targets: list[tuple[str, str | None]], *, stream: bool
@@ -89,7 +92,12 @@ class Forwarder:
         for index, (model, tier) in enumerate(targets):
             if index:
                 self._metrics.retries.labels(model).inc()
-            endpoints = self._source.endpoints(model)
+            try:
+                endpoints = await self.waker.endpoints(model)  # holds while a model scaled to zero wakes
+            except UpstreamUnavailableError as exc:
+                problems.append(exc.message)
+                public.append(exc.message)
+                continue
             if not endpoints:
                 problems.append(f"no endpoint serves model {model!r}")
                 public.append(problems[-1])
@@ -143,4 +151,4 @@ class Forwarder:
                 return attempt, response
         # The problems name endpoints and addresses: the log keeps them, the client gets none.
         log.warning("no engine reached", extra={"problems": problems, "request_id": ctx.request_id})
-        raise UpstreamUnavailableError("no engine could be reached: " + "; ".join(dict.fromkeys(public)))
+        raise self.waker.unavailable("no engine could be reached: " + "; ".join(dict.fromkeys(public)))
