@@ -79,6 +79,16 @@ class Forwarder:
         self._session = session
         self.waker = Waker(source=endpoint_source, settings=server.scale_from_zero)
 
+    def _attempted(self, ctx: RequestContext, attempt: Attempt) -> None:
+        """Every attempt is recorded here, so the waker's in-flight count is ended once per attempt (`finished`)."""
+        ctx.attempts.append(attempt)
+        self.waker.begin(attempt.model)
+
+    def finished(self, ctx: RequestContext) -> None:
+        """The request is over: its engine calls no longer keep their models active."""
+        for attempt in ctx.attempts:
+            self.waker.end(attempt.model)
+
     async def open(
         self, ctx: RequestContext, targets: list[tuple[str, str | None]], *, stream: bool
     ) -> tuple[Attempt, aiohttp.ClientResponse]:
@@ -143,11 +153,11 @@ class Forwarder:
                 except asyncio.CancelledError:
                     self._scheduler.on_complete(routing, endpoint, ok=False, usage=None)
                     # The request may have reached the engine: the pipeline charges its estimate.
-                    ctx.attempts.append(Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing,
-                                                decision=decision))
+                    self._attempted(ctx, Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing,
+                                                 decision=decision))
                     raise
                 attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)
-                ctx.attempts.append(attempt)
+                self._attempted(ctx, attempt)
                 return attempt, response
         # The problems name endpoints and addresses: the log keeps them, the client gets none.
         log.warning("no engine reached", extra={"problems": problems, "request_id": ctx.request_id})

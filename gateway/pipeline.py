@@ -466,6 +466,7 @@ class Pipeline:
         if ctx.finished:
             return
         ctx.finished = True
+        self._forwarder.finished(ctx)
         now = time.perf_counter()
         model = ctx.served_model or ""
         tier = ctx.served_tier or ""

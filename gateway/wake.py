@@ -14,7 +14,9 @@ For a model with no endpoint whose source can wake it (`WakeableSource.wake_targ
   task: nothing outlives its waiters. A failed scale call fails the waiting requests at once (503), and
   the next request tries again with a new hold.
 Each request for a wakeable model also marks it active, at most once per `active_mark_s` per model (the
-operator's idle scale-down reads the mark). Models that cannot be woken pass straight through.
+operator's idle scale-down reads the mark), and while engine calls of the model are in flight (`begin` /
+`end`, paired by the forwarder) a heartbeat keeps marking it every `active_mark_s`, so a long generation is
+never taken for idleness. Models that cannot be woken pass straight through.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class Waker:
         self._holds: dict[str, _Hold] = {}
         self._marked: dict[str, float] = {}  # model -> monotonic time of its last activity mark
         self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[str, int] = {}  # wakeable model -> engine calls in flight
+        self._heartbeat: asyncio.Task[None] | None = None
 
     def unavailable(self, message: str) -> UpstreamUnavailableError:
         return UpstreamUnavailableError(message, headers={"Retry-After": str(self._s.retry_after_s)})
@@ -71,7 +75,34 @@ class Waker:
             return endpoints
         return await self._hold(model, targets)
 
+    def begin(self, model: str) -> None:
+        """An engine call of `model` started (only wakeable models, those marked active, are counted)."""
+        if model not in self._marked:
+            return
+        self._in_flight[model] = self._in_flight.get(model, 0) + 1
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.create_task(self._beat())
+
+    def end(self, model: str) -> None:
+        count = self._in_flight.get(model, 0) - 1
+        if count > 0:
+            self._in_flight[model] = count
+        else:
+            self._in_flight.pop(model, None)
+
+    def in_flight(self, model: str) -> int:
+        return self._in_flight.get(model, 0)
+
+    async def _beat(self) -> None:
+        """Marks the models with calls in flight; ends when none are left."""
+        while self._in_flight:
+            await asyncio.sleep(self._s.active_mark_s)
+            for model in list(self._in_flight):
+                self._mark(model)
+
     async def aclose(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         for hold in list(self._holds.values()):
             if hold.task is not None:
                 hold.task.cancel()

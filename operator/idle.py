@@ -5,9 +5,9 @@ Idle time is measured from the newest of the gateway's `fleetgate.io/last-reques
 most every `server.scale_from_zero.active_mark_s`, 30 s by default, while requests arrive, and when a request
 wakes the service) and the object's `creationTimestamp` (a service nobody asked for is idle since it was
 created). The scale-down is one merge patch of the InferenceService: `spec.replicas: 0` and
-`fleetgate.io/wake-replicas` = the replicas it had, which the gateway restores on wake. The mark is written
-when a request starts: a single request that runs longer than `scaleToZeroAfterSeconds` with no other
-request for the model could be cut off, so set it well above the longest request.
+`fleetgate.io/wake-replicas` = the replicas it had, which the gateway restores on wake. The gateway keeps
+re-stamping the mark while engine calls of the model are in flight, so a long generation is not idleness.
+Several gateway replicas each stamp the mark; the newest wins.
 
 It never fights an autoscaler: the field is refused (CEL and pydantic) together with `spec.autoscaling`,
 so it only ever sets the replica count that the operator itself applies to the Deployment.

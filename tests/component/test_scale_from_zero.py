@@ -77,6 +77,11 @@ async def test_held_requests_all_proceed_after_one_scale_call(start_gateway: Any
     assert [r.status_code for r in answers] == [200] * 20
     assert len(source.scale_calls) == 1
     assert gw.pipeline.waker.held("m1") == 0
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        streamed = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert streamed.status_code == 200 and "[DONE]" in streamed.text
+    # Every engine call that began has ended: nothing keeps the model marked active.
+    assert await eventually(lambda: gw.pipeline.waker.in_flight("m1") == 0)
 
 
 async def test_time_out_is_503_with_retry_after(start_gateway: Any, engine: FakeEngine) -> None:
@@ -109,3 +114,18 @@ async def test_a_client_that_leaves_while_held_is_released(start_gateway: Any, e
 
     assert await eventually(lambda: left() == 1)
     assert not engine.received  # never reached an engine
+
+
+async def test_a_long_generation_counts_as_in_flight_until_it_ends(start_gateway: Any, start_engine: Any) -> None:
+    slow = await start_engine(model="m1", inter_token_delay_s=0.1)
+    source = ScaledToZero(slow.url, ready_after_s=0.0)
+    gw = await _gateway(start_gateway, source)
+    long = {**CHAT, "stream": True, "max_tokens": 8}
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client, client.stream(
+        "POST", "/v1/chat/completions", json=long
+    ) as r:
+        assert r.status_code == 200
+        assert await eventually(lambda: gw.pipeline.waker.in_flight("m1") == 1)
+        body = b"".join([chunk async for chunk in r.aiter_bytes()])
+    assert b"[DONE]" in body
+    assert await eventually(lambda: gw.pipeline.waker.in_flight("m1") == 0)

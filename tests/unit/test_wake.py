@@ -154,3 +154,22 @@ async def test_models_that_cannot_be_woken_or_are_ready_are_not_held() -> None:
 def test_listing_falls_back_to_every_known_model() -> None:
     source = FakeSource()
     assert listing(source) == [ModelListing(name="m", ready=False)]
+
+
+async def test_calls_in_flight_keep_a_model_marked_active_until_they_end() -> None:
+    source = FakeSource()
+    source.ready = [EP]
+    waker = _waker(source, active_mark_s=0.05)
+    assert await waker.endpoints("m") == [EP]
+    waker.begin("m")  # a long generation
+    await asyncio.sleep(0.3)
+    assert len(source.marks) >= 4  # the start mark, then a heartbeat every 0.05 s
+    waker.end("m")
+    assert waker.in_flight("m") == 0
+    await asyncio.sleep(0.1)
+    settled = len(source.marks)
+    await asyncio.sleep(0.2)
+    assert len(source.marks) == settled  # no calls in flight: no more marks
+    waker.begin("other")  # a model that cannot be woken is never counted
+    assert waker.in_flight("other") == 0
+    await waker.aclose()
