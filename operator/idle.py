@@ -87,9 +87,12 @@ class IdleWatch:
             patch = idle_patch(body, now=now or dt.datetime.now(dt.UTC))
             if patch is None:
                 continue
-            log.info("%s/%s idle for %ss: scaling to zero (was %s replicas)", namespace, name,
-                     body["spec"][SPEC_SCALE_TO_ZERO_AFTER], patch["metadata"]["annotations"][ANNOTATION_WAKE_REPLICAS])
+            message = (f"no request for {body['spec'][SPEC_SCALE_TO_ZERO_AFTER]} s: scaled to zero from "
+                       f"{patch['metadata']['annotations'][ANNOTATION_WAKE_REPLICAS]} replicas; "
+                       "the next request through the gateway wakes it")
+            log.info("%s/%s %s", namespace, name, message)
             await self._api.patch_inference_service(namespace=namespace, name=name, patch=patch)
+            await self._api.emit_event(owner=body, event_type="Normal", reason="ScaledToZeroIdle", message=message)
             scaled.append((namespace, name))
         return scaled
 

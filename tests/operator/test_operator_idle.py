@@ -10,10 +10,22 @@ from typing import Any
 
 import pytest
 
+from fleetgate.gateway.discovery import ModelListing
+from fleetgate.gateway.discovery.kubernetes import KubernetesEndpointSource
 from fleetgate.operator.idle import idle_patch
+from fleetgate.operator.rbac import allows
 from fleetgate.operator.settings import OperatorSettings
 
 from .conftest import Cluster, wait_for
+
+
+def _client(url: str) -> Any:
+    from lightkube import AsyncClient, KubeConfig
+    from lightkube.config.models import Cluster as KubeCluster
+    from lightkube.config.models import User
+
+    return AsyncClient(config=KubeConfig.from_one(cluster=KubeCluster(server=url), user=User()))
+
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(120)]
 NOW = dt.datetime(2026, 11, 24, 12, 0, tzinfo=dt.UTC)
@@ -65,12 +77,25 @@ async def test_idle_service_is_scaled_to_zero_and_a_wake_sticks(cluster: Cluster
     assert isvc()["metadata"]["annotations"]["fleetgate.io/wake-replicas"] == "2"
     await wait_for(lambda: deployment().get("spec", {}).get("replicas") == 0, what="Deployment at zero")
     await wait_for(lambda: (isvc().get("status") or {}).get("phase") == "ScaledToZero", what="ScaledToZero phase")
+    [event] = [e for e in cluster.objects("events").values() if e.get("reason") == "ScaledToZeroIdle"]
+    assert "no request for 600 s" in event["message"] and "from 2 replicas" in event["message"]
+    patches = [r for r in cluster.server if r.method == "PATCH" and str(r.url).endswith("/inferenceservices/qwen")]
+    assert patches and allows(group="fleetgate.io", resource="inferenceservices", verb="patch")
 
-    # What the gateway does on a request: a fresh last-request mark, then replicas through /scale.
-    fresh = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    await cluster.api.patch_inference_service(
-        namespace="default", name="qwen", patch={"metadata": {"annotations": {"fleetgate.io/last-request": fresh}}})
-    await cluster.patch_spec("qwen", {"replicas": 2})
+    # The gateway's discovery offers it as scaled to zero; a request marks it active and wakes it through
+    # the scale subresource, to the replicas it had.
+    source = KubernetesEndpointSource(client_factory=lambda: _client(cluster.url), namespace="default",
+                                      label_selector="app.kubernetes.io/managed-by=fleetgate", resync_s=60)
+    await source.start()
+    try:
+        assert source.listing() == [ModelListing(name="qwen", ready=False, scaled_to_zero=True)]
+        [target] = source.wake_targets("qwen")
+        assert target.replicas == 2
+        await source.mark_active("qwen")
+        await source.scale(target)
+    finally:
+        await source.aclose()
+    assert any(r.method == "PATCH" and str(r.url).endswith("/inferenceservices/qwen/scale") for r in cluster.server)
     await wait_for(lambda: deployment()["spec"].get("replicas") == 2, what="woken to 2")
     await asyncio.sleep(1.0)  # several idle passes
     assert isvc()["spec"]["replicas"] == 2 and deployment()["spec"]["replicas"] == 2
