@@ -77,7 +77,7 @@ class Forwarder:
         self._scheduler = scheduler
         self._metrics = metrics
         self._session = session
-        self.waker = Waker(source=endpoint_source, settings=server.scale_from_zero)
+        self.waker = Waker(source=endpoint_source, settings=server.scale_from_zero, registry=metrics.registry)
 
     def _attempted(self, ctx: RequestContext, attempt: Attempt) -> None:
         """Every attempt is recorded here, so the waker's in-flight count is ended once per attempt (`finished`)."""

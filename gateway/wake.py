@@ -25,6 +25,8 @@ import asyncio
 import logging
 import time
 
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
 from fleetgate.core.errors import UpstreamUnavailableError
 from fleetgate.core.types import Endpoint
 from fleetgate.gateway.discovery import EndpointSource, WakeableSource, WakeTarget
@@ -43,8 +45,15 @@ class _Hold:
 
 
 class Waker:
-    def __init__(self, *, source: EndpointSource, settings: ScaleFromZeroSettings) -> None:
+    def __init__(
+        self, *, source: EndpointSource, settings: ScaleFromZeroSettings, registry: CollectorRegistry | None = None
+    ) -> None:
         self._source = source
+        registry = registry if registry is not None else CollectorRegistry()
+        self._held_gauge = Gauge("fleetgate_scale_from_zero_held_requests",
+                                 "Requests held while their model wakes from zero.", ["model"], registry=registry)
+        self._wakes = Counter("fleetgate_scale_from_zero_wakes", "Scale-from-zero waits by outcome "
+                              "(ready, timeout, scale_failed, abandoned).", ["model", "outcome"], registry=registry)
         self._s = settings
         self._wakeable = source if settings.enabled and isinstance(source, WakeableSource) else None
         self._holds: dict[str, _Hold] = {}
@@ -119,13 +128,22 @@ class Waker:
         if hold.waiters >= self._s.max_held_per_model:
             raise self.unavailable(f"model {model!r} is starting and too many requests are waiting for it")
         hold.waiters += 1
+        self._held_gauge.labels(model).inc()
+        outcome = "abandoned"  # the client left (cancelled) unless set below
         try:
             await asyncio.wait_for(asyncio.shield(hold.ready), timeout=self._s.wait_s)
+            outcome = "ready"
         except TimeoutError:
+            outcome = "timeout"
             raise self.unavailable(
                 f"model {model!r} was scaled to zero and has no ready engine after {self._s.wait_s:g} s; retry later"
             ) from None
+        except UpstreamUnavailableError:
+            outcome = "scale_failed"
+            raise
         finally:
+            self._wakes.labels(model, outcome).inc()
+            self._held_gauge.labels(model).dec()
             hold.waiters -= 1
             if hold.waiters == 0:
                 self._close(model, hold)

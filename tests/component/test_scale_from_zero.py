@@ -70,13 +70,16 @@ async def test_models_lists_only_what_can_be_served(start_gateway: Any, engine: 
 
 
 async def test_held_requests_all_proceed_after_one_scale_call(start_gateway: Any, engine: FakeEngine) -> None:
-    source = ScaledToZero(engine.url, ready_after_s=0.3)
+    source = ScaledToZero(engine.url, ready_after_s=1.0)  # every request arrives before it is ready
     gw = await _gateway(start_gateway, source)
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
         answers = await asyncio.gather(*(client.post("/v1/chat/completions", json=CHAT) for _ in range(20)))
     assert [r.status_code for r in answers] == [200] * 20
     assert len(source.scale_calls) == 1
     assert gw.pipeline.waker.held("m1") == 0
+    wakes = gw.app.state.registry.get_sample_value("fleetgate_scale_from_zero_wakes_total",
+                                                   {"model": "m1", "outcome": "ready"})
+    assert wakes == 20
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
         streamed = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert streamed.status_code == 200 and "[DONE]" in streamed.text
@@ -113,6 +116,9 @@ async def test_a_client_that_leaves_while_held_is_released(start_gateway: Any, e
                    if s.name == "fleetgate_requests_total" and s.labels.get("status") == "499")
 
     assert await eventually(lambda: left() == 1)
+    assert registry.get_sample_value("fleetgate_scale_from_zero_held_requests", {"model": "m1"}) == 0
+    assert registry.get_sample_value("fleetgate_scale_from_zero_wakes_total",
+                                     {"model": "m1", "outcome": "abandoned"}) == 1
     assert not engine.received  # never reached an engine
 
 
