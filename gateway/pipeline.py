@@ -145,9 +145,10 @@ class Pipeline:
         return GatewayResponse(200, self._headers(ctx), orjson.dumps({"object": "list", "data": data}))
 
     async def drain(self) -> None:
-        """Wait for the settle/record/store work of finished requests."""
+        """Wait for the settle/record/store work of finished requests (and their scale-from-zero activity marks)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._forwarder.waker.drain()
 
     # ---- the pipeline -------------------------------------------------------------------------
 

@@ -109,6 +109,13 @@ class Waker:
             for model in list(self._in_flight):
                 self._mark(model)
 
+    async def drain(self) -> None:
+        """Wait for the activity marks already under way; stop the heartbeat when no call is in flight."""
+        if not self._in_flight and self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def aclose(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.cancel()

@@ -172,4 +172,7 @@ async def test_calls_in_flight_keep_a_model_marked_active_until_they_end() -> No
     assert len(source.marks) == settled  # no calls in flight: no more marks
     waker.begin("other")  # a model that cannot be woken is never counted
     assert waker.in_flight("other") == 0
-    await waker.aclose()
+    waker.begin("m")
+    waker.end("m")  # the heartbeat is sleeping now, with nothing in flight
+    await waker.drain()  # at shutdown: nothing of the waker is left running
+    assert not [t for t in asyncio.all_tasks() if "_beat" in repr(t.get_coro()) and not t.done()]
