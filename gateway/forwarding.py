@@ -4,7 +4,9 @@ For each (model, tier) in order — the tier's model first, then `TierDecision.f
 scheduler picks an endpoint among the model's endpoints. A connect failure (nothing reached the
 engine) is reported with `scheduler.on_connect_error` and retried once on `Decision.fallbacks[0]`;
 if that fails too, or the model has no usable endpoint, the next fallback model is tried. Nothing
-is retried once the engine answered: the first response (any status) is returned.
+is retried once the engine answered: the first response (any status) is returned. A model scaled to
+zero is woken first (`Waker` holds the request until it has an endpoint). When no engine serves, the
+503 carries `Retry-After`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from fleetgate.gateway.discovery import EndpointSource
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.settings import ServerSettings
 from fleetgate.gateway.upstream import ConnectFailed, send
+from fleetgate.gateway.wake import Waker
 from fleetgate.router.types import RoutingRequest, Scheduler
 
 log = logging.getLogger("fleetgate.gateway.upstream")
@@ -71,10 +74,20 @@ class Forwarder:
         session: Callable[[], aiohttp.ClientSession],
     ) -> None:
         self._server = server
-        self._source = endpoint_source
         self._scheduler = scheduler
         self._metrics = metrics
         self._session = session
+        self.waker = Waker(source=endpoint_source, settings=server.scale_from_zero, registry=metrics.registry)
+
+    def _attempted(self, ctx: RequestContext, attempt: Attempt) -> None:
+        """Every attempt is recorded here, so the waker's in-flight count is ended once per attempt (`finished`)."""
+        ctx.attempts.append(attempt)
+        self.waker.begin(attempt.model)
+
+    def finished(self, ctx: RequestContext) -> None:
+        """The request is over: its engine calls no longer keep their models active."""
+        for attempt in ctx.attempts:
+            self.waker.end(attempt.model)
 
     async def open(
         self, ctx: RequestContext, targets: list[tuple[str, str | None]], *, stream: bool
@@ -89,7 +102,12 @@ class Forwarder:
         for index, (model, tier) in enumerate(targets):
             if index:
                 self._metrics.retries.labels(model).inc()
-            endpoints = self._source.endpoints(model)
+            try:
+                endpoints = await self.waker.endpoints(model)  # holds while a model scaled to zero wakes
+            except UpstreamUnavailableError as exc:
+                problems.append(exc.message)
+                public.append(exc.message)
+                continue
             if not endpoints:
                 problems.append(f"no endpoint serves model {model!r}")
                 public.append(problems[-1])
@@ -135,12 +153,12 @@ class Forwarder:
                 except asyncio.CancelledError:
                     self._scheduler.on_complete(routing, endpoint, ok=False, usage=None)
                     # The request may have reached the engine: the pipeline charges its estimate.
-                    ctx.attempts.append(Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing,
-                                                decision=decision))
+                    self._attempted(ctx, Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing,
+                                                 decision=decision))
                     raise
                 attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)
-                ctx.attempts.append(attempt)
+                self._attempted(ctx, attempt)
                 return attempt, response
         # The problems name endpoints and addresses: the log keeps them, the client gets none.
         log.warning("no engine reached", extra={"problems": problems, "request_id": ctx.request_id})
-        raise UpstreamUnavailableError("no engine could be reached: " + "; ".join(dict.fromkeys(public)))
+        raise self.waker.unavailable("no engine could be reached: " + "; ".join(dict.fromkeys(public)))

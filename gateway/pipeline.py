@@ -33,6 +33,7 @@ from fleetgate.gateway.assembly import StreamAssembler
 from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorized_decision, shown
 from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
+from fleetgate.gateway.discovery import listing
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
 from fleetgate.gateway.estimate import default_max_tokens, estimate_request
@@ -45,6 +46,7 @@ from fleetgate.gateway.stages import RequestRecord, Tenant
 from fleetgate.gateway.stageset import Stages
 from fleetgate.gateway.streaming import RelayStream, ReplayStream, StreamOutcome
 from fleetgate.gateway.upstream import read_body
+from fleetgate.gateway.wake import Waker
 from fleetgate.router.tiers.types import TierDecision
 
 SAMPLED_OPT_IN = "x-fleetgate-cache-sampled"
@@ -83,6 +85,11 @@ class Pipeline:
         self._log = logging.getLogger("fleetgate.gateway.requests")
 
     # ---- public -------------------------------------------------------------------------------
+
+    @property
+    def waker(self) -> Waker:
+        """Scale from zero: the requests held while a model wakes."""
+        return self._forwarder.waker
 
     async def authenticate(self, *, headers: Mapping[str, str]) -> Tenant:
         """The caller's tenant from the `authorization` header alone (cheap: one hash and a dict lookup)."""
@@ -126,17 +133,22 @@ class Pipeline:
         except FleetGateError as exc:
             return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
         allowed = tenant.allowed_models
+        # Only what a client can be served: models with endpoints or that a request wakes, and aliases.
+        offered = [(m.name, {"ready": m.ready, "scaled_to_zero": m.scaled_to_zero})
+                   for m in listing(self._s.endpoint_source)]
+        offered += [(alias, {"ready": True, "scaled_to_zero": False}) for alias in self._s.tiers.aliases()]
         data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "fleetgate"}
-            for name in self.known_models()
+            {"id": name, "object": "model", "created": 0, "owned_by": "fleetgate", "fleetgate": state}
+            for name, state in offered
             if allowed is None or name in allowed
         ]
         return GatewayResponse(200, self._headers(ctx), orjson.dumps({"object": "list", "data": data}))
 
     async def drain(self) -> None:
-        """Wait for the settle/record/store work of finished requests."""
+        """Wait for the settle/record/store work of finished requests (and their scale-from-zero activity marks)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._forwarder.waker.drain()
 
     # ---- the pipeline -------------------------------------------------------------------------
 
@@ -455,6 +467,7 @@ class Pipeline:
         if ctx.finished:
             return
         ctx.finished = True
+        self._forwarder.finished(ctx)
         now = time.perf_counter()
         model = ctx.served_model or ""
         tier = ctx.served_tier or ""

@@ -23,6 +23,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ScaleFromZeroSettings(_Strict):
+    """Requests for a model scaled to zero are held while the gateway scales it up (`fleetgate.gateway.wake`)."""
+
+    enabled: bool = Field(default=True, description="hold and wake; off: such requests get 503 at once")
+    wait_s: float = Field(default=120.0, gt=0, description="longest a request is held for a first ready endpoint")
+    max_held_per_model: int = Field(default=256, ge=1, description="held requests per model; more get 503 at once")
+    retry_after_s: int = Field(default=10, ge=1, description="Retry-After of a 503 for a model with no endpoint")
+    poll_s: float = Field(default=0.25, gt=0, description="how often a wait checks discovery for a ready endpoint")
+    active_mark_s: float = Field(
+        default=30.0, gt=0, description="a model's last-request annotation is written at most this often"
+    )
+
+
 class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -50,6 +63,7 @@ class ServerSettings(_Strict):
         default="api_key", description="api_key: tenants from the tenancy section; open: no keys (local mode only)"
     )
     default_max_tokens: int = Field(default=256, gt=0, description="estimate for rate limits when unset")
+    scale_from_zero: ScaleFromZeroSettings = Field(default_factory=ScaleFromZeroSettings)
     log_requests: bool = Field(default=True, description="one structured JSON log line per request")
     log_level: str = "info"
 

@@ -15,6 +15,8 @@
 - a child the API server refused (ApplyFailed: status, Event) is a real error: `kopf.TemporaryError`,
   retried every `OperatorSettings.retry_failed_s`. (No Kopf timer for a periodic resync: Kopf puts a
   finalizer on every object a timer serves, and a stopped operator would then block deletions.)
+- idle scale-down (`fleetgate.operator.idle`): every reconciled service is tracked; a background task
+  started at startup scales idle ones with `spec.scaleToZeroAfterSeconds` to zero;
 - events of the children (Deployment, Service, PDB, HPA): a deleted child re-reconciles its owner at once
   (it is recreated); other Deployment events refresh the owner's status (readiness within a watch event).
 No status is returned from handlers (Kopf would write it under status.<handler>): the reconciler owns status.
@@ -22,6 +24,7 @@ No status is returned from handlers (Kopf would write it under status.<handler>)
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import datetime as dt
@@ -32,6 +35,7 @@ from typing import Any
 import kopf
 
 from fleetgate.engine.kube_names import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
+from fleetgate.operator.idle import IdleWatch
 from fleetgate.operator.kube import KubeApi
 from fleetgate.operator.reconciler import Reconciler, SpecRejected
 from fleetgate.operator.settings import Capabilities, OperatorSettings
@@ -83,11 +87,16 @@ def register(
             effective = dataclasses.replace(operator_settings, capabilities=caps)
         memo.api = api
         memo.reconciler = Reconciler(api=api, settings=effective)
+        memo.idle = IdleWatch(api=api, interval_s=effective.idle_check_s)
+        memo.idle_task = asyncio.create_task(memo.idle.run())
 
     operator_settings = settings
 
     @kopf.on.cleanup(registry=registry)
     async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
+        idle_task = getattr(memo, "idle_task", None)
+        if idle_task is not None:
+            idle_task.cancel()
         api = getattr(memo, "api", None)
         if api is not None:
             await api.aclose()
@@ -96,6 +105,7 @@ def register(
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
     async def _reconcile(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+        memo.idle.track(body)
         failed = await _reconcile_and_log(memo=memo, body=_plain(body), logger=logger)
         if failed:
             raise kopf.TemporaryError(f"children not applied: {'; '.join(failed)}", delay=settings.retry_failed_s)

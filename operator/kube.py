@@ -38,6 +38,7 @@ API_CALLS: frozenset[tuple[str, str, str]] = frozenset(
     {(group, plural, verb) for group, _v, plural in KINDS.values() for verb in CHILD_VERBS}
     | {
         (GROUP, PLURAL, "get"),
+        (GROUP, PLURAL, "patch"),  # idle scale-down (operator/idle.py)
         (GROUP, f"{PLURAL}/status", "patch"),
         ("", "events", "create"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
@@ -193,6 +194,15 @@ class KubeApi:
             if status_code(exc) == 404:
                 return None
             raise
+
+    async def patch_inference_service(self, *, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge-patch an InferenceService (idle scale-down: spec.replicas and an annotation)."""
+        from lightkube.types import PatchType
+
+        self._check(GROUP, PLURAL, "patch")
+        await self._client.patch(
+            self._resource("InferenceService"), name, patch, namespace=namespace, patch_type=PatchType.MERGE
+        )
 
     async def patch_status(self, *, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch the status subresource (the whole status the reconciler computed)."""

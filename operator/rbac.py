@@ -34,9 +34,11 @@ RULES: tuple[dict[str, tuple[str, ...]], ...] = (
     {"apiGroups": ("kopf.dev",), "resources": ("clusterkopfpeerings",), "verbs": (*_READ, "patch", "create")},
 )  # fmt: skip
 
-# The gateway's Kubernetes discovery: read-only.
+# The gateway's Kubernetes discovery reads; scale from zero (`fleetgate.gateway.wake`) sets replicas through
+# the scale subresource and stamps the last-request annotation the operator's idle scale-down reads.
 GATEWAY_RULES: tuple[dict[str, tuple[str, ...]], ...] = (
-    {"apiGroups": (GROUP,), "resources": (PLURAL,), "verbs": ("get", "list", "watch")},
+    {"apiGroups": (GROUP,), "resources": (PLURAL,), "verbs": ("get", "list", "watch", "patch")},
+    {"apiGroups": (GROUP,), "resources": (f"{PLURAL}/scale",), "verbs": ("patch",)},
     {"apiGroups": ("discovery.k8s.io",), "resources": ("endpointslices",), "verbs": ("get", "list", "watch")},
 )
 

@@ -40,3 +40,5 @@ class OperatorSettings:
     # A child the API server refused is applied again after this long (deleted children are recreated at
     # once, through their watch events).
     retry_failed_s: float = 60.0
+    # How often services with spec.scaleToZeroAfterSeconds are checked for idleness (operator/idle.py).
+    idle_check_s: float = 30.0

@@ -180,6 +180,8 @@ class InferenceServiceSpec(_Model):
              "resources.gpus must be a multiple of engine.tensorParallelSize (tensor x pipeline parallel size)"),
             ("!has(self.autoscaling) || !has(self.replicas) || self.autoscaling.minReplicas <= self.replicas",
              "replicas must be >= autoscaling.minReplicas"),
+            ("!has(self.scaleToZeroAfterSeconds) || !has(self.autoscaling)",
+             "scaleToZeroAfterSeconds is for a fixed replica count; with autoscaling, the autoscaler owns replicas"),
         )
     )  # fmt: skip
     model: ModelSource
@@ -187,6 +189,11 @@ class InferenceServiceSpec(_Model):
     resources: Resources = Field(default_factory=Resources, json_schema_extra=_empty_default)
     replicas: int = Field(default=1, ge=0, le=1000)
     autoscaling: Autoscaling | None = None
+    scale_to_zero_after_seconds: int | None = Field(
+        default=None, ge=60, le=30 * 86400,
+        description="Idle time after which the operator scales the service to zero; a request through the gateway "
+        "wakes it (scale from zero). Not with autoscaling.",
+    )  # fmt: skip
     gateway: Gateway = Field(default_factory=Gateway, json_schema_extra=_empty_default)
 
     @model_validator(mode="after")
@@ -197,6 +204,10 @@ class InferenceServiceSpec(_Model):
             )
         if self.autoscaling is not None and self.replicas < self.autoscaling.min_replicas:
             raise ValueError("replicas must be >= autoscaling.minReplicas")
+        if self.scale_to_zero_after_seconds is not None and self.autoscaling is not None:
+            raise ValueError(
+                "scaleToZeroAfterSeconds is for a fixed replica count; with autoscaling, the autoscaler owns replicas"
+            )
         return self
 
 

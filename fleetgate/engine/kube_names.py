@@ -26,3 +26,10 @@ ENGINE_NAME = "fleetgate-engine"
 
 ANNOTATION_SPEC_HASH = "fleetgate.io/spec-hash"
 ANNOTATION_SERVED_MODEL = "fleetgate.io/served-model"
+
+# Scale to zero: the gateway writes when a model was last asked for (at most once per
+# `server.scale_from_zero.active_mark_s`); the operator writes the replica count it scaled down from, which
+# the gateway restores when a request wakes the service.
+ANNOTATION_LAST_REQUEST = "fleetgate.io/last-request"
+ANNOTATION_WAKE_REPLICAS = "fleetgate.io/wake-replicas"
+SPEC_SCALE_TO_ZERO_AFTER = "scaleToZeroAfterSeconds"

@@ -6,6 +6,7 @@ kubernetes`; the wiring imports it lazily so the static path never loads a Kuber
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
@@ -23,6 +24,53 @@ class EndpointSource(Protocol):
     def endpoints(self, model: str) -> list[Endpoint]:
         """Endpoints that serve `model`; an empty list for an unknown model."""
         ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelListing:
+    """One model offered by `/v1/models`: ready (it has endpoints) or scaled to zero (a request wakes it)."""
+
+    name: str
+    ready: bool
+    scaled_to_zero: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class WakeTarget:
+    """An InferenceService to scale up to `replicas` when its model is asked for while scaled to zero."""
+
+    namespace: str
+    name: str
+    replicas: int = 1
+
+
+@runtime_checkable
+class ListingSource(Protocol):
+    def listing(self) -> list[ModelListing]:
+        """The known models a client can be served: with endpoints, or able to be woken."""
+        ...
+
+
+@runtime_checkable
+class WakeableSource(Protocol):
+    def wake_targets(self, model: str) -> list[WakeTarget]:
+        """What to scale up for `model` when it has no endpoint; empty when it cannot be woken."""
+        ...
+
+    async def scale(self, target: WakeTarget) -> None:
+        """Set the target's replicas (the scale subresource); raises on failure."""
+        ...
+
+    async def mark_active(self, model: str) -> None:
+        """Record that `model` was asked for (the operator's idle scale-down reads it)."""
+        ...
+
+
+def listing(source: EndpointSource) -> list[ModelListing]:
+    """The models `/v1/models` offers: the source's own listing, else every known model."""
+    if isinstance(source, ListingSource):
+        return source.listing()
+    return [ModelListing(name=m, ready=bool(source.endpoints(m))) for m in source.models()]
 
 
 def endpoint_id(url: str) -> str:

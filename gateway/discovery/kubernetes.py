@@ -8,6 +8,10 @@ not a Service VIP:
     endpoints(model) = [http://<pod IP>:<port "http"> for every slice address with conditions.ready
                         in every slice of the Service of each InferenceService whose served model is `model`]
 
+A model with no ready pod stays known (a request gets 503, never 404); `/v1/models` offers it only when a
+request can wake it: its InferenceService sets `spec.scaleToZeroAfterSeconds` (idle scale-down by the
+operator, wake by the gateway through the scale subresource, see `fleetgate.gateway.wake`).
+
 Each endpoint carries labels from the CR: `tier`, prices (`price_input_per_1m`, `price_output_per_1m`,
 `price_cached_input_per_1m`), `inferenceservice`, `namespace`, `pod`. `start()` lists once (so the first
 request after start-up already has endpoints) and then keeps watching; a broken watch is re-listed after
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,7 +33,18 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Gauge
 
 from fleetgate.core.types import Endpoint
-from fleetgate.engine.kube_names import ENGINE_PORT, ENGINE_PORT_NAME, GROUP, KIND, PLURAL, VERSION
+from fleetgate.engine.kube_names import (
+    ANNOTATION_LAST_REQUEST,
+    ANNOTATION_WAKE_REPLICAS,
+    ENGINE_PORT,
+    ENGINE_PORT_NAME,
+    GROUP,
+    KIND,
+    PLURAL,
+    SPEC_SCALE_TO_ZERO_AFTER,
+    VERSION,
+)
+from fleetgate.gateway.discovery import ModelListing, WakeTarget
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -50,6 +66,18 @@ class ServiceInfo:
     served_model: str
     labels: Mapping[str, str] = field(default_factory=dict)
     unservable: bool = False  # the operator will create no pods for it (DoesNotFit, Invalid)
+    wake_replicas: int | None = None  # scale-from-zero capable: replicas to wake it to; None: not wakeable
+
+
+def _wake_replicas(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> int | None:
+    """Replicas a request wakes the service to: what the operator scaled down from, else spec.replicas, at least 1."""
+    if not spec.get(SPEC_SCALE_TO_ZERO_AFTER):
+        return None
+    raw = (meta.get("annotations") or {}).get(ANNOTATION_WAKE_REPLICAS) or spec.get("replicas") or 1
+    try:
+        return max(1, int(raw))
+    except (TypeError, ValueError):
+        return 1
 
 
 def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
@@ -74,9 +102,10 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
     ):
         if pricing.get(key) is not None:
             labels[label] = str(pricing[key])
+    unservable = status.get("phase") in UNSERVABLE_PHASES
     return ServiceInfo(
-        namespace=namespace, name=name, served_model=str(served), labels=labels,
-        unservable=status.get("phase") in UNSERVABLE_PHASES,
+        namespace=namespace, name=name, served_model=str(served), labels=labels, unservable=unservable,
+        wake_replicas=None if unservable else _wake_replicas(meta, spec),
     )  # fmt: skip
 
 
@@ -152,6 +181,46 @@ class KubernetesEndpointSource:
 
     def endpoints(self, model: str) -> list[Endpoint]:
         return list(self._index.get(model, []))
+
+    def wake_targets(self, model: str) -> list[WakeTarget]:
+        return [
+            WakeTarget(namespace=info.namespace, name=info.name, replicas=info.wake_replicas)
+            for _key, info in sorted(self._services.items())
+            if info.served_model == model and info.wake_replicas is not None
+        ]
+
+    def listing(self) -> list[ModelListing]:
+        """Models with endpoints, and those without that a request can wake; not those that cannot be served."""
+        out = []
+        for model in self.models():
+            if self._index[model]:
+                out.append(ModelListing(name=model, ready=True))
+            elif self.wake_targets(model):
+                out.append(ModelListing(name=model, ready=False, scaled_to_zero=True))
+        return out
+
+    async def scale(self, target: WakeTarget) -> None:
+        """Set `spec.replicas` through the InferenceService's scale subresource."""
+        from lightkube.types import PatchType
+
+        assert self._client is not None, "start() first"
+        isvc, _slice = self._resources()
+        body = {"spec": {"replicas": target.replicas}}
+        await self._client.patch(isvc.Scale, target.name, body, namespace=target.namespace,
+                                 patch_type=PatchType.MERGE)
+
+    async def mark_active(self, model: str) -> None:
+        """Stamp the time of a request on the InferenceServices of `model` (read by the idle scale-down)."""
+        from lightkube.types import PatchType
+
+        if self._client is None:
+            return
+        isvc, _slice = self._resources()
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"metadata": {"annotations": {ANNOTATION_LAST_REQUEST: now}}}
+        for target in self.wake_targets(model):
+            await self._client.patch(isvc, target.name, body, namespace=target.namespace,
+                                     patch_type=PatchType.MERGE)
 
     def _rebuild(self) -> None:
         before = set(self._index)

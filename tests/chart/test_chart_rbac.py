@@ -101,10 +101,14 @@ def test_gateway_reads_only_what_discovery_needs(chart: Any, scenario: Path) -> 
     rendered = chart.render(values=[scenario])
     assert not rendered.component("ClusterRole", "gateway"), "the gateway needs nothing cluster-wide"
     for role in rendered.component("Role", "gateway"):
-        assert _grants(role["rules"], group, plural) == {"get", "list", "watch"}
+        # patch: the last-request annotation and, on the scale subresource, scale from zero.
+        assert _grants(role["rules"], group, plural) == {"get", "list", "watch", "patch"}
+        assert _grants(role["rules"], group, f"{plural}/scale") == {"patch"}
         assert _grants(role["rules"], "discovery.k8s.io", "endpointslices") == {"get", "list", "watch"}
         for rule in role["rules"]:
-            assert not WRITE_VERBS & set(rule["verbs"]), "the gateway writes nothing to the API"
+            if rule["apiGroups"] != [group]:
+                assert not WRITE_VERBS & set(rule["verbs"]), "the gateway writes only to InferenceServices"
+            assert not {"create", "delete", "update"} & set(rule["verbs"])
             assert "secrets" not in rule["resources"]
 
 

@@ -206,6 +206,18 @@ async def test_api_server_refuses_names_children_cannot_use(real_api: KubeApi) -
         assert status_code(info.value) == 422 and "DNS-1035" in str(info.value), name
 
 
+async def test_api_server_refuses_idle_scale_down_with_an_autoscaler_or_under_a_minute(real_api: KubeApi) -> None:
+    isvc = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
+    for name, spec, words in (
+        ("idle-hpa", {**SMALL, "scaleToZeroAfterSeconds": 600, "autoscaling": {"maxReplicas": 2}},
+         "autoscaler owns replicas"),
+        ("idle-short", {**SMALL, "scaleToZeroAfterSeconds": 30}, "scaleToZeroAfterSeconds"),
+    ):
+        with pytest.raises(Exception) as info:
+            await real_api._client.create(isvc.from_dict(_cr(name, spec)))
+        assert status_code(info.value) == 422 and words in str(info.value), name
+
+
 async def test_api_server_refuses_gpus_that_are_not_a_multiple_of_tp(real_api: KubeApi) -> None:
     isvc = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
     bad = {**SMALL, "engine": {"tensorParallelSize": 2}, "resources": {"gpus": 3}}

@@ -16,7 +16,7 @@ import pytest
 from kmock._internal import apps
 from prometheus_client import CollectorRegistry
 
-from fleetgate.gateway.discovery import EndpointSource
+from fleetgate.gateway.discovery import EndpointSource, ModelListing, WakeTarget
 from fleetgate.gateway.discovery.kubernetes import KubernetesEndpointSource, build_index, service_info
 
 ISVC: dict[str, Any] = {
@@ -163,3 +163,62 @@ def test_a_model_the_operator_creates_no_pods_for_is_not_offered(phase: str, lis
     assert [e.url for e in build_index(services={("ml", "llama"): info}, slices=serving)["llama-8b"]] == [
         "http://10.0.0.1:8000"
     ]
+
+
+def _isvc(**spec: Any) -> dict[str, Any]:
+    return {**ISVC, "spec": {**ISVC["spec"], **spec}}
+
+
+def test_listing_offers_models_with_endpoints_or_that_can_be_woken() -> None:
+    source = KubernetesEndpointSource(client_factory=None, namespace="ml", label_selector="a=b")
+    for name, spec in (("ready", {}), ("idle", {"scaleToZeroAfterSeconds": 600, "replicas": 0}),
+                       ("starting", {}), ("stopped", {"replicas": 0})):
+        body = _isvc(**spec)
+        body = {**body, "metadata": {"name": name, "namespace": "ml"}, "spec": {**body["spec"], "model": {}}}
+        source.apply_event("isvc", "ADDED", body)
+    source.apply_event("slice", "ADDED", _slice("ready-a", "ready", ("10.0.0.1", True, "p1")))
+    # All four are known (a request for one with no endpoint is 503, not 404) ...
+    assert source.models() == ["idle", "ready", "starting", "stopped"]
+    # ... but only those a client can be served are offered.
+    assert source.listing() == [ModelListing(name="idle", ready=False, scaled_to_zero=True),
+                                ModelListing(name="ready", ready=True)]
+    assert source.wake_targets("idle") == [WakeTarget(namespace="ml", name="idle", replicas=1)]
+    assert source.wake_targets("stopped") == []  # scaled to zero by hand: not the gateway's to wake
+
+
+def test_wake_replicas_restore_what_the_operator_scaled_down_from() -> None:
+    body = _isvc(scaleToZeroAfterSeconds=600, replicas=0)
+    body["metadata"] = {**body["metadata"], "annotations": {"fleetgate.io/wake-replicas": "3"}}
+    info = service_info(body)
+    assert info is not None and info.wake_replicas == 3
+    unfit = service_info({**body, "status": {"phase": "DoesNotFit"}})
+    assert unfit is not None and unfit.wake_replicas is None
+
+
+@pytest.mark.timeout(60)
+async def test_scale_and_mark_active_go_through_the_api(api_url: tuple[Any, str]) -> None:
+    from lightkube.core.resource_registry import resource_registry
+    from lightkube.generic_resource import create_namespaced_resource
+
+    server, url = api_url
+    isvc_cls: Any = resource_registry.get("fleetgate.io/v1alpha1", "InferenceService") or create_namespaced_resource(
+        "fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices"
+    )
+    admin = _client(url)
+    await admin.create(isvc_cls.from_dict(_isvc(scaleToZeroAfterSeconds=600, replicas=0)))
+    source = KubernetesEndpointSource(client_factory=lambda: _client(url), namespace="ml",
+                                      label_selector="app.kubernetes.io/managed-by=fleetgate", resync_s=60)
+    await source.start()
+    try:
+        assert [m.name for m in source.listing()] == ["llama-8b"]
+        [target] = source.wake_targets("llama-8b")
+        await source.scale(target)
+        await source.mark_active("llama-8b")
+        patches = [(str(r.url), r.data) for r in server if r.method == "PATCH"]
+        assert any(u.endswith("/namespaces/ml/inferenceservices/llama/scale") and d == {"spec": {"replicas": 1}}
+                   for u, d in patches), patches
+        assert any(u.endswith("/namespaces/ml/inferenceservices/llama")
+                   and "fleetgate.io/last-request" in d["metadata"]["annotations"] for u, d in patches), patches
+    finally:
+        await source.aclose()
+        await admin.close()

@@ -102,6 +102,7 @@ def _schema() -> dict[str, Any]:
         {"model": {"source": "hf://org/name"}, "engine": {"tensorParallelSize": 0}},
         {"model": {"source": "hf://org/name"}, "engine": {"gpuMemoryUtilization": 0}},
         {"model": {"source": "hf://org/name"}, "autoscaling": {"minReplicas": 1}},
+        {"model": {"source": "hf://org/name"}, "scaleToZeroAfterSeconds": 30},  # at least a minute
         {"engine": {}},
     ],
 )
@@ -109,3 +110,16 @@ def test_openapi_schema_rejects_bad_specs(spec: dict[str, Any]) -> None:
     cr = {"apiVersion": "fleetgate.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": "x"}, "spec": spec}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft4Validator(_schema()).validate(cr)
+
+
+def test_scale_to_zero_after_is_refused_with_autoscaling_by_cel_and_by_the_spec() -> None:
+    from pydantic import ValidationError
+
+    from fleetgate.operator.spec import parse_spec
+
+    rules = [r["rule"] for r in spec_schema()["x-kubernetes-validations"]]
+    assert "!has(self.scaleToZeroAfterSeconds) || !has(self.autoscaling)" in rules
+    base = {"model": {"source": "hf://org/name"}, "scaleToZeroAfterSeconds": 600}
+    assert parse_spec(base).scale_to_zero_after_seconds == 600
+    with pytest.raises(ValidationError, match="autoscaler owns replicas"):
+        parse_spec({**base, "autoscaling": {"maxReplicas": 2}})

@@ -29,10 +29,15 @@ def test_operator_never_deletes_or_creates_inference_services() -> None:
     assert not allows(group="", resource="pods", verb="delete")
 
 
-def test_gateway_rules_are_read_only() -> None:
+def test_gateway_rules_read_and_patch_inference_services_only() -> None:
     for rule in GATEWAY_RULES:
-        assert set(rule["verbs"]) <= {"get", "list", "watch"}
+        writes = set(rule["verbs"]) - {"get", "list", "watch"}
+        # Scale from zero: the scale subresource and the last-request annotation, nothing else is written.
+        assert not writes or (writes == {"patch"} and rule["apiGroups"] == ("fleetgate.io",)), rule
     assert allows(group="discovery.k8s.io", resource="endpointslices", verb="watch", rules=GATEWAY_RULES)
+    assert allows(group="fleetgate.io", resource="inferenceservices/scale", verb="patch", rules=GATEWAY_RULES)
+    assert allows(group="fleetgate.io", resource="inferenceservices", verb="patch", rules=GATEWAY_RULES)
+    assert not allows(group="fleetgate.io", resource="inferenceservices", verb="delete", rules=GATEWAY_RULES)
 
 
 def test_cluster_role_manifests_are_valid() -> None:
