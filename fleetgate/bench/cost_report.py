@@ -88,9 +88,12 @@ def table(rows: list[Row]) -> str:
 
 
 def targets(rows: list[Row]) -> list[tuple[str, bool, str]]:
-    """The issue's targets for all-on vs naive: (name, met, figure)."""
-    base = next(r for r in rows if r.config == "naive")
-    allon = next(r for r in rows if r.config == "all-on")
+    """The issue's targets for all-on vs naive: (name, met, figure); none when a run left either out
+    (`--configs` subsets)."""
+    base = next((r for r in rows if r.config == "naive"), None)
+    allon = next((r for r in rows if r.config == "all-on"), None)
+    if base is None or allon is None:
+        return []
     saving = 1 - allon.usd_per_1k / base.usd_per_1k
     gain = base.ttft_p50_s / allon.ttft_p50_s
     precision = allon.cache_precision if allon.cache_precision is not None else 1.0
