@@ -9,6 +9,7 @@ from typing import Protocol
 
 from fleetgate.cache.types import CacheLookup, CacheRequest
 from fleetgate.core.types import Endpoint, Usage
+from fleetgate.gateway.engine_usage import fallback_usage
 from fleetgate.gateway.parsing import ParsedRequest
 from fleetgate.gateway.stages import ANONYMOUS, Reservation, Tenant
 from fleetgate.router.tiers.types import TierDecision
@@ -74,3 +75,12 @@ class RequestContext:
     spent: Usage | None = None  # engine work so far (None: unknown); charged when no complete answer comes
     # The requested model as records may name it: a placeholder until the name is authorized and known.
     model_label: str = ""
+
+    def unanswered_usage(self) -> Usage:
+        """What a request that got no complete answer is charged: the engine's work so far, else (an engine
+        was reached, its usage unknown) the prompt estimate, else nothing."""
+        if self.spent is not None:
+            return self.spent
+        if self.attempts:
+            return fallback_usage(prompt_estimate=self.prompt_estimate, output_chunks=0)
+        return Usage()

@@ -33,7 +33,7 @@ from fleetgate.gateway.assembly import StreamAssembler
 from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorized_decision, shown
 from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import listing
+from fleetgate.gateway.discovery import models_page
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
 from fleetgate.gateway.estimate import default_max_tokens, estimate_request
@@ -113,7 +113,7 @@ class Pipeline:
             response = self._error(ctx, exc)
         except asyncio.CancelledError:  # the client left before a non-streaming answer: engine call aborted
             self._m.in_flight.dec()
-            self._finish(ctx, status=499, usage=self._spent(ctx), records=self._rejected_records(ctx, 499))
+            self._finish(ctx, status=499, usage=ctx.unanswered_usage(), records=self._rejected_records(ctx, 499))
             raise
         except Exception:
             self._log.exception("unexpected error", extra={"request_id": ctx.request_id})
@@ -132,17 +132,8 @@ class Pipeline:
             tenant = await self._s.auth.authenticate(headers.get("authorization"))
         except FleetGateError as exc:
             return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
-        allowed = tenant.allowed_models
-        # Only what a client can be served: models with endpoints or that a request wakes, and aliases.
-        offered = [(m.name, {"ready": m.ready, "scaled_to_zero": m.scaled_to_zero})
-                   for m in listing(self._s.endpoint_source)]
-        offered += [(alias, {"ready": True, "scaled_to_zero": False}) for alias in self._s.tiers.aliases()]
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "fleetgate", "fleetgate": state}
-            for name, state in offered
-            if allowed is None or name in allowed
-        ]
-        return GatewayResponse(200, self._headers(ctx), orjson.dumps({"object": "list", "data": data}))
+        body = models_page(self._s.endpoint_source, aliases=self._s.tiers.aliases(), allowed=tenant.allowed_models)
+        return GatewayResponse(200, self._headers(ctx), body)
 
     async def drain(self) -> None:
         """Wait for the settle/record/store work of finished requests (and their scale-from-zero activity marks)."""
@@ -400,21 +391,12 @@ class Pipeline:
             return []
         model = ctx.served_model or ctx.model_label
         endpoint = ctx.attempts[-1].endpoint.id if ctx.attempts else None
-        return [self._record(ctx, model=model, tier=ctx.served_tier, endpoint=endpoint, usage=self._spent(ctx),
+        return [self._record(ctx, model=model, tier=ctx.served_tier, endpoint=endpoint, usage=ctx.unanswered_usage(),
                              status=status)]
 
-    @staticmethod
-    def _spent(ctx: RequestContext) -> Usage:
-        """What a request that got no complete answer is charged: the engine's work so far, else (an engine
-        was reached, its usage unknown) the prompt estimate, else nothing."""
-        if ctx.spent is not None:
-            return ctx.spent
-        if ctx.attempts:
-            return fallback_usage(prompt_estimate=ctx.prompt_estimate, output_chunks=0)
-        return Usage()
-
     def _error(self, ctx: RequestContext, exc: FleetGateError) -> GatewayResponse:
-        self._finish(ctx, status=exc.status, usage=self._spent(ctx), records=self._rejected_records(ctx, exc.status))
+        records = self._rejected_records(ctx, exc.status)
+        self._finish(ctx, status=exc.status, usage=ctx.unanswered_usage(), records=records)
         return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
 
     def _headers(self, ctx: RequestContext, attempt: Attempt | None = None) -> dict[str, str]:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+import orjson
+
 from fleetgate.core.types import Endpoint
 from fleetgate.gateway.settings import ModelRoute
 
@@ -71,6 +73,20 @@ def listing(source: EndpointSource) -> list[ModelListing]:
     if isinstance(source, ListingSource):
         return source.listing()
     return [ModelListing(name=m, ready=bool(source.endpoints(m))) for m in source.models()]
+
+
+def models_page(source: EndpointSource, *, aliases: list[str], allowed: frozenset[str] | set[str] | None) -> bytes:
+    """The `/v1/models` body: only what a client can be served (models with endpoints or that a request
+    wakes, and aliases), limited to the tenant's `allowed` models; an extra `fleetgate` field per model says
+    whether it is ready or scaled to zero (OpenAI clients ignore unknown fields)."""
+    offered = [(m.name, {"ready": m.ready, "scaled_to_zero": m.scaled_to_zero}) for m in listing(source)]
+    offered += [(alias, {"ready": True, "scaled_to_zero": False}) for alias in aliases]
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "fleetgate", "fleetgate": state}
+        for name, state in offered
+        if allowed is None or name in allowed
+    ]
+    return orjson.dumps({"object": "list", "data": data})
 
 
 def endpoint_id(url: str) -> str:
