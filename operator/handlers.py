@@ -28,6 +28,7 @@ import asyncio
 import copy
 import dataclasses
 import datetime as dt
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -59,7 +60,10 @@ def register(
     make_api: Callable[[], KubeApi],
     login: LoginFn | None = None,
     detect_capabilities: bool = True,
+    identity: str | None = None,
 ) -> None:
+    """`identity`: this operator's Kopf peering identity (as passed to `kopf.run`); with it, the idle
+    scale-down task pauses whenever a peer outranks this operator, as Kopf's own handlers do."""
     kopf.on.login(registry=registry)(login or kopf.login_with_service_account)
     if login is None:
         kopf.on.login(registry=registry)(kopf.login_with_kubeconfig)
@@ -87,7 +91,11 @@ def register(
             effective = dataclasses.replace(operator_settings, capabilities=caps)
         memo.api = api
         memo.reconciler = Reconciler(api=api, settings=effective)
-        memo.idle = IdleWatch(api=api, interval_s=effective.idle_check_s)
+        paused = None
+        if identity is not None and not settings.peering.standalone:
+            paused = functools.partial(_outranked, api=api, name=settings.peering.name,
+                                       priority=settings.peering.priority, identity=identity)
+        memo.idle = IdleWatch(api=api, interval_s=effective.idle_check_s, paused=paused)
         memo.idle_task = asyncio.create_task(memo.idle.run())
 
     operator_settings = settings
@@ -176,6 +184,15 @@ async def _join_peering(
         settings.peering.standalone = True
         settings.peering.mandatory = False
     logging.getLogger("kopf._core.engines.peering").addFilter(_loud_pause)
+
+
+async def _outranked(*, api: KubeApi, name: str, priority: int, identity: str) -> bool:
+    """Whether a live peer other than this operator has a priority >= `priority` (Kopf pauses then)."""
+    state, peers = await api.ensure_cluster_peering(name=name)
+    if state in ("no-crd", "forbidden"):
+        return False
+    others = {peer: info for peer, info in peers.items() if peer != identity}
+    return bool(_blocking_peers(others, priority=priority, now=dt.datetime.now(dt.UTC)))
 
 
 def _blocking_peers(peers: dict[str, Any], *, priority: int, now: dt.datetime) -> list[str]:

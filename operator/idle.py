@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fleetgate.engine.kube_names import ANNOTATION_LAST_REQUEST, ANNOTATION_WAKE_REPLICAS, SPEC_SCALE_TO_ZERO_AFTER
@@ -62,9 +62,13 @@ def idle_patch(body: Mapping[str, Any], *, now: dt.datetime) -> dict[str, Any] |
 class IdleWatch:
     """The InferenceServices that opted into idle scale-down, checked every `interval_s`."""
 
-    def __init__(self, *, api: KubeApi, interval_s: float) -> None:
+    def __init__(self, *, api: KubeApi, interval_s: float,
+                 paused: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """`paused`: whether a peer outranks this operator now; Kopf pauses its handlers then, and this
+        background task, which Kopf does not manage, must pause with them."""
         self._api = api
         self._interval_s = interval_s
+        self._paused = paused
         self._tracked: set[tuple[str, str]] = set()
 
     def track(self, body: Mapping[str, Any]) -> None:
@@ -96,10 +100,17 @@ class IdleWatch:
             scaled.append((namespace, name))
         return scaled
 
+    async def tick(self) -> list[tuple[str, str]]:
+        """One pass unless a peer outranks this operator (then nothing is scaled)."""
+        if self._paused is not None and await self._paused():
+            log.info("idle scale-down skipped: a peer operator with a higher or equal priority is active")
+            return []
+        return await self.check()
+
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self._interval_s)
             try:
-                await self.check()
+                await self.tick()
             except Exception as exc:  # a failed pass is retried at the next interval
                 log.warning("idle scale-down pass failed: %s", exc)

@@ -11,7 +11,12 @@ Logs go to stderr at `--log-level` (INFO by default: a paused or waiting operato
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import getpass
 import logging
+import os
+import secrets
+import socket
 from pathlib import Path
 
 from fleetgate.operator.profiles import DEFAULT_ACCELERATOR, load_profiles
@@ -54,10 +59,12 @@ def run(args: argparse.Namespace) -> int:
         prometheus_url=args.prometheus_url,
     )
     registry = kopf.OperatorRegistry()
+    identity = peering_identity()
     register(
         registry=registry,
         settings=settings,
         make_api=lambda: KubeApi.from_env(field_manager=settings.field_manager),
+        identity=identity,
     )
     kopf.run(
         registry=registry,
@@ -68,8 +75,19 @@ def run(args: argparse.Namespace) -> int:
         priority=args.priority,
         liveness_endpoint=liveness_endpoint(host=args.liveness_host, port=args.liveness_port),
         memo=kopf.Memo(),
+        identity=identity,  # type: ignore[arg-type]  # kopf's Identity is a NewType of str, not exported
     )
     return 0
+
+
+def peering_identity() -> str:
+    """This process's peering identity, as Kopf builds one (the pod name from `POD_ID` in a cluster), made
+    here so the operator's own background tasks can tell themselves apart from their peers."""
+    pod = os.environ.get("POD_ID")
+    if pod:
+        return pod
+    started = dt.datetime.now(dt.UTC).strftime("%Y%m%d%H%M%S")
+    return f"{getpass.getuser()}@{socket.gethostname()}/{started}/{secrets.token_hex(2)}"
 
 
 def liveness_endpoint(*, host: str, port: int) -> str | None:
