@@ -33,7 +33,7 @@ from fleetgate.gateway.assembly import StreamAssembler
 from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorized_decision, shown
 from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import models_page
+from fleetgate.gateway.discovery import context_length, models_page
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
 from fleetgate.gateway.estimate import default_max_tokens, estimate_request
@@ -135,6 +135,10 @@ class Pipeline:
         body = models_page(self._s.endpoint_source, aliases=self._s.tiers.aliases(), allowed=tenant.allowed_models)
         return GatewayResponse(200, self._headers(ctx), body)
 
+    def _context_of(self, model: str) -> int | None:
+        """The model's context length: configured on its route, else what discovery knows."""
+        return self._context.get(model) or context_length(self._s.endpoint_source, model)
+
     async def drain(self) -> None:
         """Wait for the settle/record/store work of finished requests (and their scale-from-zero activity marks)."""
         while self._tasks:
@@ -168,7 +172,7 @@ class Pipeline:
             parsed.model,
             prompt_tokens=estimate.prompt_tokens,
             max_tokens=parsed.max_tokens or default_max_tokens(
-                prompt_tokens=estimate.prompt_tokens, context=self._context.get(parsed.model),
+                prompt_tokens=estimate.prompt_tokens, context=self._context_of(parsed.model),
                 default=self._server.default_max_tokens),
             sequences=estimate.sequences,
             fit_max_tokens=parsed.max_tokens is None,

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from typing import Any
 
 from fleetgate.core.errors import ConfigError
 from fleetgate.core.telemetry import configure_logging
@@ -57,14 +58,17 @@ def apply_overrides(config: UpConfig, args: argparse.Namespace) -> UpConfig:
     return UpConfig.model_validate({"engine": engine.model_dump(), "gateway": gateway.model_dump()})
 
 
-def route_models(*, gateway: GatewaySettings, model: str, served_name: str, urls: list[str]) -> GatewaySettings:
-    """Point the gateway at the engines: fill routes that list no endpoints, add one if none exist."""
+def route_models(*, gateway: GatewaySettings, model: str, served_name: str, urls: list[str],
+                 max_model_len: int | None = None) -> GatewaySettings:
+    """Point the gateway at the engines: fill routes that list no endpoints, add one if none exist. The
+    engines' `max_model_len` bounds what a request without `max_tokens` is reserved (and capped) at."""
     settings = gateway.model_copy(deep=True)
-    fill = {"endpoints": list(urls)}
-    routes = [r if r.endpoints else r.model_copy(update=fill) for r in settings.models]
+    fill: dict[str, Any] = {"endpoints": list(urls)}
+    routes = [r if r.endpoints else r.model_copy(update={**fill, "max_model_len": r.max_model_len or max_model_len})
+              for r in settings.models]
     if not routes:
         served = None if served_name == model else served_name
-        routes = [ModelRoute(name=model, endpoints=list(urls), served_name=served)]
+        routes = [ModelRoute(name=model, endpoints=list(urls), served_name=served, max_model_len=max_model_len)]
     settings.models = routes
     return settings
 
@@ -141,7 +145,8 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
     from fleetgate.gateway.serve import build_server, metrics_url
 
     engine = config.engine
-    settings = route_models(gateway=config.gateway, model=engine.model, served_name=served_name, urls=urls)
+    settings = route_models(gateway=config.gateway, model=engine.model, served_name=served_name, urls=urls,
+                            max_model_len=engine.max_model_len)
     if not check:
         # Interactive: one structured line per request on stderr. --check keeps its output to the answer.
         configure_logging(level=settings.server.log_level)

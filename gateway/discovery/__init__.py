@@ -54,6 +54,18 @@ class ListingSource(Protocol):
 
 
 @runtime_checkable
+class ContextSource(Protocol):
+    def context_length(self, model: str) -> int | None:
+        """The model's context length (prompt + output tokens) as its engines are configured, if known."""
+        ...
+
+
+def context_length(source: EndpointSource, model: str) -> int | None:
+    """What the source knows of `model`'s context length (None: unknown)."""
+    return source.context_length(model) if isinstance(source, ContextSource) else None
+
+
+@runtime_checkable
 class WakeableSource(Protocol):
     def wake_targets(self, model: str) -> list[WakeTarget]:
         """What to scale up for `model` when it has no endpoint; empty when it cannot be woken."""

@@ -67,6 +67,7 @@ class ServiceInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     unservable: bool = False  # the operator will create no pods for it (DoesNotFit, Invalid)
     wake_replicas: int | None = None  # scale-from-zero capable: replicas to wake it to; None: not wakeable
+    context_length: int | None = None  # spec.engine.maxModelLen: bounds a request that sets no max_tokens
 
 
 def _wake_replicas(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> int | None:
@@ -103,9 +104,12 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
         if pricing.get(key) is not None:
             labels[label] = str(pricing[key])
     unservable = status.get("phase") in UNSERVABLE_PHASES
+    context = (spec.get("engine") or {}).get("maxModelLen")
     return ServiceInfo(
         namespace=namespace, name=name, served_model=str(served), labels=labels, unservable=unservable,
         wake_replicas=None if unservable else _wake_replicas(meta, spec),
+        context_length=context if isinstance(context, int) and not isinstance(context, bool) and context > 0
+        else None,
     )  # fmt: skip
 
 
@@ -188,6 +192,12 @@ class KubernetesEndpointSource:
             for _key, info in sorted(self._services.items())
             if info.served_model == model and info.wake_replicas is not None
         ]
+
+    def context_length(self, model: str) -> int | None:
+        """The smallest `maxModelLen` among the services serving `model` (a request may land on any)."""
+        known = [info.context_length for info in self._services.values()
+                 if info.served_model == model and info.context_length is not None]
+        return min(known) if known else None
 
     def listing(self) -> list[ModelListing]:
         """Models with endpoints, and those without that a request can wake; not those that cannot be served."""

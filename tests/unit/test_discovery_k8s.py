@@ -222,3 +222,17 @@ async def test_scale_and_mark_active_go_through_the_api(api_url: tuple[Any, str]
     finally:
         await source.aclose()
         await admin.close()
+
+
+def test_context_length_is_the_smallest_max_model_len_among_a_models_services() -> None:
+    from fleetgate.gateway.discovery import context_length
+
+    source = KubernetesEndpointSource(client_factory=None, namespace="ml", label_selector="a=b")
+    for name, engine in (("a", {"maxModelLen": 8192}), ("b", {"maxModelLen": 4096}), ("c", {})):
+        body = _isvc(engine=engine)
+        source.apply_event("isvc", "ADDED", {**body, "metadata": {"name": name, "namespace": "ml"}})
+    assert context_length(source, "llama-8b") == 4096  # a request may land on either service
+    assert context_length(source, "unknown") is None
+    for bad in (True, -1, "8192"):
+        assert (info := service_info(_isvc(engine={"maxModelLen": bad}))) is not None
+        assert info.context_length is None

@@ -82,6 +82,17 @@ def test_routes_point_at_the_engines() -> None:
     assert renamed.models[0].served_name == "gemma-3-270m"
 
 
+def test_routes_to_the_local_engines_carry_their_context_length(tmp_path: Path) -> None:
+    urls = ["http://127.0.0.1:8100"]
+    made = route_models(gateway=UpConfig().gateway, model="m", served_name="m", urls=urls, max_model_len=4096)
+    assert made.models[0].max_model_len == 4096
+    path = tmp_path / "up.yaml"
+    path.write_text("gateway:\n  models:\n  - name: a\n  - name: b\n    max_model_len: 1024\n")
+    filled = route_models(gateway=load_up_config(path).gateway, model="m", served_name="m", urls=urls,
+                          max_model_len=4096)
+    assert {r.name: r.max_model_len for r in filled.models} == {"a": 4096, "b": 1024}  # a file's value wins
+
+
 def test_routes_listed_in_the_file_keep_their_endpoints(tmp_path: Path) -> None:
     path = tmp_path / "up.yaml"
     path.write_text(
