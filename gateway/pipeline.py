@@ -167,16 +167,21 @@ class Pipeline:
         ctx.model_label = parsed.model
         estimate = estimate_request(parsed)
         ctx.prompt_estimate = estimate.prompt_tokens
+        context = self._context_of(parsed.model)
+        completion = parsed.max_tokens or default_max_tokens(
+            prompt_tokens=estimate.prompt_tokens, context=context, default=self._server.default_max_tokens)
         ctx.reservation = await self._s.limiter.reserve(
             ctx.tenant,
             parsed.model,
             prompt_tokens=estimate.prompt_tokens,
-            max_tokens=parsed.max_tokens or default_max_tokens(
-                prompt_tokens=estimate.prompt_tokens, context=self._context_of(parsed.model),
-                default=self._server.default_max_tokens),
+            max_tokens=completion,
             sequences=estimate.sequences,
             fit_max_tokens=parsed.max_tokens is None,
         )
+        if context is not None and parsed.max_tokens is None and ctx.reservation.max_tokens == completion:
+            # Not lowered by the budget: the engine stops at its context length by itself, while a max_tokens
+            # set from our prompt *estimate* could ask for more than the context leaves (vLLM answers 400).
+            ctx.reservation.max_tokens = None
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
             return self._serve_hit(ctx, parsed, lookup)
