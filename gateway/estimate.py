@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetgate.gateway.parsing import ParsedRequest, estimate_prompt_tokens
+from fleetgate.gateway.stages import Limiter, Reservation, Tenant
 
 TEMPLATE_TOKENS_PER_MESSAGE = 8
 TEMPLATE_TOKENS_PER_REQUEST = 8
@@ -64,3 +65,22 @@ def default_max_tokens(*, prompt_tokens: int, context: int | None, default: int)
     if context is None:
         return default
     return max(1, context - prompt_tokens)
+
+
+async def reserve_request(
+    *, limiter: Limiter, tenant: Tenant, parsed: ParsedRequest, estimate: RequestEstimate, context: int | None,
+    default: int,
+) -> Reservation:
+    """Reserve the most the request can cost. A completion sized by the context that the budget did not lower
+    is not set upstream (`Reservation.max_tokens` None): the engine stops at its context length by itself,
+    while a value computed from the prompt *estimate* could ask for more than the context leaves, which vLLM
+    refuses with a 400."""
+    completion = parsed.max_tokens or default_max_tokens(
+        prompt_tokens=estimate.prompt_tokens, context=context, default=default)
+    reservation = await limiter.reserve(
+        tenant, parsed.model, prompt_tokens=estimate.prompt_tokens, max_tokens=completion,
+        sequences=estimate.sequences, fit_max_tokens=parsed.max_tokens is None,
+    )  # fmt: skip
+    if context is not None and parsed.max_tokens is None and reservation.max_tokens == completion:
+        reservation.max_tokens = None
+    return reservation

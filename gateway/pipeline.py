@@ -36,7 +36,7 @@ from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, 
 from fleetgate.gateway.discovery import context_length, models_page
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
-from fleetgate.gateway.estimate import default_max_tokens, estimate_request
+from fleetgate.gateway.estimate import estimate_request, reserve_request
 from fleetgate.gateway.forwarding import Forwarder, assembled_upstream
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
@@ -167,21 +167,9 @@ class Pipeline:
         ctx.model_label = parsed.model
         estimate = estimate_request(parsed)
         ctx.prompt_estimate = estimate.prompt_tokens
-        context = self._context_of(parsed.model)
-        completion = parsed.max_tokens or default_max_tokens(
-            prompt_tokens=estimate.prompt_tokens, context=context, default=self._server.default_max_tokens)
-        ctx.reservation = await self._s.limiter.reserve(
-            ctx.tenant,
-            parsed.model,
-            prompt_tokens=estimate.prompt_tokens,
-            max_tokens=completion,
-            sequences=estimate.sequences,
-            fit_max_tokens=parsed.max_tokens is None,
-        )
-        if context is not None and parsed.max_tokens is None and ctx.reservation.max_tokens == completion:
-            # Not lowered by the budget: the engine stops at its context length by itself, while a max_tokens
-            # set from our prompt *estimate* could ask for more than the context leaves (vLLM answers 400).
-            ctx.reservation.max_tokens = None
+        ctx.reservation = await reserve_request(
+            limiter=self._s.limiter, tenant=ctx.tenant, parsed=parsed, estimate=estimate,
+            context=self._context_of(parsed.model), default=self._server.default_max_tokens)
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
             return self._serve_hit(ctx, parsed, lookup)
