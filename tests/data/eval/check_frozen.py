@@ -2,7 +2,7 @@
 
 Usage (from the repository root):
 
-    PYTHONSAFEPATH=1 .venv/bin/python tests/data/eval/check_frozen.py [--dev ../shared/data/eval]
+    PYTHONSAFEPATH=1 .venv/bin/python tests/data/eval/check_frozen.py [--dev DEV_DIR]
 
 Checks every row of `cache_pairs.frozen.jsonl` and `cache_conversations.frozen.jsonl` against the schema of
 the shared README (keys, id format, kind/label consistency, message shape, the structural rule of each
