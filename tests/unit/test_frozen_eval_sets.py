@@ -1,6 +1,6 @@
 """The frozen evaluation sets stay frozen and well-formed.
 
-`tests/data/eval/*.frozen.jsonl` judge the cache verifier and the tier router: they are never tuned on,
+`tests/data/eval/*.frozen*.jsonl` judge the cache verifier and the tier router: they are never tuned on,
 only reported. Pinning their digests makes any edit a deliberate change (update `FROZEN.sha256` in the
 same commit and say why), never a quiet "fix" of a row that a new rule happens to get wrong.
 """
@@ -47,16 +47,18 @@ def test_frozen_file_matches_its_pinned_digest(name: str) -> None:
 
 
 def test_every_frozen_set_is_pinned() -> None:
-    assert sorted(p.name for p in EVAL.glob("*.frozen.jsonl")) == sorted(_pins())
+    assert sorted(p.name for p in EVAL.glob("*.frozen*.jsonl")) == sorted(_pins())
 
 
-def test_cache_sets_pass_the_schema_checker() -> None:
+@pytest.mark.parametrize("name", ["frozen", "frozen2"])
+def test_cache_sets_pass_the_schema_checker(name: str) -> None:
     checker = _checker()
-    pairs = _rows("cache_pairs.frozen.jsonl")
-    convs = _rows("cache_conversations.frozen.jsonl")
+    pair_prefix, conv_prefix = checker.SETS[name]
+    pairs = _rows(f"cache_pairs.{name}.jsonl")
+    convs = _rows(f"cache_conversations.{name}.jsonl")
     assert len(pairs) >= 400 and len(convs) >= 60
-    assert checker.check_pairs(rows=pairs) == []
-    assert checker.check_conversations(rows=convs) == []
+    assert checker.check_pairs(rows=pairs, id_prefix=pair_prefix) == []
+    assert checker.check_conversations(rows=convs, id_prefix=conv_prefix) == []
 
 
 def test_schema_checker_reports_a_flipped_label_and_a_duplicate_id() -> None:

@@ -2,9 +2,10 @@
 
 Usage (from the repository root):
 
-    PYTHONSAFEPATH=1 .venv/bin/python tests/data/eval/check_frozen.py [--dev DEV_DIR]
+    PYTHONSAFEPATH=1 .venv/bin/python tests/data/eval/check_frozen.py [--set frozen|frozen2] [--dev DEV_DIR]
 
-Checks every row of `cache_pairs.frozen.jsonl` and `cache_conversations.frozen.jsonl` against the schema of
+Checks every row of `cache_pairs.<set>.jsonl` and `cache_conversations.<set>.jsonl` (set `frozen`, the default,
+ids `cp-frz-`/`cc-frz-`; or `frozen2`, ids `cp-fz2-`/`cc-fz2-`) against the schema of
 the shared README (keys, id format, kind/label consistency, message shape, the structural rule of each
 conversation kind), that ids and pairs are unique, and, with `--dev`, that no prompt or message text equals
 (case-insensitively) one in the dev files. Prints the count tables used in this folder's README.
@@ -24,16 +25,37 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 TRUE_KINDS = ("paraphrase", "typo", "register", "politeness", "imperative", "reorder")
 FALSE_KINDS = (
-    "entity", "negation", "number", "slot", "format", "scope", "language", "proglang", "comparative",
-    "constraint", "date", "unrelated", "version", "unit", "direction",
+    "entity",
+    "negation",
+    "number",
+    "slot",
+    "format",
+    "scope",
+    "language",
+    "proglang",
+    "comparative",
+    "constraint",
+    "date",
+    "unrelated",
+    "version",
+    "unit",
+    "direction",
 )
 DOMAINS = (
-    "programming", "customer_support", "devops", "general_knowledge", "health_finance", "math", "writing",
+    "programming",
+    "customer_support",
+    "devops",
+    "general_knowledge",
+    "health_finance",
+    "math",
+    "writing",
 )
 CONV_KINDS = ("paraphrase", "context", "system", "followup")
 PAIR_KEYS = {"id", "a", "b", "same", "kind", "domain"}
 CONV_KEYS = {"id", "conv_a", "conv_b", "same", "kind"}
 ROLES = {"system", "user", "assistant"}
+# Each frozen set: its file-name suffix and the id prefixes of its pair and conversation rows.
+SETS = {"frozen": ("cp-frz", "cc-frz"), "frozen2": ("cp-fz2", "cc-fz2")}
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
@@ -41,8 +63,7 @@ def _load(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _head_ok(*, row: dict[str, Any], keys: set[str], id_pattern: str, seen_ids: set[str],
-             problems: list[str]) -> bool:
+def _head_ok(*, row: dict[str, Any], keys: set[str], id_pattern: str, seen_ids: set[str], problems: list[str]) -> bool:
     """Record key and id problems of one row; False when its keys are wrong and nothing else can be checked."""
     rid = str(row.get("id"))
     if set(row) != keys:
@@ -54,14 +75,15 @@ def _head_ok(*, row: dict[str, Any], keys: set[str], id_pattern: str, seen_ids: 
     return True
 
 
-def check_pairs(*, rows: list[dict[str, Any]]) -> list[str]:
+def check_pairs(*, rows: list[dict[str, Any]], id_prefix: str = "cp-frz") -> list[str]:
     """Schema and uniqueness problems in the cache pair rows."""
     problems: list[str] = []
     seen_ids: set[str] = set()
     seen_pairs: set[tuple[str, str]] = set()
     for row in rows:
         rid = str(row.get("id"))
-        if not _head_ok(row=row, keys=PAIR_KEYS, id_pattern=r"cp-frz-\d{4}", seen_ids=seen_ids, problems=problems):
+        id_pattern = re.escape(id_prefix) + r"-\d{4}"
+        if not _head_ok(row=row, keys=PAIR_KEYS, id_pattern=id_pattern, seen_ids=seen_ids, problems=problems):
             continue
         a, b = row["a"], row["b"]
         if not (isinstance(a, str) and isinstance(b, str) and a.strip() and b.strip()):
@@ -84,19 +106,26 @@ def _messages_ok(conv: Any) -> bool:
     return (
         isinstance(conv, list)
         and len(conv) > 0
-        and all(isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ROLES
-                and isinstance(m["content"], str) and m["content"].strip() for m in conv)
+        and all(
+            isinstance(m, dict)
+            and set(m) == {"role", "content"}
+            and m["role"] in ROLES
+            and isinstance(m["content"], str)
+            and m["content"].strip()
+            for m in conv
+        )
         and conv[-1]["role"] == "user"
     )
 
 
-def check_conversations(*, rows: list[dict[str, Any]]) -> list[str]:
+def check_conversations(*, rows: list[dict[str, Any]], id_prefix: str = "cc-frz") -> list[str]:
     """Schema problems, and rows whose turns do not have the shape their kind promises."""
     problems: list[str] = []
     seen_ids: set[str] = set()
     for row in rows:
         rid = str(row.get("id"))
-        if not _head_ok(row=row, keys=CONV_KEYS, id_pattern=r"cc-frz-\d{3}", seen_ids=seen_ids, problems=problems):
+        id_pattern = re.escape(id_prefix) + r"-\d{3}"
+        if not _head_ok(row=row, keys=CONV_KEYS, id_pattern=id_pattern, seen_ids=seen_ids, problems=problems):
             continue
         ca, cb, kind = row["conv_a"], row["conv_b"], row["kind"]
         if not (_messages_ok(ca) and _messages_ok(cb)):
@@ -152,10 +181,12 @@ def report(*, pairs: list[dict[str, Any]], convs: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--dev", type=Path, help="folder of the dev files, to check that no text is shared")
+    parser.add_argument("--set", choices=sorted(SETS), default="frozen", help="which frozen set to check")
     args = parser.parse_args(argv)
-    pairs = _load(HERE / "cache_pairs.frozen.jsonl")
-    convs = _load(HERE / "cache_conversations.frozen.jsonl")
-    problems = check_pairs(rows=pairs) + check_conversations(rows=convs)
+    pair_prefix, conv_prefix = SETS[args.set]
+    pairs = _load(HERE / f"cache_pairs.{args.set}.jsonl")
+    convs = _load(HERE / f"cache_conversations.{args.set}.jsonl")
+    problems = check_pairs(rows=pairs, id_prefix=pair_prefix) + check_conversations(rows=convs, id_prefix=conv_prefix)
     if args.dev is not None:
         problems += dev_overlap(pairs=pairs, convs=convs, dev_dir=args.dev)
     if problems:
