@@ -1,5 +1,5 @@
 """What the scheduler knows about each endpoint: scraped engine metrics, gateway-counted in-flight
-requests and health. One instance per scheduler, shared by its plugins."""
+requests, health and the LoRA adapters it has loaded. One instance per scheduler, shared by its plugins."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ class FleetState:
         self.health = health or HealthTracker(clock=clock)
         self.stats: dict[str, EndpointStats] = {}
         self.inflight: dict[str, int] = {}
+        # endpoint id -> names of the LoRA adapters loaded there (from its `/v1/models`, or a load the
+        # gateway made); an endpoint never seen has no entry, which reads as "none loaded".
+        self.adapters: dict[str, frozenset[str]] = {}
 
     def stats_of(self, endpoint_id: str) -> EndpointStats:
         st = self.stats.get(endpoint_id)
@@ -46,6 +49,22 @@ class FleetState:
             st.kv_capacity_tokens = kv_capacity_tokens
         st.own_at_scrape = self.inflight.get(endpoint_id, 0)
         st.scraped_at = self.clock()
+
+    def set_adapters(self, endpoint_id: str, names: frozenset[str] | set[str] | list[str]) -> None:
+        """Replace what the endpoint is known to have loaded."""
+        self.adapters[endpoint_id] = frozenset(names)
+
+    def add_adapter(self, endpoint_id: str, name: str) -> None:
+        """The endpoint has loaded `name` (a load the gateway asked for succeeded)."""
+        self.adapters[endpoint_id] = self.adapters.get(endpoint_id, frozenset()) | {name}
+
+    def has_adapter(self, endpoint_id: str, name: str) -> bool:
+        return name in self.adapters.get(endpoint_id, frozenset())
+
+    def forget_adapters(self, keep: set[str]) -> None:
+        """Drop the adapter state of endpoints no longer discovered."""
+        for endpoint_id in [e for e in self.adapters if e not in keep]:
+            del self.adapters[endpoint_id]
 
     def load(self, endpoint_id: str) -> float:
         """Requests the endpoint has to work through: those this gateway has in flight there now
