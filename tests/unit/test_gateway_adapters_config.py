@@ -91,12 +91,16 @@ class _ListingSource:
         return []
 
     def listing(self) -> list[ModelListing]:
-        return [ModelListing(name="sleepy", ready=False, scaled_to_zero=True),
-                ModelListing(name="sleepy-ft", ready=False)]
+        return [
+            ModelListing(name="sleepy", ready=False, scaled_to_zero=True),
+            ModelListing(name="sleepy-ft", ready=False),
+        ]
 
     def adapters(self) -> list[AdapterSpec]:
-        return [AdapterSpec(name="sleepy-ft", base="sleepy", source="/a"),
-                AdapterSpec(name="orphan", base="gone", source="/b")]
+        return [
+            AdapterSpec(name="sleepy-ft", base="sleepy", source="/a"),
+            AdapterSpec(name="orphan", base="gone", source="/b"),
+        ]
 
 
 def test_adapter_of_a_wakeable_base_is_listed_scaled_to_zero_once() -> None:
@@ -132,8 +136,10 @@ def test_bad_adapters_are_clear_config_errors(tmp_path: Path, adapters: str, whe
 
 
 def test_adapter_names_are_unique_across_models(tmp_path: Path) -> None:
-    text = ("models:\n  - name: a\n    adapters: [{name: b-ft, source: /x}]\n"
-            "  - name: b\n    adapters: [{name: b-ft, source: /y}]\n")
+    text = (
+        "models:\n  - name: a\n    adapters: [{name: b-ft, source: /x}]\n"
+        "  - name: b\n    adapters: [{name: b-ft, source: /y}]\n"
+    )
     with pytest.raises(ConfigError, match="repeated: b-ft"):
         _settings(tmp_path, text)
     with pytest.raises(ConfigError, match="repeated: a"):
