@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -93,7 +94,7 @@ class AdapterLoader:
         if flight is None:
             task = asyncio.create_task(self._load(endpoint, spec), name=f"load-adapter-{spec.name}")
             flight = self._flights[key] = _Flight(task=task)
-            task.add_done_callback(lambda t, k=key, f=flight: self._landed(k, f, t))
+            task.add_done_callback(partial(self._landed, key, flight))
         flight.waiters += 1
         try:
             await asyncio.wait_for(asyncio.shield(flight.task), timeout=self._timeout_s)

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetgate.cache.config import CacheConfig, SemanticConfig
+from fleetgate.cache.twolayer import TwoLayerCache
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.tenancy.keys import new_key
 from fleetgate.sim.fake_engine import FakeEngineConfig
@@ -239,3 +241,40 @@ async def test_tenants_models_lists_and_adapter_tenants_govern_adapters(
         assert await listed("globex") == {"base"}
         assert await listed("initech") == {"base", "legal", "chef"}
     assert "pirate" not in e1.lora.served[3:]
+
+
+async def test_the_cache_never_serves_one_adapters_answer_for_another_or_the_base(
+    start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    e1 = await start_lora()
+    cfg = CacheConfig(store_truncated=True, semantic=SemanticConfig(embedder="hashing", threshold=0.5))
+    gw = await start_gateway(lora_settings([e1.url]).model_copy(update={"cache": cfg}))
+    cache = gw.pipeline._s.cache
+    assert isinstance(cache, TwoLayerCache)
+    question, paraphrase = "In Python, how do I reverse a string?", "How do I reverse a string in Python?"
+
+    def ask(model: str, text: str) -> dict[str, Any]:
+        return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 3, "temperature": 0}
+
+    async with httpx.AsyncClient(base_url=gw.url) as c:
+        first = await c.post("/v1/chat/completions", json=ask("legal", question))
+        assert first.headers["x-fleetgate-cache"] == "miss"
+        assert await eventually(lambda: len(cache.index) == 1)
+        assert (await c.post("/v1/chat/completions", json=ask("legal", question))).headers["x-fleetgate-cache"] == (
+            "hit-exact"
+        )
+        similar = await c.post("/v1/chat/completions", json=ask("legal", paraphrase))
+        assert similar.headers["x-fleetgate-cache"].startswith("hit-semantic")  # the semantic layer works here
+        served = len(e1.lora.served)
+        # an exact match of legal's cached answer for the base, a semantic one for another adapter (asked first,
+        # so no entry of its own could explain a hit)
+        for model, text in (("base", question), ("chef", paraphrase), ("base", paraphrase)):
+            r = await c.post("/v1/chat/completions", json=ask(model, text))
+            assert r.status_code == 200 and r.json()["model"] == model
+            if (model, text) != ("base", paraphrase):
+                assert r.headers["x-fleetgate-cache"] == "miss", (model, text)
+            else:  # the base's own entry now answers its paraphrase: partitions still work as caches
+                assert r.headers["x-fleetgate-cache"].startswith("hit-semantic")
+            await gw.pipeline.drain()
+    assert e1.lora.served[served:] == [BASE, "chef"]
+    assert len(cache.index) == 3
