@@ -5,6 +5,8 @@ that leaves), and the scraper's view of what each engine has loaded."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -278,3 +280,36 @@ async def test_the_cache_never_serves_one_adapters_answer_for_another_or_the_bas
             await gw.pipeline.drain()
     assert e1.lora.served[served:] == [BASE, "chef"]
     assert len(cache.index) == 3
+
+
+async def test_usage_is_accounted_per_adapter_with_its_base(
+    start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    e1 = await start_lora()
+    settings = lora_settings([e1.url]).model_copy(deep=True)
+    settings.tenancy = settings.tenancy.model_validate(
+        {"prices": {"base": {"input_usd_per_1m": "1", "output_usd_per_1m": "2"}}}
+    )
+    gw = await start_gateway(settings)
+    async with httpx.AsyncClient(base_url=gw.url) as c:
+        for model in ("legal", "legal", "chef", "base"):
+            assert (await c.post("/v1/chat/completions", json=chat(model))).status_code == 200
+        await gw.pipeline.drain()
+        report = (await c.get("/v1/usage")).json()
+        csv_text = (await c.get("/v1/usage", params={"format": "csv"})).text
+    by_model = {g["model"]: g for g in report["by_model"]}
+    assert {m: (g["base"], g["requests"]) for m, g in by_model.items()} == {
+        "legal": ("base", 2),
+        "chef": ("base", 1),
+        "base": ("", 1),
+    }
+    one = 2 * 1 + 3 * 2  # µ$: 2 prompt words at $1/1M, 3 completion tokens at $2/1M, the base's price
+    assert by_model["legal"]["cost_micros"] == 2 * one and by_model["chef"]["cost_micros"] == one
+    assert report["by_base"][0]["base"] == "base" and report["by_base"][0]["cost_micros"] == 4 * one
+    table = list(csv.DictReader(io.StringIO(csv_text)))
+    assert {(r["model"], r["base"]) for r in table} == {("legal", "base"), ("chef", "base"), ("base", "")}
+    value = gw.app.state.registry.get_sample_value
+    assert value("fleetgate_adapter_info", {"model": "legal", "base": "base"}) == 1
+    assert (
+        value("fleetgate_tenant_cost_usd_total", {"tenant": "anonymous", "model": "legal", "tier": ""}) == 2 * one / 1e6
+    )
