@@ -313,3 +313,25 @@ async def test_usage_is_accounted_per_adapter_with_its_base(
     assert (
         value("fleetgate_tenant_cost_usd_total", {"tenant": "anonymous", "model": "legal", "tier": ""}) == 2 * one / 1e6
     )
+
+
+async def test_an_engine_that_lost_the_adapter_gets_it_loaded_again(
+    start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    e1 = await start_lora(loaded={"legal"})
+    settings = lora_settings([e1.url]).model_copy(deep=True)
+    # the first scrape round learns the preloaded adapter; later ones come too late to notice the loss
+    settings.routing = settings.routing.model_validate({"scrape": {"intervalS": 60, "healthIntervalS": 60}})
+    gw = await start_gateway(settings)
+    ep = f"127.0.0.1:{e1.port}"
+    assert await eventually(lambda: fleet(gw).has_adapter(ep, "legal"))
+    e1.lora.loaded.clear()  # the engine restarted: its runtime-loaded adapters are gone
+    async with httpx.AsyncClient(base_url=gw.url) as c:
+        r = await c.post("/v1/chat/completions", json=chat("legal"))
+        assert r.status_code == 200 and r.json()["model"] == "legal"
+        e1.lora.load_fail_status = 500
+        e1.lora.loaded.clear()  # lost again, and now it cannot load it: the client gets the 503, not a 404
+        r = await c.post("/v1/chat/completions", json=chat("legal"))
+        assert r.status_code == 503 and "legal" in r.json()["error"]["message"]
+    assert e1.lora.served == ["legal", "legal", "legal"] and e1.lora.load_calls == 2
+    assert fleet(gw).inflight == {} and loader(gw).in_flight() == 0
