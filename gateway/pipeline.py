@@ -80,7 +80,8 @@ class Pipeline:
             metrics=metrics,
             session=session,
         )
-        self._context = {m.name: m.max_model_len for m in settings.models if m.max_model_len}
+        self._context = {n: m.max_model_len for m in settings.models if m.max_model_len  # adapters: their base's
+                         for n in (m.name, *(a.name for a in m.adapters))}
         self._tasks: set[asyncio.Task[None]] = set()
         self._log = logging.getLogger("fleetgate.gateway.requests")
 

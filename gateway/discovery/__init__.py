@@ -94,8 +94,11 @@ class ContextSource(Protocol):
 
 
 def context_length(source: EndpointSource, model: str) -> int | None:
-    """What the source knows of `model`'s context length (None: unknown)."""
-    return source.context_length(model) if isinstance(source, ContextSource) else None
+    """What the source knows of `model`'s context length (None: unknown); an adapter has its base's."""
+    if not isinstance(source, ContextSource):
+        return None
+    spec = adapter_named(source, model)
+    return source.context_length(spec.base if spec is not None else model)
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ import pytest
 
 from fleetgate.cache.config import CacheConfig, SemanticConfig
 from fleetgate.cache.twolayer import TwoLayerCache
+from fleetgate.gateway.discovery import StaticEndpointSource
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.tenancy.keys import new_key
 from fleetgate.sim.fake_engine import FakeEngineConfig
@@ -335,3 +336,29 @@ async def test_an_engine_that_lost_the_adapter_gets_it_loaded_again(
         assert r.status_code == 503 and "legal" in r.json()["error"]["message"]
     assert e1.lora.served == ["legal", "legal", "legal"] and e1.lora.load_calls == 2
     assert fleet(gw).inflight == {} and loader(gw).in_flight() == 0
+
+
+@pytest.mark.parametrize("where", ["route", "discovery"])
+async def test_an_adapter_request_is_reserved_at_its_bases_context_length(
+    start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]], where: str
+) -> None:
+    e1 = await start_lora()
+    data = lora_settings([e1.url], auth=True, default_max_tokens=16).model_dump()
+    data["tenancy"]["tenants"][0]["daily_budget_usd"] = "1"  # a budget: requests without max_tokens are capped
+    data["tenancy"]["prices"] = {"base": {"input_usd_per_1m": "1", "output_usd_per_1m": "2"}}
+    if where == "route":
+        data["models"][0]["max_model_len"] = 4096
+    settings = GatewaySettings.model_validate(data)
+
+    class SizedSource(StaticEndpointSource):  # knows the base's context length, as Kubernetes discovery does
+        def context_length(self, model: str) -> int | None:
+            return 4096 if model == "base" else None
+
+    stages = {} if where == "route" else {"endpoint_source": SizedSource(settings.models)}
+    gw = await start_gateway(settings, **stages)
+    body = {"model": "legal", "messages": [{"role": "user", "content": "alpha beta"}]}
+    async with httpx.AsyncClient(base_url=gw.url) as c:
+        r = await c.post("/v1/chat/completions", json=body, headers=key("acme"))
+    assert r.status_code == 200, r.text
+    # a context-sized reservation is left to the engine; without the base's context it would be the default 16
+    assert e1.received[-1].body.get("max_tokens") is None and e1.received[-1].body["model"] == "legal"
