@@ -235,6 +235,7 @@ async def test_tenants_models_lists_and_adapter_tenants_govern_adapters(
         assert (await status("initech", "legal"))[0] == 200
         code, message = await status("initech", "ghost")
         assert code == 404 and "legal" in message  # an adapter is a known model name like any other
+        assert "pirate" not in message  # but one restricted to other tenants is not named to them
         assert (await status("globex", "ghost"))[0] == 403  # not in its list: 403 before 404, as for models
 
         async def listed(tenant: str) -> set[str]:
