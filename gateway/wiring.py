@@ -38,9 +38,11 @@ def build_endpoint_source(
 def build_scheduler(
     settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore, endpoint_source: EndpointSource
 ) -> Scheduler:
+    from fleetgate.gateway.adapter_loading import read_loaded_names
     from fleetgate.router.build import build_scheduler as build_router_scheduler
 
-    return build_router_scheduler(settings.routing, kvstore=kvstore, registry=registry, source=endpoint_source)
+    return build_router_scheduler(settings.routing, kvstore=kvstore, registry=registry, source=endpoint_source,
+                                  adapter_reader=read_loaded_names)
 
 
 def build_cache(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> ResponseCache:
