@@ -30,10 +30,9 @@ from fleetgate.engine.capacity import (
 )
 from fleetgate.engine.catalog import lookup
 from fleetgate.engine.kube_names import ENGINE_PORT
+from fleetgate.engine.pod_paths import MODELS_MOUNT, adapter_load_path, pvc_claim
 from fleetgate.operator.profiles import AcceleratorProfile, Profiles
 from fleetgate.operator.spec import Architecture, InferenceServiceSpec, served_name
-
-MODELS_MOUNT = "/models"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,13 +86,13 @@ def resolve_adapters(*, spec: InferenceServiceSpec, name: str) -> tuple[Resolved
     for adapter in spec.adapters:
         if adapter.name == served:
             raise ConfigError(f"adapters: {adapter.name!r} is the served model's name; an adapter needs its own")
-        if adapter.source.startswith("s3://"):
+        path = adapter_load_path(adapter.source)
+        if path is None:
             raise ConfigError(
-                f"adapters: {adapter.name!r}: s3:// sources cannot be loaded by vLLM's runtime adapter API; "
-                "use hf://, pvc:// or a path in the engine image"
+                f"adapters: {adapter.name!r}: {adapter.source.split('://')[0]}:// sources cannot be loaded by vLLM's "
+                "runtime adapter API; use hf://, pvc:// or a path in the engine image"
             )
-        location = locate_model(source=adapter.source)
-        out.append(ResolvedAdapter(name=adapter.name, path=location.model_arg, pvc_claim=location.pvc_claim))
+        out.append(ResolvedAdapter(name=adapter.name, path=path, pvc_claim=pvc_claim(adapter.source)))
     return tuple(out)
 
 

@@ -28,8 +28,9 @@ from typing import Any
 
 from fleetgate.engine.args import VLLM_MODULE
 from fleetgate.engine.kube_names import ANNOTATION_SERVED_MODEL, ENGINE_PORT, ENGINE_PORT_NAME
+from fleetgate.engine.pod_paths import MODELS_MOUNT
 from fleetgate.operator.builders.common import Owner, child, labels, selector_labels
-from fleetgate.operator.resolve import MODELS_MOUNT, Resolved
+from fleetgate.operator.resolve import Resolved
 from fleetgate.operator.settings import OperatorSettings
 from fleetgate.operator.spec import InferenceServiceSpec
 
