@@ -97,7 +97,7 @@ class PodAdapters:
         }
 
 
-def ready_pods(pods: Sequence[dict[str, Any]]) -> list[EnginePod]:
+def ready_pods(*, pods: Sequence[dict[str, Any]]) -> list[EnginePod]:
     """Engine pods that serve: Ready, with an IP, not being deleted (sorted by name, for a stable status)."""
     out = []
     for pod in pods:
@@ -161,7 +161,7 @@ async def sync_adapters(
     )
 
 
-def failures(results: Sequence[PodAdapters]) -> list[str]:
+def failures(*, results: Sequence[PodAdapters]) -> list[str]:
     """`pod: adapter: reason` for every failed adapter, in a stable order."""
     return [f"{r.pod}: {name}: {reason}" for r in results for name, reason in r.failed]
 

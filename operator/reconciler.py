@@ -109,7 +109,7 @@ class Reconciler:
         """Every ready engine pod to spec.adapters, through the pods' runtime API (None: LoRA off, no pods)."""
         if not spec.lora_enabled or (resolved.plan is not None and not resolved.plan.fits):
             return None
-        pods = ready_pods(await self._api.list_engine_pods(namespace=owner.namespace, owner_name=owner.name))
+        pods = ready_pods(pods=await self._api.list_engine_pods(namespace=owner.namespace, owner_name=owner.name))
         return await sync_pod_adapters(
             api=self._adapter_api, pods=pods, desired=resolved.adapters, served_model=resolved.served_model
         )
@@ -197,7 +197,7 @@ class Reconciler:
             status=status,
             fits=fits,
             failed=tuple(failed),
-            adapter_failures=tuple(failures(adapters or [])),
+            adapter_failures=tuple(failures(results=adapters or [])),
         )
 
     async def _write_status(

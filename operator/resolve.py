@@ -86,13 +86,13 @@ def resolve_adapters(*, spec: InferenceServiceSpec, name: str) -> tuple[Resolved
     for adapter in spec.adapters:
         if adapter.name == served:
             raise ConfigError(f"adapters: {adapter.name!r} is the served model's name; an adapter needs its own")
-        path = adapter_load_path(adapter.source)
+        path = adapter_load_path(source=adapter.source)
         if path is None:
             raise ConfigError(
                 f"adapters: {adapter.name!r}: {adapter.source.split('://')[0]}:// sources cannot be loaded by vLLM's "
                 "runtime adapter API; use hf://, pvc:// or a path in the engine image"
             )
-        out.append(ResolvedAdapter(name=adapter.name, path=path, pvc_claim=pvc_claim(adapter.source)))
+        out.append(ResolvedAdapter(name=adapter.name, path=path, pvc_claim=pvc_claim(source=adapter.source)))
     return tuple(out)
 
 

@@ -78,7 +78,7 @@ def _deployment_numbers(deployment: dict[str, Any] | None) -> tuple[int, int, in
 def _adapters_condition(cond: Any, *, adapters: list[PodAdapters], wanted: int) -> dict[str, Any]:
     if not adapters:
         return cond("AdaptersReady", "Unknown", "NoReadyPods", "no ready engine pod to load adapters into")
-    problems = failures(adapters)
+    problems = failures(results=adapters)
     if problems:
         return cond("AdaptersReady", "False", "LoadFailed", "; ".join(problems)[:_MESSAGE_MAX])
     return cond("AdaptersReady", "True", "Loaded", f"{wanted} adapter(s) loaded on {len(adapters)} ready pod(s)")

@@ -13,14 +13,14 @@ from __future__ import annotations
 MODELS_MOUNT = "/models"
 
 
-def pvc_claim(source: str) -> str | None:
+def pvc_claim(*, source: str) -> str | None:
     """The claim a `pvc://` source mounts, else None."""
     if not source.startswith("pvc://"):
         return None
     return source.removeprefix("pvc://").partition("/")[0]
 
 
-def adapter_load_path(source: str) -> str | None:
+def adapter_load_path(*, source: str) -> str | None:
     """The `lora_path` vLLM's runtime adapter API loads for an adapter source, or None if it cannot load it."""
     if source.startswith("hf://"):
         return source.removeprefix("hf://")

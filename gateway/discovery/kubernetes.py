@@ -87,7 +87,7 @@ def _adapters(spec: Mapping[str, Any], *, base: str) -> tuple[AdapterSpec, ...]:
         if not isinstance(entry, dict):
             continue
         name, source, rank, tenant = entry.get("name"), entry.get("source"), entry.get("rank"), entry.get("tenant")
-        path = adapter_load_path(source) if isinstance(source, str) else None
+        path = adapter_load_path(source=source) if isinstance(source, str) else None
         if not isinstance(name, str) or not valid_adapter_name(name) or name == base or path is None:
             continue
         out.append(

@@ -97,7 +97,7 @@ def test_only_ready_pods_with_an_ip_are_synced() -> None:
 
     pods = [pod("b", "True", "10.0.0.2"), pod("a", "True", "fd00::1"), pod("c", "False", "10.0.0.3"),
             pod("d", "True", None), pod("e", "True", "10.0.0.5", deleting=True)]  # fmt: skip
-    assert ready_pods(pods) == [
+    assert ready_pods(pods=pods) == [
         EnginePod(name="a", url="http://[fd00::1]:8000"), EnginePod(name="b", url="http://10.0.0.2:8000")
     ]  # fmt: skip
 
