@@ -25,6 +25,7 @@ RESOURCES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, ("status",)),
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, ("status",)),
     "v1/events": ("Event", True, ()),
+    "v1/pods": ("Pod", True, ("status",)),
     "v1/namespaces": ("Namespace", False, ()),
     "discovery.k8s.io/v1/endpointslices": ("EndpointSlice", True, ()),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, ()),

@@ -13,7 +13,9 @@
   not fit and pods still loading are normal outcomes (status and Events say so), logged at INFO/WARNING,
   never raised: Kopf would log them at ERROR and retry what retrying cannot fix;
 - a child the API server refused (ApplyFailed: status, Event) is a real error: `kopf.TemporaryError`,
-  retried every `OperatorSettings.retry_failed_s`. (No Kopf timer for a periodic resync: Kopf puts a
+  retried every `OperatorSettings.retry_failed_s`; so is a LoRA adapter that did not load on a ready pod
+  (AdaptersReady False, an AdapterLoadFailed Event per new failure), every `adapter_retry_s` (short: Kopf
+  holds the next spec change back until a pending retry is due). (No Kopf timer for a periodic resync: Kopf puts a
   finalizer on every object a timer serves, and a stopped operator would then block deletions.)
 - idle scale-down (`fleetgate.operator.idle`): every reconciled service is tracked; a background task
   started at startup scales idle ones with `spec.scaleToZeroAfterSeconds` to zero;
@@ -36,6 +38,7 @@ from typing import Any
 import kopf
 
 from fleetgate.engine.kube_names import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
+from fleetgate.operator.adapters import PodAdapterApi
 from fleetgate.operator.idle import IdleWatch
 from fleetgate.operator.kube import KubeApi
 from fleetgate.operator.reconciler import Reconciler, SpecRejected
@@ -51,6 +54,7 @@ WATCHED_CHILDREN = (
 )
 
 LoginFn = Callable[..., Any]
+_CHILDREN_NOT_APPLIED = "children not applied"
 
 
 def register(
@@ -61,17 +65,17 @@ def register(
     login: LoginFn | None = None,
     detect_capabilities: bool = True,
     identity: str | None = None,
+    make_adapter_api: Callable[[], PodAdapterApi] | None = None,
 ) -> None:
     """`identity`: this operator's Kopf peering identity (as passed to `kopf.run`); with it, the idle
-    scale-down task pauses whenever a peer outranks this operator, as Kopf's own handlers do."""
+    scale-down task pauses whenever a peer outranks this operator, as Kopf's own handlers do.
+    `make_adapter_api`: the engine pods' runtime LoRA API (tests fake it); vLLM's HTTP API by default."""
     kopf.on.login(registry=registry)(login or kopf.login_with_service_account)
     if login is None:
         kopf.on.login(registry=registry)(kopf.login_with_kubeconfig)
 
     @kopf.on.startup(registry=registry)
-    async def _startup(
-        memo: kopf.Memo, settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any
-    ) -> None:
+    async def _startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
@@ -90,11 +94,14 @@ def register(
             )
             effective = dataclasses.replace(operator_settings, capabilities=caps)
         memo.api = api
-        memo.reconciler = Reconciler(api=api, settings=effective)
+        memo.reconciler = Reconciler(
+            api=api, settings=effective, adapter_api=make_adapter_api() if make_adapter_api is not None else None
+        )
         paused = None
         if identity is not None and not settings.peering.standalone:
-            paused = functools.partial(_outranked, api=api, name=settings.peering.name,
-                                       priority=settings.peering.priority, identity=identity)
+            paused = functools.partial(
+                _outranked, api=api, name=settings.peering.name, priority=settings.peering.priority, identity=identity
+            )
         memo.idle = IdleWatch(api=api, interval_s=effective.idle_check_s, paused=paused)
         memo.idle_task = asyncio.create_task(memo.idle.run())
 
@@ -105,6 +112,9 @@ def register(
         idle_task = getattr(memo, "idle_task", None)
         if idle_task is not None:
             idle_task.cancel()
+        reconciler = getattr(memo, "reconciler", None)
+        if reconciler is not None:
+            await reconciler.aclose()
         api = getattr(memo, "api", None)
         if api is not None:
             await api.aclose()
@@ -116,7 +126,9 @@ def register(
         memo.idle.track(body)
         failed = await _reconcile_and_log(memo=memo, body=_plain(body), logger=logger)
         if failed:
-            raise kopf.TemporaryError(f"children not applied: {'; '.join(failed)}", delay=settings.retry_failed_s)
+            children = any(f.startswith(_CHILDREN_NOT_APPLIED) for f in failed)
+            delay = settings.retry_failed_s if children else settings.adapter_retry_s
+            raise kopf.TemporaryError(f"not done: {'; '.join(failed)}", delay=delay)
 
     for group, version, plural in WATCHED_CHILDREN:
 
@@ -143,7 +155,8 @@ def register(
 async def _reconcile_and_log(
     *, memo: kopf.Memo, body: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]
 ) -> tuple[str, ...]:
-    """One reconcile pass, its outcome logged at the level it deserves; returns the children not applied."""
+    """One reconcile pass, its outcome logged at the level it deserves; returns what is not done yet: children
+    not applied, LoRA adapters not loaded (retried by the caller)."""
     reconciler: Reconciler = memo.reconciler
     try:
         outcome = await reconciler.reconcile(body)
@@ -153,7 +166,11 @@ async def _reconcile_and_log(
     if outcome.waiting and not outcome.failed:
         # Model loading takes minutes: Deployment events keep the status current, no retry is needed.
         logger.info(f"waiting for engine pods: {outcome.status['ready']} ready")
-    return outcome.failed
+    if outcome.adapter_failures:
+        logger.warning(f"LoRA adapters not loaded (retried later): {'; '.join(outcome.adapter_failures)}")
+    return tuple(f"{_CHILDREN_NOT_APPLIED}: {f}" for f in outcome.failed) + tuple(
+        f"adapter not loaded: {f}" for f in outcome.adapter_failures
+    )
 
 
 async def _join_peering(
@@ -178,9 +195,7 @@ async def _join_peering(
             if state == "no-crd"
             else f"this identity may not read or create ClusterKopfPeering {name!r}"
         )
-        logger.warning(
-            f"running STANDALONE: {why}; a second operator would not be paused (use --standalone to say so)"
-        )
+        logger.warning(f"running STANDALONE: {why}; a second operator would not be paused (use --standalone to say so)")
         settings.peering.standalone = True
         settings.peering.mandatory = False
     logging.getLogger("kopf._core.engines.peering").addFilter(_loud_pause)

@@ -18,7 +18,16 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fleetgate.engine.kube_names import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
+from fleetgate.engine.kube_names import (
+    ENGINE_NAME,
+    GROUP,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    MANAGED_BY,
+    PLURAL,
+    VERSION,
+)
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -41,6 +50,7 @@ API_CALLS: frozenset[tuple[str, str, str]] = frozenset(
         (GROUP, PLURAL, "patch"),  # idle scale-down (operator/idle.py)
         (GROUP, f"{PLURAL}/status", "patch"),
         ("", "events", "create"),
+        ("", "pods", "list"),  # runtime LoRA adapters: the ready engine pods to load them into
         ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
         ("kopf.dev", "clusterkopfpeerings", "get"),
         ("kopf.dev", "clusterkopfpeerings", "create"),
@@ -117,6 +127,8 @@ class KubeApi:
                 self._resources[kind] = resource_class(GROUP, VERSION, kind, PLURAL)
             elif kind == "Event":
                 self._resources[kind] = resource_class("", "v1", kind, "events")
+            elif kind == "Pod":
+                self._resources[kind] = resource_class("", "v1", kind, "pods")
             else:
                 group, version, plural = KINDS[kind]
                 self._resources[kind] = resource_class(group, version, kind, plural)
@@ -166,6 +178,15 @@ class KubeApi:
 
         results = await asyncio.gather(*(one(kind) for kind in kinds))
         return [item for items in results for item in items]
+
+    async def list_engine_pods(self, *, namespace: str, owner_name: str) -> list[dict[str, Any]]:
+        """The engine pods of one InferenceService (the Deployment's selector labels)."""
+        self._check("", "pods", "list")
+        selector: dict[str, Any] = {LABEL_NAME: ENGINE_NAME, LABEL_INSTANCE: owner_name}
+        return [
+            self._plain(obj)
+            async for obj in self._client.list(self._resource("Pod"), namespace=namespace, labels=selector)
+        ]
 
     async def get_child(self, *, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         group, _version, plural = KINDS[kind]

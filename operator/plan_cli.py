@@ -65,6 +65,12 @@ def _text(resolved: Resolved) -> str:
             f"  max sequences:      {plan.max_concurrent_sequences:8d} at max length",
             f"  fits:               {'yes' if plan.fits else 'NO'}",
         ]
+        if plan.lora_bytes_per_gpu is not None:
+            lines.insert(
+                -6,
+                f"  LoRA slots per GPU: {plan.lora_bytes_per_gpu / GB:8.2f} GB "
+                f"({plan.max_adapters} adapters x rank {plan.max_lora_rank})",
+            )
     lines.append(f"  {resolved.plan_note}")
     argv = ["python3", "-m", VLLM_MODULE, *resolved.engine_args.to_argv()]
     lines.append(f"  engine: {shlex.join(argv)}")

@@ -29,6 +29,8 @@ RULES: tuple[dict[str, tuple[str, ...]], ...] = (
     {"apiGroups": ("keda.sh",), "resources": ("scaledobjects",), "verbs": _CHILD},
     {"apiGroups": ("monitoring.coreos.com",), "resources": ("servicemonitors",), "verbs": _CHILD},
     {"apiGroups": ("",), "resources": ("events",), "verbs": ("create",)},
+    # Runtime LoRA adapters: find the ready engine pods (their IPs) to load adapters into. Read only.
+    {"apiGroups": ("",), "resources": ("pods",), "verbs": ("list",)},
     {"apiGroups": ("apiextensions.k8s.io",), "resources": ("customresourcedefinitions",), "verbs": _READ},
     {"apiGroups": ("",), "resources": ("namespaces",), "verbs": ("list", "watch")},
     {"apiGroups": ("kopf.dev",), "resources": ("clusterkopfpeerings",), "verbs": (*_READ, "patch", "create")},

@@ -8,6 +8,9 @@ written at all). Outcomes, for the Kopf wiring to translate:
 - `Outcome.fits is False`: the capacity plan says no; no pods were created; status and an Event say why.
 - `Outcome.failed`: a child could not be written (the API server refused it); status is Degraded
   (ApplyFailed) and a Warning Event names the child; the Kopf wiring retries later.
+- `Outcome.adapter_failures`: a LoRA adapter did not load on a ready pod (`fleetgate.operator.adapters`);
+  status (AdaptersReady False, `status.adapters`) and one Warning Event per new failure say which and why;
+  the Kopf wiring retries later. Adapters are synced on every pass and every status refresh.
 Passes over one InferenceService never overlap (a lock per object), and each starts from the object as
 stored, so two triggers of one edit (the update handler and a child's event) announce it once.
 """
@@ -23,6 +26,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetgate.core.errors import ConfigError
+from fleetgate.operator.adapters import PodAdapterApi, PodAdapters, VllmAdapterApi, failures, new_failures, ready_pods
+from fleetgate.operator.adapters import sync_adapters as sync_pod_adapters
 from fleetgate.operator.builders import Owner, build_children
 from fleetgate.operator.kube import KubeApi, status_code
 from fleetgate.operator.names import name_problem
@@ -31,6 +36,8 @@ from fleetgate.operator.resolve import Resolved, resolve
 from fleetgate.operator.settings import OperatorSettings
 from fleetgate.operator.spec import InferenceServiceSpec, parse_spec
 from fleetgate.operator.status import compute_status
+
+_MAX_ADAPTER_EVENTS = 20  # per pass: a fleet-wide outage must not flood the namespace with Events
 
 
 class SpecRejected(Exception):
@@ -43,6 +50,7 @@ class Outcome:
     status: dict[str, Any]
     fits: bool
     failed: tuple[str, ...] = ()
+    adapter_failures: tuple[str, ...] = ()
 
     @property
     def waiting(self) -> bool:
@@ -78,11 +86,40 @@ def _failure(action: Action, exc: Exception) -> str:
 
 
 class Reconciler:
-    def __init__(self, *, api: KubeApi, settings: OperatorSettings, clock: Callable[[], dt.datetime] = _utcnow) -> None:
+    def __init__(
+        self,
+        *,
+        api: KubeApi,
+        settings: OperatorSettings,
+        clock: Callable[[], dt.datetime] = _utcnow,
+        adapter_api: PodAdapterApi | None = None,
+    ) -> None:
         self._api = api
         self._settings = settings
         self._clock = clock
+        self._adapter_api: PodAdapterApi = adapter_api or VllmAdapterApi()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def aclose(self) -> None:
+        await self._adapter_api.aclose()
+
+    async def _sync_adapters(
+        self, owner: Owner, *, spec: InferenceServiceSpec, resolved: Resolved
+    ) -> list[PodAdapters] | None:
+        """Every ready engine pod to spec.adapters, through the pods' runtime API (None: LoRA off, no pods)."""
+        if not spec.lora_enabled or (resolved.plan is not None and not resolved.plan.fits):
+            return None
+        pods = ready_pods(pods=await self._api.list_engine_pods(namespace=owner.namespace, owner_name=owner.name))
+        return await sync_pod_adapters(
+            api=self._adapter_api, pods=pods, desired=resolved.adapters, served_model=resolved.served_model
+        )
+
+    async def _announce_adapters(
+        self, body: dict[str, Any], previous: dict[str, Any] | None, adapters: list[PodAdapters] | None
+    ) -> None:
+        """One Warning Event per adapter that failed on a pod, when the previous status did not show it yet."""
+        for message in new_failures(results=adapters or [], previous=previous)[:_MAX_ADAPTER_EVENTS]:
+            await self._api.emit_event(owner=body, event_type="Warning", reason="AdapterLoadFailed", message=message)
 
     def _child_kinds(self) -> list[str]:
         kinds = ["Service", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler"]
@@ -141,12 +178,27 @@ class Reconciler:
             elif action.kind == "Deployment" and stored is not None:
                 deployment = stored
         conflicts = tuple(f"{a.kind}/{a.name}" for a in actions if a.verb == "conflict")
+        adapters = await self._sync_adapters(owner, spec=spec, resolved=resolved)
         status = await self._write_status(
-            owner, spec=spec, resolved=resolved, invalid=None, deployment=deployment, previous=previous,
-            conflicts=conflicts, failed=tuple(failed),
+            owner,
+            spec=spec,
+            resolved=resolved,
+            invalid=None,
+            deployment=deployment,
+            previous=previous,
+            conflicts=conflicts,
+            failed=tuple(failed),
+            adapters=adapters,
         )
         await self._announce(body, previous, status)
-        return Outcome(actions=actions, status=status, fits=fits, failed=tuple(failed))
+        await self._announce_adapters(body, previous, adapters)
+        return Outcome(
+            actions=actions,
+            status=status,
+            fits=fits,
+            failed=tuple(failed),
+            adapter_failures=tuple(failures(results=adapters or [])),
+        )
 
     async def _write_status(
         self,
@@ -159,11 +211,21 @@ class Reconciler:
         previous: dict[str, Any] | None,
         conflicts: tuple[str, ...] = (),
         failed: tuple[str, ...] = (),
+        adapters: list[PodAdapters] | None = None,
     ) -> dict[str, Any]:
         """Compute status from the children as they are and patch it only when it changed (level-based)."""
         status = compute_status(
-            owner=owner, spec=spec, resolved=resolved, invalid=invalid, deployment=deployment, previous=previous,
-            now=self._clock(), conflicts=conflicts, cluster_domain=self._settings.cluster_domain, failed=failed,
+            owner=owner,
+            spec=spec,
+            resolved=resolved,
+            invalid=invalid,
+            deployment=deployment,
+            previous=previous,
+            now=self._clock(),
+            conflicts=conflicts,
+            cluster_domain=self._settings.cluster_domain,
+            failed=failed,
+            adapters=adapters,
         )
         if status != _comparable(previous, status):
             await self._api.patch_status(namespace=owner.namespace, name=owner.name, status=status)
@@ -199,9 +261,19 @@ class Reconciler:
         # A child refused by the last pass is still missing: only a pass that applies it clears the verdict.
         degraded = _condition(previous, "Degraded")
         failed = (str(degraded.get("message", "")),) if degraded.get("reason") == "ApplyFailed" else ()
-        return await self._write_status(
-            owner, spec=spec, resolved=resolved, invalid=None, deployment=deployment, previous=previous, failed=failed
+        adapters = await self._sync_adapters(owner, spec=spec, resolved=resolved)
+        status = await self._write_status(
+            owner,
+            spec=spec,
+            resolved=resolved,
+            invalid=None,
+            deployment=deployment,
+            previous=previous,
+            failed=failed,
+            adapters=adapters,
         )
+        await self._announce_adapters(body, previous, adapters)
+        return status
 
     async def _reject(self, body: dict[str, Any], owner: Owner, previous: dict[str, Any] | None, message: str) -> None:
         deployment = await self._api.get_child(kind="Deployment", namespace=owner.namespace, name=owner.name)
@@ -217,7 +289,8 @@ class Reconciler:
         failed_now = _condition(status, "Degraded")
         failed_before = _condition(previous, "Degraded")
         if failed_now.get("reason") == "ApplyFailed" and (failed_now.get("reason"), failed_now.get("message")) != (
-            failed_before.get("reason"), failed_before.get("message")
+            failed_before.get("reason"),
+            failed_before.get("message"),
         ):
             await self._api.emit_event(
                 owner=body, event_type="Warning", reason="ApplyFailed", message=failed_now["message"]

@@ -5,6 +5,12 @@ Pure: no API calls. The model source decides what vLLM's `--model` receives and 
 `/models/claim/path` on the claim mounted read-only, `s3://bucket/path` -> streamed by vLLM's Run:ai model
 streamer (`--load-format runai_streamer`), an absolute path -> used as is (baked into the image). Weight
 bytes for the plan come from the quantization method, else from the dtype.
+
+LoRA adapters (`spec.adapters`) resolve to the `lora_path` vLLM's runtime API loads: `hf://org/name` ->
+`org/name` (vLLM downloads it into `HF_HOME`), `pvc://claim/path` -> `/models/claim/path` (the claim is
+mounted read-only like the model's), an absolute path as is; `s3://` is refused (vLLM's adapter loader reads
+local paths and Hugging Face repositories only). They are not start-up flags: the operator loads them at
+runtime (`fleetgate.operator.adapters`), so adding or removing one never changes the pod template.
 """
 
 from __future__ import annotations
@@ -17,16 +23,16 @@ from fleetgate.engine.capacity import (
     GIB,
     CapacityInputs,
     CapacityPlan,
+    LoraSlots,
     ModelArch,
     plan_capacity,
     tensor_parallel_problem,
 )
 from fleetgate.engine.catalog import lookup
 from fleetgate.engine.kube_names import ENGINE_PORT
+from fleetgate.engine.pod_paths import MODELS_MOUNT, adapter_load_path, pvc_claim
 from fleetgate.operator.profiles import AcceleratorProfile, Profiles
 from fleetgate.operator.spec import Architecture, InferenceServiceSpec, served_name
-
-MODELS_MOUNT = "/models"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +40,13 @@ class ModelLocation:
     model_arg: str
     pvc_claim: str | None = None
     extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedAdapter:
+    name: str
+    path: str  # what vLLM's load API receives as lora_path
+    pvc_claim: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +58,12 @@ class Resolved:
     profile: AcceleratorProfile
     plan: CapacityPlan | None
     plan_note: str  # why there is no plan, or the plan's own reason
+    adapters: tuple[ResolvedAdapter, ...] = ()
+
+    def volume_claims(self) -> tuple[str, ...]:
+        """PVCs the engine pods mount read-only: the model's and the adapters' (sorted, no repeats)."""
+        claims = {a.pvc_claim for a in self.adapters} | {self.location.pvc_claim}
+        return tuple(sorted(c for c in claims if c))
 
 
 def locate_model(*, source: str, revision: str | None = None) -> ModelLocation:
@@ -59,6 +78,22 @@ def locate_model(*, source: str, revision: str | None = None) -> ModelLocation:
     if source.startswith("/"):
         return ModelLocation(model_arg=source)
     raise ConfigError(f"model source {source!r}: expected hf://, s3://, pvc:// or an absolute path")
+
+
+def resolve_adapters(*, spec: InferenceServiceSpec, name: str) -> tuple[ResolvedAdapter, ...]:
+    served = served_name(spec=spec, name=name)
+    out = []
+    for adapter in spec.adapters:
+        if adapter.name == served:
+            raise ConfigError(f"adapters: {adapter.name!r} is the served model's name; an adapter needs its own")
+        path = adapter_load_path(source=adapter.source)
+        if path is None:
+            raise ConfigError(
+                f"adapters: {adapter.name!r}: {adapter.source.split('://')[0]}:// sources cannot be loaded by vLLM's "
+                "runtime adapter API; use hf://, pvc:// or a path in the engine image"
+            )
+        out.append(ResolvedAdapter(name=adapter.name, path=path, pvc_claim=pvc_claim(source=adapter.source)))
+    return tuple(out)
 
 
 def _arch(facts: Architecture | None, reference: str | None) -> ModelArch | None:
@@ -99,6 +134,11 @@ def engine_args_for(*, spec: InferenceServiceSpec, name: str) -> EngineArgs:
         speculative_model=spec_args.draft_model if spec_args else None,
         num_speculative_tokens=spec_args.num_tokens if spec_args else None,
         enforce_eager=engine.enforce_eager,
+        # Adapters themselves are left to the runtime API (no --lora-modules): the pod template, and so its
+        # hash, stays the same when adapters are added or removed.
+        enable_lora=spec.lora_enabled,
+        max_loras=engine.max_adapters if spec.lora_enabled else None,
+        max_lora_rank=engine.max_lora_rank if spec.lora_enabled else None,
         extra_args=(*location.extra_args, *engine.extra_args),
     )
 
@@ -132,6 +172,14 @@ def _check_parallelism(*, spec: InferenceServiceSpec, arch: ModelArch | None, gp
             raise ConfigError(f"engine.{problem}: vLLM would refuse to start")
 
 
+def _lora_slots(*, args: EngineArgs, dtype: str) -> LoraSlots | None:
+    """vLLM's LoRA slots; LoRA weights take the activation dtype (16-bit unless the model runs in float32)."""
+    slots = args.lora_slots()
+    if slots is None:
+        return None
+    return LoraSlots(max_loras=slots[0], max_lora_rank=slots[1], dtype_bytes=4.0 if dtype == "float32" else 2.0)
+
+
 def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Resolved:
     """Everything the builders and the status need; raises ConfigError for an unusable spec."""
     profile = profiles.resolve(name=spec.resources.accelerator)
@@ -146,6 +194,7 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
             f"it accepts {', '.join(accepted)}"
         )
     args = engine_args_for(spec=spec, name=name)
+    adapters = resolve_adapters(spec=spec, name=name)
     arch = _arch(spec.model.architecture, spec.model.source)
     _check_parallelism(spec=spec, arch=arch, gpu=profile.is_gpu)
     plan: CapacityPlan | None = None
@@ -176,6 +225,7 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
                 kv_cache_bytes=None if profile.is_gpu else profile.kv_cache_space_gib * GIB,
                 block_size=profile.kv_block_size,
                 max_num_batched_tokens=spec.engine.max_num_batched_tokens or profile.max_num_batched_tokens,
+                lora=_lora_slots(args=args, dtype=spec.engine.dtype),
             )
         )
         note = plan.reason
@@ -189,4 +239,5 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
         profile=profile,
         plan=plan,
         plan_note=note,
+        adapters=adapters,
     )

@@ -40,5 +40,8 @@ class OperatorSettings:
     # A child the API server refused is applied again after this long (deleted children are recreated at
     # once, through their watch events).
     retry_failed_s: float = 60.0
+    # A LoRA adapter that did not load is tried again after this long. Short, because Kopf holds back the
+    # next spec change (e.g. the fix) until a pending retry is due.
+    adapter_retry_s: float = 10.0
     # How often services with spec.scaleToZeroAfterSeconds are checked for idleness (operator/idle.py).
     idle_check_s: float = 30.0

@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from fleetgate.core.adapters import ADAPTER_NAME_MAX, ADAPTER_NAME_PATTERN
+from fleetgate.engine.args import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 from fleetgate.engine.kube_names import GROUP, KIND, PLURAL, VERSION
 
 __all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "InferenceServiceSpec", "parse_spec", "served_name"]
@@ -24,6 +26,7 @@ SHORT_NAMES = ("fgis", "fgisvc")  # not `isvc`: KServe owns that short name for 
 Quantization = Literal["none", "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors", "bitsandbytes"]
 Dtype = Literal["auto", "float16", "bfloat16", "float32"]
 KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+MaxLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]  # vLLM 0.32's `MaxLoRARanks`
 SpeculativeMethod = Literal["ngram", "suffix", "mtp", "draft_model", "eagle", "eagle3", "medusa"]
 MODEL_SOURCE_PATTERN = (
     r"^(hf://[^/\s]+/[^\s]+|s3://[^/\s]+/[^\s]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|/[^\s]+)$"
@@ -124,6 +127,15 @@ class Engine(_Model):
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     speculative: Speculative | None = None
     enforce_eager: bool = False
+    max_adapters: int | None = Field(
+        default=None, ge=1, le=256,
+        description=f"LoRA adapters in one batch (vLLM --max-loras; {DEFAULT_MAX_LORAS} when unset and LoRA is on). "
+        "Setting it turns LoRA on even without spec.adapters, so adding the first adapter needs no restart.",
+    )  # fmt: skip
+    max_lora_rank: MaxLoraRank | None = Field(
+        default=None,
+        description=f"Largest LoRA rank served (vLLM --max-lora-rank; {DEFAULT_MAX_LORA_RANK} when unset).",
+    )
     extra_args: list[str] = Field(default_factory=list, max_length=64, description="Raw vLLM flags, appended.")
 
 
@@ -173,6 +185,44 @@ class Gateway(_Model):
     pricing: Pricing | None = None
 
 
+class Adapter(_Model):
+    """A LoRA adapter on the served model: loaded into every engine pod at runtime, served under `name`."""
+
+    name: str = Field(
+        pattern=ADAPTER_NAME_PATTERN, max_length=ADAPTER_NAME_MAX,
+        description="Model name clients send for this adapter (unique; not the served model's name).",
+    )  # fmt: skip
+    source: str = Field(
+        pattern=MODEL_SOURCE_PATTERN,
+        max_length=1024,
+        description="hf://org/name, pvc://claim/path or a path inside the engine image (s3:// is refused: "
+        "vLLM's runtime adapter API cannot read it).",
+    )
+    rank: int | None = Field(default=None, ge=1, le=512, description="LoRA rank r; at most engine.maxLoraRank.")
+    tenant: str | None = Field(
+        default=None, max_length=253, description="The only tenant allowed to use it; every tenant when unset."
+    )
+
+
+_ADAPTER_RULES = (
+    (
+        "!has(self.adapters) || !has(self.model.servedName) || self.adapters.all(a, a.name != self.model.servedName)",
+        "an adapter name must differ from model.servedName",
+    ),
+    (
+        "!has(self.adapters) || self.adapters.all(a, !has(a.rank) || a.rank <= "
+        f"(has(self.engine.maxLoraRank) ? self.engine.maxLoraRank : {DEFAULT_MAX_LORA_RANK}))",
+        "an adapter's rank exceeds engine.maxLoraRank",
+    ),
+)
+
+
+def _adapter_list(schema: dict[str, Any]) -> None:
+    """A map list keyed by name: the API server itself refuses two adapters of one name."""
+    schema["x-kubernetes-list-type"] = "map"
+    schema["x-kubernetes-list-map-keys"] = ["name"]
+
+
 class InferenceServiceSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -182,6 +232,7 @@ class InferenceServiceSpec(_Model):
              "replicas must be >= autoscaling.minReplicas"),
             ("!has(self.scaleToZeroAfterSeconds) || !has(self.autoscaling)",
              "scaleToZeroAfterSeconds is for a fixed replica count; with autoscaling, the autoscaler owns replicas"),
+            *_ADAPTER_RULES,
         )
     )  # fmt: skip
     model: ModelSource
@@ -195,6 +246,15 @@ class InferenceServiceSpec(_Model):
         "wakes it (scale from zero). Not with autoscaling.",
     )  # fmt: skip
     gateway: Gateway = Field(default_factory=Gateway, json_schema_extra=_empty_default)
+    adapters: list[Adapter] = Field(
+        default_factory=list, max_length=256, json_schema_extra=_adapter_list,
+        description="LoRA adapters served on this model, loaded and unloaded at runtime (no pod restart).",
+    )  # fmt: skip
+
+    @property
+    def lora_enabled(self) -> bool:
+        """vLLM runs with --enable-lora: adapters are listed, or engine.maxAdapters keeps LoRA on without any."""
+        return bool(self.adapters) or self.engine.max_adapters is not None
 
     @model_validator(mode="after")
     def _cross_fields(self) -> InferenceServiceSpec:
@@ -208,7 +268,22 @@ class InferenceServiceSpec(_Model):
             raise ValueError(
                 "scaleToZeroAfterSeconds is for a fixed replica count; with autoscaling, the autoscaler owns replicas"
             )
+        self._check_adapters()
         return self
+
+    def _check_adapters(self) -> None:
+        names = [a.name for a in self.adapters]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"adapters: duplicate name(s) {', '.join(duplicates)}")
+        if self.model.served_name is not None and self.model.served_name in names:
+            raise ValueError("an adapter name must differ from model.servedName")
+        limit = self.engine.max_lora_rank or DEFAULT_MAX_LORA_RANK
+        for adapter in self.adapters:
+            if adapter.rank is not None and adapter.rank > limit:
+                raise ValueError(
+                    f"an adapter's rank exceeds engine.maxLoraRank: {adapter.name!r} has rank {adapter.rank} > {limit}"
+                )
 
 
 def parse_spec(data: Any) -> InferenceServiceSpec:

@@ -11,6 +11,9 @@ Conditions (status True/False/Unknown, a CamelCase reason, a message with number
 - Progressing: True while pods start or roll out (Starting / RollingOut), else False
 - Degraded: True for InvalidSpec, DoesNotFit, ApplyFailed (the API server refused a child; Ready is then
   False too: a model without its Service has no endpoints), ProgressDeadlineExceeded or Conflict
+- AdaptersReady (LoRA on only): True Loaded when every ready pod holds every adapter of spec.adapters,
+  False LoadFailed (the message names pod, adapter and reason), Unknown NoReadyPods. `status.adapters`
+  lists, per ready pod, the adapters loaded and those failed with their reason.
 Phase, for `kubectl get`: Invalid, DoesNotFit, Degraded, Pending, Progressing, Ready, ScaledToZero.
 """
 
@@ -20,11 +23,13 @@ import datetime as dt
 from typing import Any
 
 from fleetgate.engine.kube_names import ENGINE_PORT
+from fleetgate.operator.adapters import PodAdapters, failures
 from fleetgate.operator.builders.common import Owner, selector_labels
 from fleetgate.operator.resolve import Resolved
 from fleetgate.operator.spec import InferenceServiceSpec
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "CapacityPlanned")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "CapacityPlanned", "AdaptersReady")
+_MESSAGE_MAX = 1000
 
 
 def _stamp(now: dt.datetime) -> str:
@@ -70,6 +75,15 @@ def _deployment_numbers(deployment: dict[str, Any] | None) -> tuple[int, int, in
     return desired, ready, updated, current, stuck
 
 
+def _adapters_condition(cond: Any, *, adapters: list[PodAdapters], wanted: int) -> dict[str, Any]:
+    if not adapters:
+        return cond("AdaptersReady", "Unknown", "NoReadyPods", "no ready engine pod to load adapters into")
+    problems = failures(results=adapters)
+    if problems:
+        return cond("AdaptersReady", "False", "LoadFailed", "; ".join(problems)[:_MESSAGE_MAX])
+    return cond("AdaptersReady", "True", "Loaded", f"{wanted} adapter(s) loaded on {len(adapters)} ready pod(s)")
+
+
 def compute_status(
     *,
     owner: Owner,
@@ -82,7 +96,9 @@ def compute_status(
     conflicts: tuple[str, ...] = (),
     cluster_domain: str = "cluster.local",
     failed: tuple[str, ...] = (),
+    adapters: list[PodAdapters] | None = None,
 ) -> dict[str, Any]:
+    """`adapters`: the last runtime adapter pass over the ready pods (None: LoRA off or no pass)."""
     gen = owner.generation
 
     def cond(type_: str, status: str, reason: str, message: str) -> dict[str, Any]:
@@ -154,6 +170,8 @@ def compute_status(
     else:
         phase = "Ready"
 
+    lora = spec is not None and spec.lora_enabled and invalid is None
+    adapters_cond = _adapters_condition(cond, adapters=adapters or [], wanted=len(spec.adapters) if spec else 0)
     served = resolved.served_model if resolved is not None else None
     return {
         "observedGeneration": gen,
@@ -175,5 +193,6 @@ def compute_status(
             if plan is not None and resolved is not None
             else ({"note": resolved.plan_note} if resolved is not None else None)
         ),
-        "conditions": [capacity, ready_cond, progressing, degraded],
+        "adapters": [r.to_status() for r in adapters] if adapters is not None and lora else None,
+        "conditions": [capacity, ready_cond, progressing, degraded, *([adapters_cond] if lora else [])],
     }

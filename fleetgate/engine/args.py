@@ -7,6 +7,11 @@ construction, and `to_argv()` renders the arguments that follow
 default use the `--x`/`--no-x` pair of `argparse.BooleanOptionalAction`, and speculative decoding is
 one JSON object in `--speculative-config`. A knob left at `None` is omitted so vLLM's own default
 (often model-dependent) applies.
+
+LoRA: `enable_lora` renders `--enable-lora --max-loras N --max-lora-rank R` (always explicit, so the capacity
+plan's adapter slots are exactly vLLM's) and `lora_modules` the adapters loaded at start-up
+(`--lora-modules name=path ...`). `env()` holds what the engine process needs besides flags:
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` with LoRA on, so adapters can be loaded and unloaded at runtime.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleetgate.core.adapters import valid_adapter_name
 from fleetgate.core.errors import ConfigError
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
@@ -44,6 +50,12 @@ SPECULATIVE_METHODS_WITH_MODEL: tuple[str, ...] = ("draft_model", "eagle", "eagl
 SPECULATIVE_METHODS_WITHOUT_MODEL: tuple[str, ...] = ("ngram", "suffix", "mtp")
 SPECULATIVE_METHODS: tuple[str, ...] = SPECULATIVE_METHODS_WITH_MODEL + SPECULATIVE_METHODS_WITHOUT_MODEL
 
+# vLLM 0.32's LoRA defaults (`LoRAConfig`) and the ranks `--max-lora-rank` accepts (`MaxLoRARanks`).
+DEFAULT_MAX_LORAS = 1
+DEFAULT_MAX_LORA_RANK = 16
+LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
 # Flags rendered from typed fields; `extra_args` may not set them a second time.
 OWNED_FLAGS: frozenset[str] = frozenset(
     {
@@ -69,6 +81,11 @@ OWNED_FLAGS: frozenset[str] = frozenset(
         "-sc",
         "--enforce-eager",
         "--no-enforce-eager",
+        "--enable-lora",
+        "--no-enable-lora",
+        "--max-loras",
+        "--max-lora-rank",
+        "--lora-modules",
     }
 )
 
@@ -95,12 +112,28 @@ class EngineArgs:
     speculative_model: str | None = None
     num_speculative_tokens: int | None = None
     enforce_eager: bool = False
+    enable_lora: bool = False
+    max_loras: int | None = None  # with enable_lora: DEFAULT_MAX_LORAS when None
+    max_lora_rank: int | None = None  # with enable_lora: DEFAULT_MAX_LORA_RANK when None
+    lora_modules: Sequence[tuple[str, str]] = ()  # (name, path) loaded at start-up; stored as a tuple
     extra_args: Sequence[str] = ()  # stored as a tuple, so the value stays hashable
 
     def __post_init__(self) -> None:
         if not isinstance(self.extra_args, str | tuple):
             object.__setattr__(self, "extra_args", tuple(self.extra_args))
+        if not isinstance(self.lora_modules, tuple):
+            object.__setattr__(self, "lora_modules", tuple(tuple(m) for m in self.lora_modules))
         _validate(self)
+
+    def lora_slots(self) -> tuple[int, int] | None:
+        """(max_loras, max_lora_rank) vLLM preallocates with LoRA on; None with LoRA off."""
+        if not self.enable_lora:
+            return None
+        return self.max_loras or DEFAULT_MAX_LORAS, self.max_lora_rank or DEFAULT_MAX_LORA_RANK
+
+    def env(self) -> dict[str, str]:
+        """Environment the engine process needs for these args (runtime adapter loading with LoRA on)."""
+        return {RUNTIME_LORA_ENV: "True"} if self.enable_lora else {}
 
     def speculative_config(self) -> dict[str, object] | None:
         """The `--speculative-config` object, or None without speculative decoding."""
@@ -143,6 +176,11 @@ class EngineArgs:
             argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
         if self.enforce_eager:
             argv.append("--enforce-eager")
+        slots = self.lora_slots()
+        if slots is not None:
+            argv += ["--enable-lora", "--max-loras", str(slots[0]), "--max-lora-rank", str(slots[1])]
+            if self.lora_modules:
+                argv += ["--lora-modules", *(f"{name}={path}" for name, path in self.lora_modules)]
         argv += list(self.extra_args)
         return argv
 
@@ -202,7 +240,28 @@ def _validate(args: EngineArgs) -> None:
             "a full-length prompt could never be scheduled",
         )
     _validate_speculative(args)
+    _validate_lora(args)
     _validate_extra(args)
+
+
+def _validate_lora(args: EngineArgs) -> None:
+    if not args.enable_lora:
+        if args.max_loras is not None or args.max_lora_rank is not None or args.lora_modules:
+            _fail("enable_lora", "required when max_loras, max_lora_rank or lora_modules is set")
+        return
+    _positive(args, "max_loras")
+    if args.max_lora_rank is not None and args.max_lora_rank not in LORA_RANKS:
+        _fail("max_lora_rank", f"{args.max_lora_rank!r} is not one of vLLM's {', '.join(map(str, LORA_RANKS))}")
+    names: set[str] = set()
+    for module in args.lora_modules:
+        if len(module) != 2 or not all(isinstance(part, str) for part in module):
+            _fail("lora_modules", f"expected (name, path) pairs, got {module!r}")
+        name, path = module
+        if not valid_adapter_name(name) or name in names or name == args.served_model_name:
+            _fail("lora_modules", f"adapter name {name!r} is invalid, repeated or the served model's name")
+        if not path or any(c.isspace() for c in path):
+            _fail("lora_modules", f"adapter {name!r}: path must be non-empty without whitespace")
+        names.add(name)
 
 
 def _validate_speculative(args: EngineArgs) -> None:

@@ -13,8 +13,20 @@ literature does it (all sizes in bytes; GB = 10**9 bytes as in those worked exam
 - KV per token/GPU   = 2 x layers x max(1, kv_heads / TP) x head_dim x kv bytes
                        (heads are split across GPUs; with fewer KV heads than GPUs vLLM replicates them)
 - KV per sequence    = KV per token x max_model_len              (the worst case a scheduler must admit)
-- usable per GPU     = GPU memory x gpu_memory_utilization - weights per GPU - overhead
-                       (overhead: activations, CUDA graphs, NCCL buffers; a flat per-GPU allowance)
+- LoRA slots         = max_loras x max_lora_rank x hidden_size x 2 x layers x target modules x LoRA dtype bytes
+                       (with `--enable-lora` only). vLLM preallocates, at start-up, `max_loras` slots of
+                       rank `max_lora_rank` in every LoRA-wrapped linear layer, whatever the adapters'
+                       own ranks: an A matrix (rank x in) and a B matrix (out x rank), so the 2 counts A
+                       and B with in = out = hidden_size. Target modules: the 7 linear projections of a
+                       decoder block (q, k, v, o, gate, up, down), which vLLM wraps when no
+                       `--lora-target-modules` is given. First-order: k and v are narrower under GQA and
+                       the MLP projections wider (intermediate size), neither of which the plan knows.
+                       LoRA dtype: the model's activation dtype (16-bit; 32-bit for float32 models).
+- LoRA per GPU       = LoRA slots x (1 + 1/TP) / 2: vLLM shards half of each layer's LoRA (B of column-
+                       parallel layers, A of row-parallel ones) and replicates the other half
+- usable per GPU     = GPU memory x gpu_memory_utilization - weights per GPU - LoRA per GPU - overhead
+                       (overhead: activations, CUDA graphs, NCCL buffers; a flat per-GPU allowance);
+                       with an explicit KV budget (vLLM CPU) LoRA slots live outside it and are only shown
 - KV budget          = the explicit KV space when one is given (vLLM CPU: `VLLM_CPU_KVCACHE_SPACE`), else usable
 - max sequences      = floor(vLLM's maximum concurrency for that budget), from `kv_blocks.paged_kv`: whole
                        blocks of `block_size` tokens, hybrid sliding-window / full-attention layer groups
@@ -116,6 +128,33 @@ class ModelArch:
             raise ConfigError("model architecture: sliding-window layers need sliding_window >= 1")
 
 
+# Linear projections per decoder layer that vLLM wraps for LoRA by default: q, k, v, o, gate, up, down.
+LORA_TARGET_MODULES = 7
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoraSlots:
+    """What vLLM preallocates for LoRA: `max_loras` adapters of rank up to `max_lora_rank`."""
+
+    max_loras: int
+    max_lora_rank: int
+    dtype_bytes: float = 2.0
+    target_modules: int = LORA_TARGET_MODULES
+
+
+def lora_bytes(*, arch: ModelArch, slots: LoraSlots) -> int:
+    """All LoRA slots of one engine (every GPU together), by the formula in the module docstring."""
+    hidden = arch.hidden_size or (arch.query_heads() or 0) * arch.head_dim
+    if hidden < 1:
+        raise ConfigError("capacity: LoRA adapter memory needs the model's hidden size (architecture.hiddenSize)")
+    per_layer = slots.max_lora_rank * hidden * 2 * slots.target_modules * slots.dtype_bytes
+    return round(slots.max_loras * per_layer * arch.layers)
+
+
+def lora_bytes_per_gpu(*, total: int, tensor_parallel_size: int) -> int:
+    return math.ceil(total * (1 + 1 / tensor_parallel_size) / 2)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CapacityInputs:
     arch: ModelArch
@@ -133,6 +172,7 @@ class CapacityInputs:
     kv_cache_bytes: int | None = None
     block_size: int = CUDA_BLOCK_SIZE  # tokens per KV block (vLLM: 16 on CUDA, 128 on CPU)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # sliding-window layers hold window + this
+    lora: LoraSlots | None = None  # LoRA on (--enable-lora): the slots vLLM preallocates
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,13 +195,25 @@ class CapacityPlan:
     fits: bool  # weights and one sequence at max length fit: vLLM can start
     meets_target: bool  # the target concurrency at max length fits too
     reason: str
+    # LoRA on: the adapter slots (max_loras x max_lora_rank) of the whole engine and of one GPU; None when off.
+    max_adapters: int | None = None
+    max_lora_rank: int | None = None
+    lora_bytes: int | None = None
+    lora_bytes_per_gpu: int | None = None
 
     def to_status(self) -> dict[str, object]:
         """camelCase dict for an InferenceService status, sizes also in GB for people."""
         raw = asdict(self)
         out: dict[str, object] = {_camel(k): v for k, v in raw.items() if v is not None}
-        for key in ("weight_bytes_per_gpu", "kv_bytes_per_sequence", "usable_bytes_per_gpu", "kv_bytes_needed_per_gpu"):
-            out[_camel(key.replace("bytes", "gb"))] = f"{raw[key] / GB:.2f}"
+        for key in (
+            "weight_bytes_per_gpu",
+            "kv_bytes_per_sequence",
+            "usable_bytes_per_gpu",
+            "kv_bytes_needed_per_gpu",
+            "lora_bytes_per_gpu",
+        ):
+            if raw[key] is not None:
+                out[_camel(key.replace("bytes", "gb"))] = f"{raw[key] / GB:.2f}"
         return out
 
 
@@ -266,15 +318,16 @@ def paged_plan(*, inputs: CapacityInputs, kv_budget_bytes: int) -> PagedKV:
     )
 
 
-def _kv_budget(*, inputs: CapacityInputs, weights_per_gpu: int) -> tuple[int, str]:
+def _kv_budget(*, inputs: CapacityInputs, weights_per_gpu: int, lora_per_gpu: int | None) -> tuple[int, str]:
     """Bytes per GPU left for the KV cache, and the sentence that explains them."""
     if inputs.kv_cache_bytes is not None:
         return inputs.kv_cache_bytes, f"{inputs.kv_cache_bytes / GIB:g} GiB given for KV"
     memory = math.floor(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
-    usable = memory - weights_per_gpu - inputs.overhead_bytes
+    usable = memory - weights_per_gpu - (lora_per_gpu or 0) - inputs.overhead_bytes
+    lora = f"{lora_per_gpu / GB:.2f} GB LoRA slots - " if lora_per_gpu is not None else ""
     return usable, (
         f"{inputs.gpu_memory_bytes / GB:.1f} GB x {inputs.gpu_memory_utilization:g} - "
-        f"{weights_per_gpu / GB:.2f} GB weights - {inputs.overhead_bytes / GB:.2f} GB overhead = "
+        f"{weights_per_gpu / GB:.2f} GB weights - {lora}{inputs.overhead_bytes / GB:.2f} GB overhead = "
         f"{usable / GB:.2f} GB for KV"
     )
 
@@ -298,7 +351,11 @@ def plan_capacity(*, inputs: CapacityInputs) -> CapacityPlan:
     weights_gpu = math.ceil(weights / tp)
     kv_seq = kv_token * inputs.max_model_len
     kv_seq_gpu = kv_token_gpu * inputs.max_model_len
-    usable, budget = _kv_budget(inputs=inputs, weights_per_gpu=weights_gpu)
+    lora_total = lora_gpu = None
+    if inputs.lora is not None:
+        lora_total = lora_bytes(arch=inputs.arch, slots=inputs.lora)
+        lora_gpu = lora_bytes_per_gpu(total=lora_total, tensor_parallel_size=tp)
+    usable, budget = _kv_budget(inputs=inputs, weights_per_gpu=weights_gpu, lora_per_gpu=lora_gpu)
     paged = paged_plan(inputs=inputs, kv_budget_bytes=usable)
     max_seqs = math.floor(paged.max_concurrency)
     wanted = inputs.target_concurrency if inputs.target_concurrency is not None else 1
@@ -343,4 +400,8 @@ def plan_capacity(*, inputs: CapacityInputs) -> CapacityPlan:
         fits=fits,
         meets_target=meets_target,
         reason=reason,
+        max_adapters=inputs.lora.max_loras if inputs.lora is not None else None,
+        max_lora_rank=inputs.lora.max_lora_rank if inputs.lora is not None else None,
+        lora_bytes=lora_total,
+        lora_bytes_per_gpu=lora_gpu,
     )

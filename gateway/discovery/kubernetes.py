@@ -12,6 +12,12 @@ A model with no ready pod stays known (a request gets 503, never 404); `/v1/mode
 request can wake it: its InferenceService sets `spec.scaleToZeroAfterSeconds` (idle scale-down by the
 operator, wake by the gateway through the scale subresource, see `fleetgate.gateway.wake`).
 
+LoRA adapters (`AdapterCatalog`): `adapters()` lists each InferenceService's `spec.adapters` with base = the
+CR's served model, `lora_path` as the pod sees it (`fleetgate.engine.pod_paths`) and `tenant` as the only
+tenant allowed. `models()` lists base models only; `endpoints(adapter)` returns its base's endpoints (the
+request keeps `model: <adapter>`: vLLM picks the LoRA by it). An adapter is offered while its base is; a name
+that is also a served model, or that two services give different bases, stays the base model / the first.
+
 Each endpoint carries labels from the CR: `tier`, prices (`price_input_per_1m`, `price_output_per_1m`,
 `price_cached_input_per_1m`), `inferenceservice`, `namespace`, `pod`. `start()` lists once (so the first
 request after start-up already has endpoints) and then keeps watching; a broken watch is re-listed after
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from fleetgate.core.adapters import AdapterSpec, valid_adapter_name
 from fleetgate.core.types import Endpoint
 from fleetgate.engine.kube_names import (
     ANNOTATION_LAST_REQUEST,
@@ -44,6 +51,7 @@ from fleetgate.engine.kube_names import (
     SPEC_SCALE_TO_ZERO_AFTER,
     VERSION,
 )
+from fleetgate.engine.pod_paths import adapter_load_path
 from fleetgate.gateway.discovery import ModelListing, WakeTarget
 
 if TYPE_CHECKING:
@@ -68,6 +76,28 @@ class ServiceInfo:
     unservable: bool = False  # the operator will create no pods for it (DoesNotFit, Invalid)
     wake_replicas: int | None = None  # scale-from-zero capable: replicas to wake it to; None: not wakeable
     context_length: int | None = None  # spec.engine.maxModelLen: bounds a request that sets no max_tokens
+    adapters: tuple[AdapterSpec, ...] = ()  # spec.adapters, base = served_model
+
+
+def _adapters(spec: Mapping[str, Any], *, base: str) -> tuple[AdapterSpec, ...]:
+    """spec.adapters as AdapterSpecs; entries the operator would refuse are skipped (never trusted blindly)."""
+    raw = spec.get("adapters")
+    out: list[AdapterSpec] = []
+    for entry in raw if isinstance(raw, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        name, source, rank, tenant = entry.get("name"), entry.get("source"), entry.get("rank"), entry.get("tenant")
+        path = adapter_load_path(source=source) if isinstance(source, str) else None
+        if not isinstance(name, str) or not valid_adapter_name(name) or name == base or path is None:
+            continue
+        out.append(
+            AdapterSpec(
+                name=name, base=base, source=path,
+                rank=rank if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0 else None,
+                tenants=frozenset({tenant}) if isinstance(tenant, str) and tenant else frozenset(),
+            )
+        )  # fmt: skip
+    return tuple(out)
 
 
 def _wake_replicas(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> int | None:
@@ -110,6 +140,7 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
         wake_replicas=None if unservable else _wake_replicas(meta, spec),
         context_length=context if isinstance(context, int) and not isinstance(context, bool) and context > 0
         else None,
+        adapters=_adapters(spec, base=str(served)),
     )  # fmt: skip
 
 
@@ -150,6 +181,23 @@ def build_index(
     return index
 
 
+def adapter_index(
+    *, services: Mapping[tuple[str, str], ServiceInfo], models: Mapping[str, Any]
+) -> dict[str, AdapterSpec]:
+    """adapter name -> AdapterSpec, for adapters whose base is an offered model. Pure.
+
+    A name that is also a model stays the model's; two services naming one adapter: the first, by
+    (namespace, name), wins, so the answer never flips between resyncs."""
+    out: dict[str, AdapterSpec] = {}
+    for _key, info in sorted(services.items()):
+        if info.served_model not in models:
+            continue
+        for adapter in info.adapters:
+            if adapter.name not in models and adapter.name not in out:
+                out[adapter.name] = adapter
+    return out
+
+
 class KubernetesEndpointSource:
     """An EndpointSource fed by watches on InferenceServices and EndpointSlices."""
 
@@ -171,6 +219,7 @@ class KubernetesEndpointSource:
         self._services: dict[tuple[str, str], ServiceInfo] = {}
         self._slices: dict[tuple[str, str], Mapping[str, Any]] = {}
         self._index: dict[str, list[Endpoint]] = {}
+        self._adapter_index: dict[str, AdapterSpec] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._client: AsyncClient | None = None
         self._gauge = (
@@ -184,7 +233,15 @@ class KubernetesEndpointSource:
         return sorted(self._index)
 
     def endpoints(self, model: str) -> list[Endpoint]:
+        """A model's endpoints; an adapter's are its base model's."""
+        if model not in self._index:
+            adapter = self._adapter_index.get(model)
+            model = adapter.base if adapter is not None else model
         return list(self._index.get(model, []))
+
+    def adapters(self) -> list[AdapterSpec]:
+        """`AdapterCatalog`: the adapters of every InferenceService whose base model is offered, by name."""
+        return [self._adapter_index[name] for name in sorted(self._adapter_index)]
 
     def wake_targets(self, model: str) -> list[WakeTarget]:
         return [
@@ -195,8 +252,11 @@ class KubernetesEndpointSource:
 
     def context_length(self, model: str) -> int | None:
         """The smallest `maxModelLen` among the services serving `model` (a request may land on any)."""
-        known = [info.context_length for info in self._services.values()
-                 if info.served_model == model and info.context_length is not None]
+        known = [
+            info.context_length
+            for info in self._services.values()
+            if info.served_model == model and info.context_length is not None
+        ]
         return min(known) if known else None
 
     def listing(self) -> list[ModelListing]:
@@ -216,8 +276,7 @@ class KubernetesEndpointSource:
         assert self._client is not None, "start() first"
         isvc, _slice = self._resources()
         body = {"spec": {"replicas": target.replicas}}
-        await self._client.patch(isvc.Scale, target.name, body, namespace=target.namespace,
-                                 patch_type=PatchType.MERGE)
+        await self._client.patch(isvc.Scale, target.name, body, namespace=target.namespace, patch_type=PatchType.MERGE)
 
     async def mark_active(self, model: str) -> None:
         """Stamp the time of a request on the InferenceServices of `model` (read by the idle scale-down)."""
@@ -229,12 +288,12 @@ class KubernetesEndpointSource:
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {"metadata": {"annotations": {ANNOTATION_LAST_REQUEST: now}}}
         for target in self.wake_targets(model):
-            await self._client.patch(isvc, target.name, body, namespace=target.namespace,
-                                     patch_type=PatchType.MERGE)
+            await self._client.patch(isvc, target.name, body, namespace=target.namespace, patch_type=PatchType.MERGE)
 
     def _rebuild(self) -> None:
         before = set(self._index)
         self._index = build_index(services=self._services, slices=self._slices)
+        self._adapter_index = adapter_index(services=self._services, models=self._index)
         if self._gauge is not None:
             for model, eps in self._index.items():
                 self._gauge.labels(model=model).set(len(eps))

@@ -7,7 +7,11 @@
   failureThreshold = ceil(budget / 10). Readiness on `/health` every 5 s; liveness on `/health` after start.
 - `/dev/shm` is a memory-backed emptyDir (NCCL and PyTorch workers need more than the 64 MiB default).
 - The model cache is an emptyDir capped at `spec.model.cacheSize` (`HF_HOME` points there); `pvc://` sources
-  mount their claim read-only under /models.
+  (the model's and the LoRA adapters') mount their claim read-only under /models.
+- LoRA: the engine args' env (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`), so the operator can load and
+  unload adapters at runtime. The adapters themselves are not in the pod template (no `--lora-modules`):
+  adding or removing one leaves the template, its hash and the pods as they are. Only a new adapter
+  claim (pvc://) or turning LoRA on or off (`--enable-lora`, its slots) rolls the pods.
 - CPU profiles: `VLLM_CPU_KVCACHE_SPACE` = the profile's `kv_cache_space_gib`, the KV budget of the plan.
 - GPUs: the profile's extended resource (limits = requests = `spec.resources.gpus`), node selector and
   tolerations; CPU and memory requests default per GPU (`OperatorSettings.engine_*_request`), never
@@ -24,8 +28,9 @@ from typing import Any
 
 from fleetgate.engine.args import VLLM_MODULE
 from fleetgate.engine.kube_names import ANNOTATION_SERVED_MODEL, ENGINE_PORT, ENGINE_PORT_NAME
+from fleetgate.engine.pod_paths import MODELS_MOUNT
 from fleetgate.operator.builders.common import Owner, child, labels, selector_labels
-from fleetgate.operator.resolve import MODELS_MOUNT, Resolved
+from fleetgate.operator.resolve import Resolved
 from fleetgate.operator.settings import OperatorSettings
 from fleetgate.operator.spec import InferenceServiceSpec
 
@@ -83,6 +88,10 @@ def _volumes(*, spec: InferenceServiceSpec, resolved: Resolved, settings: Operat
     if claim is not None:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": "model", "mountPath": f"{MODELS_MOUNT}/{claim}", "readOnly": True})
+    for index, other in enumerate(c for c in resolved.volume_claims() if c != claim):
+        name = f"adapters-{index}"
+        volumes.append({"name": name, "persistentVolumeClaim": {"claimName": other, "readOnly": True}})
+        mounts.append({"name": name, "mountPath": f"{MODELS_MOUNT}/{other}", "readOnly": True})
     return volumes, mounts
 
 
@@ -97,6 +106,7 @@ def build_deployment(
     if not resolved.profile.is_gpu and resolved.profile.kv_cache_space_gib:
         # The KV budget the capacity plan assumed: vLLM CPU reads it from this variable.
         env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(resolved.profile.kv_cache_space_gib)})
+    env += [{"name": key, "value": value} for key, value in sorted(resolved.engine_args.env().items())]
     weight_bytes = resolved.plan.weight_bytes if resolved.plan is not None else None
     container: dict[str, Any] = {
         "name": "engine",

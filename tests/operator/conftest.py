@@ -7,13 +7,15 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 import pytest
 from kmock._internal import apps
 
+from fleetgate.core.adapters import LoadedAdapter
+from fleetgate.engine.lora_api import AdapterApiError
 from fleetgate.operator.apisim import new_emulator
 from fleetgate.operator.handlers import register
 from fleetgate.operator.kube import KubeApi, resource_class
@@ -47,6 +49,20 @@ class Cluster:
         cls = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
         await self.api._client.delete(cls, name, namespace=namespace)
 
+    async def add_pod(self, owner: str, name: str, *, ip: str, ready: bool = True, namespace: str = "default") -> None:
+        """An engine pod of `owner` as the kubelet would report it (kmock runs no pods)."""
+        from lightkube.resources.core_v1 import Pod
+
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/name": "fleetgate-engine", "app.kubernetes.io/instance": owner}},
+            "spec": {"containers": [{"name": "engine", "image": "vllm"}]},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        }  # fmt: skip
+        await self.api._client.create(Pod.from_dict(body))
+
     async def fake_rollout(self, name: str, *, ready: int, namespace: str = "default") -> None:
         """Play the Deployment controller: report `ready` pods of the current generation."""
         from lightkube.types import PatchType
@@ -63,6 +79,39 @@ class Cluster:
         await self.api._client.patch(
             cls.Status, name, {"status": status}, namespace=namespace, patch_type=PatchType.MERGE
         )
+
+
+@dataclass
+class FakePods:
+    """The engine pods' runtime LoRA API, faked: loaded adapters per pod URL and every call made."""
+
+    served: str = "qwen"
+    held: dict[str, dict[str, str]] = field(default_factory=dict)  # url -> adapter name -> source
+    calls: list[tuple[str, str, str]] = field(default_factory=list)  # (verb, url, adapter)
+    fail_load: dict[str, str] = field(default_factory=dict)  # adapter name -> the engine's refusal
+    unreachable: set[str] = field(default_factory=set)  # urls that do not answer
+
+    async def loaded(self, *, base_url: str) -> list[LoadedAdapter]:
+        if base_url in self.unreachable:
+            raise AdapterApiError(f"ClientConnectorError calling {base_url}/v1/models")
+        items = self.held.get(base_url, {}).items()
+        return [LoadedAdapter(name=name, base=self.served, source=source) for name, source in items]
+
+    async def load(self, *, base_url: str, name: str, source: str) -> None:
+        self.calls.append(("load", base_url, name))
+        if name in self.fail_load:
+            raise AdapterApiError(f"loading adapter {name!r} failed: HTTP 400: {self.fail_load[name]}", status=400)
+        self.held.setdefault(base_url, {})[name] = source
+
+    async def unload(self, *, base_url: str, name: str) -> None:
+        self.calls.append(("unload", base_url, name))
+        self.held.get(base_url, {}).pop(name, None)
+
+    async def aclose(self) -> None:
+        return None
+
+    def called(self, verb: str) -> set[tuple[str, str]]:
+        return {(url, name) for v, url, name in self.calls if v == verb}
 
 
 async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], *, within: float = 10.0, what: str = "") -> None:
@@ -102,7 +151,14 @@ def operator_settings() -> OperatorSettings:
 
 
 @pytest.fixture
-async def operator(cluster: Cluster, operator_settings: OperatorSettings) -> AsyncIterator[asyncio.Task[None]]:
+def pods() -> FakePods:
+    return FakePods()
+
+
+@pytest.fixture
+async def operator(
+    cluster: Cluster, operator_settings: OperatorSettings, pods: FakePods
+) -> AsyncIterator[asyncio.Task[None]]:
     """The real operator (Kopf + handlers + reconciler) in this event loop, standalone, cluster-wide."""
     registry = kopf.OperatorRegistry()
 
@@ -114,6 +170,7 @@ async def operator(cluster: Cluster, operator_settings: OperatorSettings) -> Asy
         settings=operator_settings,
         make_api=lambda: KubeApi.from_server(url=cluster.url, field_manager="fleetgate-operator"),
         login=login,
+        make_adapter_api=lambda: pods,
     )
     stop = asyncio.Event()
     ready = asyncio.Event()

@@ -167,3 +167,30 @@ def test_spec_change_changes_only_affected_hashes() -> None:
     after = {c["kind"]: c["metadata"]["annotations"][ANNOTATION_SPEC_HASH] for c in _children(doc)}
     assert before["Deployment"] != after["Deployment"]
     assert before["Service"] == after["Service"] and before["PodDisruptionBudget"] == after["PodDisruptionBudget"]
+
+
+def test_adapter_changes_leave_the_pod_template_and_its_hash_alone() -> None:
+    """Adapters are loaded at runtime: adding, removing or re-ranking one must not roll the engine pods."""
+    doc = _example("lora-llama-8b-adapters")
+    before = _by_kind(_children(doc))["Deployment"]
+    changed = {**doc, "spec": {**doc["spec"], "adapters": [
+        {"name": "sql-assistant", "source": "hf://acme-data/llama-3.1-8b-sql-lora-v2", "rank": 8},
+        {"name": "new-one", "source": "pvc://lora-adapters/new-one"},
+    ]}}  # fmt: skip
+    after = _by_kind(_children(changed))["Deployment"]
+    assert after == before
+    assert (
+        before["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+        == after["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+    )
+    container = before["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in container["env"]
+    assert "--enable-lora" in container["args"] and "--lora-modules" not in container["args"]
+    # A claim no adapter used before is a new volume: that one change does roll the pods.
+    other_claim = {**doc, "spec": {**doc["spec"], "adapters": [{"name": "x", "source": "pvc://elsewhere/x"}]}}
+    assert _by_kind(_children(other_claim))["Deployment"] != before
+
+
+def test_no_lora_no_runtime_env() -> None:
+    container = _by_kind(_children(_example("small-l4-awq")))["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert all(e["name"] != "VLLM_ALLOW_RUNTIME_LORA_UPDATING" for e in container["env"])

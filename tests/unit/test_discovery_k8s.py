@@ -171,8 +171,12 @@ def _isvc(**spec: Any) -> dict[str, Any]:
 
 def test_listing_offers_models_with_endpoints_or_that_can_be_woken() -> None:
     source = KubernetesEndpointSource(client_factory=None, namespace="ml", label_selector="a=b")
-    for name, spec in (("ready", {}), ("idle", {"scaleToZeroAfterSeconds": 600, "replicas": 0}),
-                       ("starting", {}), ("stopped", {"replicas": 0})):
+    for name, spec in (
+        ("ready", {}),
+        ("idle", {"scaleToZeroAfterSeconds": 600, "replicas": 0}),
+        ("starting", {}),
+        ("stopped", {"replicas": 0}),
+    ):
         body = _isvc(**spec)
         body = {**body, "metadata": {"name": name, "namespace": "ml"}, "spec": {**body["spec"], "model": {}}}
         source.apply_event("isvc", "ADDED", body)
@@ -180,8 +184,10 @@ def test_listing_offers_models_with_endpoints_or_that_can_be_woken() -> None:
     # All four are known (a request for one with no endpoint is 503, not 404) ...
     assert source.models() == ["idle", "ready", "starting", "stopped"]
     # ... but only those a client can be served are offered.
-    assert source.listing() == [ModelListing(name="idle", ready=False, scaled_to_zero=True),
-                                ModelListing(name="ready", ready=True)]
+    assert source.listing() == [
+        ModelListing(name="idle", ready=False, scaled_to_zero=True),
+        ModelListing(name="ready", ready=True),
+    ]
     assert source.wake_targets("idle") == [WakeTarget(namespace="ml", name="idle", replicas=1)]
     assert source.wake_targets("stopped") == []  # scaled to zero by hand: not the gateway's to wake
 
@@ -206,8 +212,12 @@ async def test_scale_and_mark_active_go_through_the_api(api_url: tuple[Any, str]
     )
     admin = _client(url)
     await admin.create(isvc_cls.from_dict(_isvc(scaleToZeroAfterSeconds=600, replicas=0)))
-    source = KubernetesEndpointSource(client_factory=lambda: _client(url), namespace="ml",
-                                      label_selector="app.kubernetes.io/managed-by=fleetgate", resync_s=60)
+    source = KubernetesEndpointSource(
+        client_factory=lambda: _client(url),
+        namespace="ml",
+        label_selector="app.kubernetes.io/managed-by=fleetgate",
+        resync_s=60,
+    )
     await source.start()
     try:
         assert [m.name for m in source.listing()] == ["llama-8b"]
@@ -215,10 +225,15 @@ async def test_scale_and_mark_active_go_through_the_api(api_url: tuple[Any, str]
         await source.scale(target)
         await source.mark_active("llama-8b")
         patches = [(str(r.url), r.data) for r in server if r.method == "PATCH"]
-        assert any(u.endswith("/namespaces/ml/inferenceservices/llama/scale") and d == {"spec": {"replicas": 1}}
-                   for u, d in patches), patches
-        assert any(u.endswith("/namespaces/ml/inferenceservices/llama")
-                   and "fleetgate.io/last-request" in d["metadata"]["annotations"] for u, d in patches), patches
+        assert any(
+            u.endswith("/namespaces/ml/inferenceservices/llama/scale") and d == {"spec": {"replicas": 1}}
+            for u, d in patches
+        ), patches
+        assert any(
+            u.endswith("/namespaces/ml/inferenceservices/llama")
+            and "fleetgate.io/last-request" in d["metadata"]["annotations"]
+            for u, d in patches
+        ), patches
     finally:
         await source.aclose()
         await admin.close()
@@ -236,3 +251,66 @@ def test_context_length_is_the_smallest_max_model_len_among_a_models_services() 
     for bad in (True, -1, "8192"):
         assert (info := service_info(_isvc(engine={"maxModelLen": bad}))) is not None
         assert info.context_length is None
+
+
+def _lora_isvc(name: str, served: str, adapters: list[dict[str, Any]], namespace: str = "ml") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"model": {"source": "hf://org/base", "servedName": served}, "adapters": adapters},
+    }
+
+
+def test_adapters_come_from_spec_adapters_with_the_served_model_as_base() -> None:
+    from fleetgate.core.adapters import AdapterSpec
+
+    source = KubernetesEndpointSource(client_factory=None, namespace="ml", label_selector="a=b")
+    adapters = [
+        {"name": "sql", "source": "hf://acme/sql-lora", "rank": 16, "tenant": "acme"},
+        {"name": "legal", "source": "pvc://loras/legal"},
+        {"name": "streamed", "source": "s3://bucket/x"},  # the operator refuses it: never offered
+        {"name": "Bad Name", "source": "/a"},
+        {"name": "llama-8b", "source": "/a"},  # the base's own name
+        "garbage",
+    ]
+    source.apply_event("isvc", "ADDED", _lora_isvc("llama", "llama-8b", adapters))
+    source.apply_event("slice", "ADDED", _slice("llama-a", "llama", ("10.0.0.1", True, "p1"), ("10.0.0.2", True, "p2")))
+    assert source.adapters() == [
+        AdapterSpec(name="legal", base="llama-8b", source="/models/loras/legal"),
+        AdapterSpec(name="sql", base="llama-8b", source="acme/sql-lora", rank=16, tenants=frozenset({"acme"})),
+    ]
+    # The contract: an adapter's endpoints are its base's; models() still lists base models only.
+    assert [e.url for e in source.endpoints("sql")] == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    assert source.endpoints("sql") == source.endpoints("llama-8b")
+    assert source.models() == ["llama-8b"] and source.endpoints("streamed") == []
+
+    # Removing an adapter from the spec removes it from discovery; deleting the service removes them all.
+    source.apply_event("isvc", "MODIFIED", _lora_isvc("llama", "llama-8b", adapters[1:2]))
+    assert [a.name for a in source.adapters()] == ["legal"] and source.endpoints("sql") == []
+    source.apply_event("isvc", "DELETED", _lora_isvc("llama", "llama-8b", []))
+    assert source.adapters() == [] and source.endpoints("legal") == []
+
+
+def test_adapter_names_never_shadow_a_model_and_the_first_service_wins() -> None:
+    source = KubernetesEndpointSource(client_factory=None, namespace="ml", label_selector="a=b")
+    source.apply_event("isvc", "ADDED", _lora_isvc("a", "base-a", [{"name": "shared", "source": "/x"},
+                                                                 {"name": "base-b", "source": "/y"}]))  # fmt: skip
+    source.apply_event("isvc", "ADDED", _lora_isvc("b", "base-b", [{"name": "shared", "source": "/z"}]))
+    by_name = {a.name: a for a in source.adapters()}
+    assert set(by_name) == {"shared"} and by_name["shared"].base == "base-a"
+
+
+def test_adapters_of_an_unservable_base_are_not_offered() -> None:
+    source = KubernetesEndpointSource(client_factory=None, namespace="ml", label_selector="a=b")
+    body = {**_lora_isvc("big", "huge", [{"name": "sql", "source": "/a"}]), "status": {"phase": "DoesNotFit"}}
+    source.apply_event("isvc", "ADDED", body)
+    assert source.adapters() == []
+
+
+def test_the_source_is_an_adapter_catalog() -> None:
+    import fleetgate.gateway.discovery as discovery
+
+    source = KubernetesEndpointSource(client_factory=None, namespace="ml", label_selector="a=b")
+    assert callable(source.adapters) and isinstance(source, EndpointSource)
+    catalog = getattr(discovery, "AdapterCatalog", None)  # added by the gateway's branch: checked once merged
+    if catalog is not None:
+        assert isinstance(source, catalog)

@@ -163,3 +163,46 @@ def test_vllm_parser_reads_back_every_knob(vllm_parser: argparse.ArgumentParser)
     assert ns.enforce_eager is True
     defaults = vllm_parser.parse_args(EngineArgs(model="m").to_argv())
     assert defaults.enable_prefix_caching is None  # omitted knobs keep vLLM's model-dependent default
+
+
+def test_lora_renders_slots_explicitly_and_start_modules() -> None:
+    args = EngineArgs(
+        model="m", served_model_name="base", enable_lora=True, max_loras=4, max_lora_rank=32,
+        lora_modules=[("sql", "/a/sql"), ("legal", "org/legal")],
+    )  # fmt: skip
+    argv = args.to_argv()
+    i = argv.index("--enable-lora")
+    assert argv[i : i + 5] == ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "32"]
+    assert argv[argv.index("--lora-modules") + 1 :][:2] == ["sql=/a/sql", "legal=org/legal"]
+    assert args.env() == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    defaults = EngineArgs(model="m", enable_lora=True)
+    assert defaults.lora_slots() == (1, 16) and "--lora-modules" not in defaults.to_argv()
+    off = EngineArgs(model="m")
+    assert off.lora_slots() is None and off.env() == {} and "--enable-lora" not in off.to_argv()
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"max_loras": 2}, "enable_lora"),
+        ({"lora_modules": [("a", "/p")]}, "enable_lora"),
+        ({"enable_lora": True, "max_lora_rank": 24}, "max_lora_rank"),
+        ({"enable_lora": True, "max_loras": 0}, "max_loras"),
+        ({"enable_lora": True, "lora_modules": [("a", "/p"), ("a", "/q")]}, "lora_modules"),
+        ({"enable_lora": True, "lora_modules": [("Bad Name", "/p")]}, "lora_modules"),
+        ({"enable_lora": True, "served_model_name": "a", "lora_modules": [("a", "/p")]}, "lora_modules"),
+        ({"enable_lora": True, "lora_modules": [("a", "/p q")]}, "lora_modules"),
+        ({"extra_args": ["--max-loras", "3"]}, "typed field"),
+    ],
+)
+def test_invalid_lora_args_raise(changes: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        EngineArgs(model="m", **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_vllm_parser_reads_back_lora(vllm_parser: argparse.ArgumentParser) -> None:
+    args = EngineArgs(model="/m", enable_lora=True, max_loras=3, max_lora_rank=64, lora_modules=[("s", "/a/s")])
+    ns = vllm_parser.parse_args(args.to_argv())
+    assert ns.enable_lora is True and (ns.max_loras, ns.max_lora_rank) == (3, 64)
+    assert [(m.name, m.path) for m in ns.lora_modules] == [("s", "/a/s")]

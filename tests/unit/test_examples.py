@@ -60,3 +60,13 @@ def test_70b_example_uses_tp4_and_fp8_kv() -> None:
     argv = _plan("llama-70b-h100-tp4").engine_args.to_argv()
     assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
     assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8"
+
+
+def test_lora_example_plans_its_adapter_slots() -> None:
+    resolved = _plan("lora-llama-8b-adapters")
+    plan = resolved.plan
+    assert plan is not None and plan.fits and plan.meets_target
+    assert (plan.max_adapters, plan.max_lora_rank) == (4, 32)
+    # 4 slots x rank 32 x hidden 4096 x (A + B) x 32 layers x 7 modules x 2 bytes
+    assert plan.lora_bytes_per_gpu == 4 * 32 * 4096 * 2 * 32 * 7 * 2
+    assert [a.name for a in resolved.adapters] == ["sql-assistant", "legal-summaries"]

@@ -68,6 +68,9 @@ REFUSED = [
     {**BASE, "replicas": 1, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}},
     {**BASE, "engine": {"speculative": {"method": "eagle3"}}},
     {**BASE, "engine": {"speculative": {"method": "ngram", "draftModel": "x/y"}}},
+    {"model": {"source": "hf://org/m", "servedName": "sql"}, "adapters": [{"name": "sql", "source": "/a/sql"}]},
+    {**BASE, "adapters": [{"name": "sql", "source": "/a/sql", "rank": 32}]},
+    {**BASE, "engine": {"maxLoraRank": 8}, "adapters": [{"name": "sql", "source": "/a/sql", "rank": 16}]},
 ]
 ACCEPTED = [
     BASE,
@@ -75,6 +78,9 @@ ACCEPTED = [
     {**BASE, "resources": {"accelerator": "cpu", "gpus": 0}},
     {**BASE, "replicas": 0, "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "scaleToZero": True}},
     {**BASE, "engine": {"speculative": {"method": "ngram", "numTokens": 3}}},
+    {**BASE, "adapters": [{"name": "sql", "source": "/a/sql", "rank": 16}, {"name": "legal", "source": "hf://o/l"}]},
+    {**BASE, "engine": {"maxLoraRank": 64, "maxAdapters": 2}, "adapters": [{"name": "a", "source": "/a", "rank": 64}]},
+    {"model": {"source": "hf://org/m", "servedName": "base"}, "adapters": [{"name": "sql", "source": "/a/sql"}]},
 ] + [d["spec"] for p in sorted(EXAMPLES.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
 
 

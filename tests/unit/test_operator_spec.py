@@ -42,6 +42,12 @@ def test_spec_enums_are_known_to_engine_args() -> None:
         ({"engine": {"maxModelLen": 8}}, "maxModelLen"),
         ({"engine": {"unknownKnob": 1}}, "unknownKnob"),
         ({"model": {"source": "gs://bucket/x"}}, "source"),
+        ({"adapters": [{"name": "a", "source": "/a"}, {"name": "a", "source": "/b"}]}, "duplicate"),
+        ({"adapters": [{"name": "Bad_Name", "source": "/a"}]}, "name"),
+        ({"adapters": [{"name": "a", "source": "ftp://x/y"}]}, "source"),
+        ({"adapters": [{"name": "a", "source": "/a", "rank": 32}]}, "maxLoraRank"),
+        ({"engine": {"maxLoraRank": 24}}, "maxLoraRank"),
+        ({"engine": {"maxAdapters": 0}}, "maxAdapters"),
     ],
 )
 def test_invalid_specs_name_the_field(patch: dict[str, Any], needle: str) -> None:
@@ -112,3 +118,32 @@ def test_profiles_file_overrides_and_adds(tmp_path: Any) -> None:
     path.write_text("nvidia-l4:\n  no_such_field: 1\n")
     with pytest.raises(ConfigError, match="no_such_field"):
         load_profiles(path=path)
+
+
+def test_adapters_turn_lora_on_and_stay_out_of_the_flags() -> None:
+    spec = parse_spec(
+        {**BASE, "engine": {"maxAdapters": 2, "maxLoraRank": 32},
+         "adapters": [{"name": "sql", "source": "hf://me/sql", "rank": 32, "tenant": "acme"},
+                      {"name": "legal", "source": "pvc://loras/legal"}]}
+    )  # fmt: skip
+    assert spec.lora_enabled and spec.adapters[0].tenant == "acme"
+    resolved = resolve(spec=spec, name="llama", profiles=Profiles())
+    argv = resolved.engine_args.to_argv()
+    assert argv[argv.index("--max-loras") + 1] == "2" and argv[argv.index("--max-lora-rank") + 1] == "32"
+    assert "--lora-modules" not in argv  # loaded at runtime: the pod template does not change with them
+    assert [(a.name, a.path, a.pvc_claim) for a in resolved.adapters] == [
+        ("sql", "me/sql", None), ("legal", "/models/loras/legal", "loras")
+    ]  # fmt: skip
+    assert resolved.volume_claims() == ("loras",)
+    assert not parse_spec(BASE).lora_enabled
+    assert parse_spec({**BASE, "engine": {"maxAdapters": 1}}).lora_enabled  # LoRA on, no adapter yet
+
+
+@pytest.mark.parametrize(
+    ("adapter", "needle"),
+    [({"name": "llama", "source": "/a"}, "served model's name"), ({"name": "a", "source": "s3://b/a"}, "s3://")],
+)
+def test_adapters_refused_at_resolution(adapter: dict[str, Any], needle: str) -> None:
+    """The resource name is the served name when servedName is unset: only resolution knows it."""
+    with pytest.raises(ConfigError, match=needle):
+        resolve(spec=parse_spec({**BASE, "adapters": [adapter]}), name="llama", profiles=Profiles())
