@@ -81,6 +81,10 @@ class AdapterLoader:
     def loaded(self, endpoint_id: str, name: str) -> bool:
         return self._state.has_adapter(endpoint_id, name)
 
+    def forget(self, endpoint_id: str, name: str) -> None:
+        """The endpoint turned out not to have `name` loaded."""
+        self._state.drop_adapter(endpoint_id, name)
+
     def in_flight(self) -> int:
         """Loads being made now (tests and shutdown check that none is left behind)."""
         return len(self._flights)

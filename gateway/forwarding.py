@@ -11,13 +11,16 @@ zero is woken first (`Waker` holds the request until it has an endpoint). When n
 A LoRA adapter (a name the source's `AdapterCatalog` lists) is routed among its base model's endpoints
 with `RoutingRequest.adapter` set, forwarded with `model: <adapter>` (vLLM selects the LoRA by it), and
 loaded first where the picked endpoint lacks it (`AdapterLoader`); a failed load moves on to the next
-endpoint like a connect failure. Waking and activity marks go to the base model.
+endpoint like a connect failure. An engine that answers 404 for an adapter the gateway believed loaded
+there (it restarted, or unloaded it since the last scrape) did no work: the adapter is loaded again and
+the request resent to it, once. Waking and activity marks go to the base model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -146,8 +149,12 @@ class Forwarder:
                 problems.append(exc.message)
                 public.append(exc.message)
                 continue
-            tries: list[Endpoint] = [decision.endpoint, *decision.fallbacks[:1]]
-            for attempt_no, endpoint in enumerate(tries):
+            tries: deque[Endpoint] = deque([decision.endpoint, *decision.fallbacks[:1]])
+            reloaded: set[str] = set()
+            attempt_no = -1
+            while tries:
+                endpoint = tries.popleft()
+                attempt_no += 1
                 if attempt_no:
                     self._metrics.retries.labels(model).inc()
                 if spec is not None:
@@ -183,6 +190,15 @@ class Forwarder:
                     self._attempted(ctx, Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing,
                                                  decision=decision))
                     raise
+                if spec is not None and response.status == 404 and endpoint.id not in reloaded:
+                    # The engine lost the adapter the gateway believed loaded there (a restart, an unload the
+                    # scraper has not seen yet): it did no work, so load it again and resend, once.
+                    response.release()
+                    self._scheduler.on_complete(routing, endpoint, ok=False, usage=None)
+                    self.adapters.forget(endpoint.id, spec.name)
+                    reloaded.add(endpoint.id)
+                    tries.appendleft(endpoint)
+                    continue
                 attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)
                 self._attempted(ctx, attempt)
                 return attempt, response

@@ -80,7 +80,8 @@ class Pipeline:
             metrics=metrics,
             session=session,
         )
-        self._context = {m.name: m.max_model_len for m in settings.models if m.max_model_len}
+        self._context = {n: m.max_model_len for m in settings.models if m.max_model_len  # adapters: their base's
+                         for n in (m.name, *(a.name for a in m.adapters))}
         self._tasks: set[asyncio.Task[None]] = set()
         self._log = logging.getLogger("fleetgate.gateway.requests")
 
@@ -162,7 +163,8 @@ class Pipeline:
         authorize_model(self._s.auth, ctx.tenant, parsed.model, source=self._s.endpoint_source)
         ctx.model_label = UNKNOWN_MODEL
         if parsed.model not in self.known_models():
-            names = ", ".join(self.known_models()) or "(none configured)"
+            names = ", ".join([*served_names(self._s.endpoint_source, visible_to=ctx.tenant.id),
+                               *self._s.tiers.aliases()]) or "(none configured)"
             raise NotFoundError(f"model {shown(parsed.model)} does not exist; available models: {names}",
                                 param="model")
         ctx.model_label = parsed.model

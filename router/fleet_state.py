@@ -67,6 +67,13 @@ class FleetState:
         self.adapters[endpoint_id] = self.adapters.get(endpoint_id, frozenset()) | {name}
         self._adapter_added_at[endpoint_id] = self.clock()
 
+    def drop_adapter(self, endpoint_id: str, name: str) -> None:
+        """The endpoint does not have `name` loaded after all (it answered that it does not know it)."""
+        names = self.adapters.get(endpoint_id)
+        if names is not None and name in names:
+            self.adapters[endpoint_id] = names - {name}
+        self._adapter_added_at.pop(endpoint_id, None)
+
     def has_adapter(self, endpoint_id: str, name: str) -> bool:
         return name in self.adapters.get(endpoint_id, frozenset())
 

@@ -55,9 +55,11 @@ def adapter_named(source: EndpointSource, name: str) -> AdapterSpec | None:
     return None
 
 
-def served_names(source: EndpointSource) -> list[str]:
-    """Every name a client may ask a source for: its models, then its adapters (each once)."""
-    return list(dict.fromkeys([*source.models(), *(a.name for a in adapters_of(source))]))
+def served_names(source: EndpointSource, *, visible_to: str | None = None) -> list[str]:
+    """Every name a client may ask a source for: its models, then its adapters (each once); with `visible_to`
+    (a tenant id), without the adapters restricted to other tenants."""
+    adapters = [a.name for a in adapters_of(source) if visible_to is None or not a.tenants or visible_to in a.tenants]
+    return list(dict.fromkeys([*source.models(), *adapters]))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,8 +96,11 @@ class ContextSource(Protocol):
 
 
 def context_length(source: EndpointSource, model: str) -> int | None:
-    """What the source knows of `model`'s context length (None: unknown)."""
-    return source.context_length(model) if isinstance(source, ContextSource) else None
+    """What the source knows of `model`'s context length (None: unknown); an adapter has its base's."""
+    if not isinstance(source, ContextSource):
+        return None
+    spec = adapter_named(source, model)
+    return source.context_length(spec.base if spec is not None else model)
 
 
 @runtime_checkable

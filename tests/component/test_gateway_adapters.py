@@ -5,6 +5,8 @@ that leaves), and the scraper's view of what each engine has loaded."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 
 from fleetgate.cache.config import CacheConfig, SemanticConfig
 from fleetgate.cache.twolayer import TwoLayerCache
+from fleetgate.gateway.discovery import StaticEndpointSource
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.tenancy.keys import new_key
 from fleetgate.sim.fake_engine import FakeEngineConfig
@@ -232,6 +235,7 @@ async def test_tenants_models_lists_and_adapter_tenants_govern_adapters(
         assert (await status("initech", "legal"))[0] == 200
         code, message = await status("initech", "ghost")
         assert code == 404 and "legal" in message  # an adapter is a known model name like any other
+        assert "pirate" not in message  # but one restricted to other tenants is not named to them
         assert (await status("globex", "ghost"))[0] == 403  # not in its list: 403 before 404, as for models
 
         async def listed(tenant: str) -> set[str]:
@@ -278,3 +282,84 @@ async def test_the_cache_never_serves_one_adapters_answer_for_another_or_the_bas
             await gw.pipeline.drain()
     assert e1.lora.served[served:] == [BASE, "chef"]
     assert len(cache.index) == 3
+
+
+async def test_usage_is_accounted_per_adapter_with_its_base(
+    start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    e1 = await start_lora()
+    settings = lora_settings([e1.url]).model_copy(deep=True)
+    settings.tenancy = settings.tenancy.model_validate(
+        {"prices": {"base": {"input_usd_per_1m": "1", "output_usd_per_1m": "2"}}}
+    )
+    gw = await start_gateway(settings)
+    async with httpx.AsyncClient(base_url=gw.url) as c:
+        for model in ("legal", "legal", "chef", "base"):
+            assert (await c.post("/v1/chat/completions", json=chat(model))).status_code == 200
+        await gw.pipeline.drain()
+        report = (await c.get("/v1/usage")).json()
+        csv_text = (await c.get("/v1/usage", params={"format": "csv"})).text
+    by_model = {g["model"]: g for g in report["by_model"]}
+    assert {m: (g["base"], g["requests"]) for m, g in by_model.items()} == {
+        "legal": ("base", 2),
+        "chef": ("base", 1),
+        "base": ("", 1),
+    }
+    one = 2 * 1 + 3 * 2  # µ$: 2 prompt words at $1/1M, 3 completion tokens at $2/1M, the base's price
+    assert by_model["legal"]["cost_micros"] == 2 * one and by_model["chef"]["cost_micros"] == one
+    assert report["by_base"][0]["base"] == "base" and report["by_base"][0]["cost_micros"] == 4 * one
+    table = list(csv.DictReader(io.StringIO(csv_text)))
+    assert {(r["model"], r["base"]) for r in table} == {("legal", "base"), ("chef", "base"), ("base", "")}
+    value = gw.app.state.registry.get_sample_value
+    assert value("fleetgate_adapter_info", {"model": "legal", "base": "base"}) == 1
+    assert (
+        value("fleetgate_tenant_cost_usd_total", {"tenant": "anonymous", "model": "legal", "tier": ""}) == 2 * one / 1e6
+    )
+
+
+async def test_an_engine_that_lost_the_adapter_gets_it_loaded_again(
+    start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    e1 = await start_lora(loaded={"legal"})
+    settings = lora_settings([e1.url]).model_copy(deep=True)
+    # the first scrape round learns the preloaded adapter; later ones come too late to notice the loss
+    settings.routing = settings.routing.model_validate({"scrape": {"intervalS": 60, "healthIntervalS": 60}})
+    gw = await start_gateway(settings)
+    ep = f"127.0.0.1:{e1.port}"
+    assert await eventually(lambda: fleet(gw).has_adapter(ep, "legal"))
+    e1.lora.loaded.clear()  # the engine restarted: its runtime-loaded adapters are gone
+    async with httpx.AsyncClient(base_url=gw.url) as c:
+        r = await c.post("/v1/chat/completions", json=chat("legal"))
+        assert r.status_code == 200 and r.json()["model"] == "legal"
+        e1.lora.load_fail_status = 500
+        e1.lora.loaded.clear()  # lost again, and now it cannot load it: the client gets the 503, not a 404
+        r = await c.post("/v1/chat/completions", json=chat("legal"))
+        assert r.status_code == 503 and "legal" in r.json()["error"]["message"]
+    assert e1.lora.served == ["legal", "legal", "legal"] and e1.lora.load_calls == 2
+    assert fleet(gw).inflight == {} and loader(gw).in_flight() == 0
+
+
+@pytest.mark.parametrize("where", ["route", "discovery"])
+async def test_an_adapter_request_is_reserved_at_its_bases_context_length(
+    start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]], where: str
+) -> None:
+    e1 = await start_lora()
+    data = lora_settings([e1.url], auth=True, default_max_tokens=16).model_dump()
+    data["tenancy"]["tenants"][0]["daily_budget_usd"] = "1"  # a budget: requests without max_tokens are capped
+    data["tenancy"]["prices"] = {"base": {"input_usd_per_1m": "1", "output_usd_per_1m": "2"}}
+    if where == "route":
+        data["models"][0]["max_model_len"] = 4096
+    settings = GatewaySettings.model_validate(data)
+
+    class SizedSource(StaticEndpointSource):  # knows the base's context length, as Kubernetes discovery does
+        def context_length(self, model: str) -> int | None:
+            return 4096 if model == "base" else None
+
+    stages = {} if where == "route" else {"endpoint_source": SizedSource(settings.models)}
+    gw = await start_gateway(settings, **stages)
+    body = {"model": "legal", "messages": [{"role": "user", "content": "alpha beta"}]}
+    async with httpx.AsyncClient(base_url=gw.url) as c:
+        r = await c.post("/v1/chat/completions", json=body, headers=key("acme"))
+    assert r.status_code == 200, r.text
+    # a context-sized reservation is left to the engine; without the base's context it would be the default 16
+    assert e1.received[-1].body.get("max_tokens") is None and e1.received[-1].body["model"] == "legal"

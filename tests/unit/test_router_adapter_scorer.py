@@ -102,3 +102,12 @@ def test_presets_and_parameter_errors() -> None:
             p["parameters"] = {"hotspotMargin": -1}
     with pytest.raises(ConfigError, match="hotspotMargin"):
         build_scheduler(RoutingConfig.model_validate(data), scrape=False)
+
+
+def test_serves_model_filter_keeps_the_base_endpoints_of_an_adapter_request() -> None:
+    from fleetgate.router.plugins.model_filter import ServesModelFilter
+
+    other = Endpoint(id="x", url="http://x", model="other")
+    f = ServesModelFilter(name="f")
+    assert f.filter(LEGAL, {}, [*EPS, other]) == [*EPS, other]
+    assert f.filter(RoutingRequest(request_id="r", model="base", prompt_text=""), {}, [*EPS, other]) == EPS
