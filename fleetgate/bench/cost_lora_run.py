@@ -51,6 +51,7 @@ class LoraResult:
     disk_loads: int = 0
     slot_swaps: int = 0
     wall_s: float = 0.0
+    engine_ttft_s: list[float] = field(default_factory=list)
 
 
 def gateway_settings(config: LoraConfig, fleet: LoraFleet, *, tenants: list[str], keys: dict[str, str]) -> Any:
@@ -128,5 +129,6 @@ async def run_lora_config(
         result.provisioned_s = fleet.replicas * duration
         result.work_s = fleet.work_s()
         result.disk_loads, result.slot_swaps = fleet.lora_counts()
+        result.engine_ttft_s = list(fleet.engine_ttft_s)
         await fleet.aclose()
     return result
