@@ -31,11 +31,12 @@ of its own (`sizing_table` shows the saving shrinking as the load grows). The wo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetgate.bench.cost_fleet import default_deployments
 from fleetgate.bench.workload import Workload
-from fleetgate.sim.engine import count_tokens
+from fleetgate.sim.engine import SimRequest, count_tokens
 from fleetgate.sim.fleet import SimFleet, start_sim_fleet
 from fleetgate.sim.profile import SimProfile
 from fleetgate.sim.server import render_chat
@@ -145,6 +146,21 @@ class LoraFleet:
 
     setup: LoraSetup
     fleets: dict[str, SimFleet] = field(default_factory=dict)
+    engine_ttft_s: list[float] = field(default_factory=list)  # arrival at the engine -> first token, engine time
+
+    def record_engine_ttft(self) -> None:
+        """Also collect each engine's own TTFT (no gateway, no client, no machine noise in it)."""
+        for fleet in self.fleets.values():
+            for engine in fleet.engines:
+                previous = engine.on_first_token
+
+                def observe(req: SimRequest, previous: Callable[[SimRequest], None] | None = previous) -> None:
+                    if previous is not None:
+                        previous(req)
+                    if req.ttft_s is not None:
+                        self.engine_ttft_s.append(req.ttft_s)
+
+                engine.on_first_token = observe
 
     async def aclose(self) -> None:
         for fleet in self.fleets.values():
@@ -199,4 +215,5 @@ async def start_layout(setup: LoraSetup, *, shared: bool, per_ft: dict[str, int]
     except BaseException:
         await fleet.aclose()
         raise
+    fleet.record_engine_ttft()
     return fleet

@@ -51,16 +51,19 @@ class LoraResult:
     disk_loads: int = 0
     slot_swaps: int = 0
     wall_s: float = 0.0
+    engine_ttft_s: list[float] = field(default_factory=list)
 
 
-def gateway_settings(config: LoraConfig, fleet: LoraFleet, *, tenants: list[str], keys: dict[str, str]) -> Any:
+def gateway_settings(
+    config: LoraConfig, fleet: LoraFleet, *, fine_tunes: list[str], tenants: list[str], keys: dict[str, str]
+) -> Any:
     from fleetgate.gateway.settings import AdapterRoute, GatewaySettings, ModelRoute, ServerSettings
     from fleetgate.gateway.tenancy.config import TenancyConfig, TenantConfig
     from fleetgate.gateway.tenancy.keys import hash_key
     from fleetgate.router.config import preset
 
     if config.shared:
-        adapters = [AdapterRoute(name=f"ft-{k}", source=f"/adapters/ft-{k}", rank=16) for k in range(len(tenants))]
+        adapters = [AdapterRoute(name=name, source=f"/adapters/{name}", rank=16) for name in fine_tunes]
         models = [ModelRoute(name=BASE_MODEL, endpoints=fleet.fleets[BASE_MODEL].urls, adapters=adapters)]
     else:
         models = [ModelRoute(name=name, endpoints=f.urls) for name, f in fleet.fleets.items()]
@@ -81,7 +84,8 @@ async def run_lora_config(
 ) -> LoraResult:
     from fleetgate.gateway.serve import build_server
 
-    tenants = sorted({item.tenant for item in workload.items}, key=lambda t: int(t.split("-")[1]))
+    tenants = sorted({item.tenant for item in workload.items})
+    fine_tunes = sorted({item.adapter for item in workload.items if item.adapter is not None})
     keys = _keys(tenants)
     keys["__admin__"] = "fg-bench-admin-0123456789abcdef0123456789abcdef"
     per_ft, shared = size_layouts(workload, setup)
@@ -90,7 +94,7 @@ async def run_lora_config(
     duration = workload.items[-1].at_s
     try:
         server = build_server(
-            gateway_settings(config, fleet, tenants=tenants, keys=keys),
+            gateway_settings(config, fleet, fine_tunes=fine_tunes, tenants=tenants, keys=keys),
             host="127.0.0.1",
             port=(port := free_port()),
             metrics_port=0,
@@ -128,5 +132,6 @@ async def run_lora_config(
         result.provisioned_s = fleet.replicas * duration
         result.work_s = fleet.work_s()
         result.disk_loads, result.slot_swaps = fleet.lora_counts()
+        result.engine_ttft_s = list(fleet.engine_ttft_s)
         await fleet.aclose()
     return result

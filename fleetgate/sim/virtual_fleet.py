@@ -12,7 +12,8 @@ LoRA: a work item may name an adapter (the profile must enable LoRA). Its routin
 when the picked engine has not loaded it, the run does what the gateway does: it asks that engine to
 load it (`SimEngine.request_load`, the engine pays `lora_load_s` in its loop), tells the scheduler's
 `FleetState` once loaded, and queues the request then (its TTFT includes the wait). Each scrape also
-copies every engine's loaded adapters into the `FleetState`, as the scraper reads `/v1/models`.
+copies every engine's loaded adapters into the `FleetState`, as the scraper reads `/v1/models`, and its
+running and waiting adapters and `max_loras`, as the scraper reads `vllm:lora_requests_info`.
 """
 
 from __future__ import annotations
@@ -157,10 +158,14 @@ async def run_virtual_fleet(
             schedule_step(i, now)
         elif kind == "scrape" and state is not None:
             for ep, eng in zip(endpoints, engines, strict=True):
-                state.update(ep.id, waiting=len(eng.waiting), running=len(eng.running), kv_usage=eng.kv_usage,
-                             kv_capacity_tokens=eng.profile.capacity_tokens)
-                if eng.lora is not None and hasattr(state, "set_adapters"):
+                active = max_loras = None
+                if eng.lora is not None:  # what vllm:lora_requests_info tells a scraper
+                    active = frozenset(eng.adapters_of(eng.running) + eng.adapters_of(eng.waiting))
+                    max_loras = eng.profile.max_loras
                     state.set_adapters(ep.id, eng.adapters(), as_of=now)
+                state.update(ep.id, waiting=len(eng.waiting), running=len(eng.running), kv_usage=eng.kv_usage,
+                             kv_capacity_tokens=eng.profile.capacity_tokens, active_adapters=active,
+                             max_loras=max_loras)
             heapq.heappush(events, (now + scrape_interval_s, next(seq), "scrape", None))
     result.makespan_s = now
     for eng in engines:

@@ -43,5 +43,7 @@ def test_lora_comparison_runs_end_to_end_on_a_tiny_workload(tmp_path: Path, caps
     assert all(r["requests"] == 30 and r["errors"] == 0 for r in rows.values())
     # the fleets: one deployment per fine-tune (at least a replica each) against one shared base
     assert rows["deployments"]["gpus"] >= 3 and rows["adapters+affinity"]["gpus"] == rows["adapters+blind"]["gpus"]
+    # the engines' own TTFT was recorded beside the client's, and is shorter (no gateway, no HTTP)
+    assert all(0 < r["engine_ttft_p50_s"] <= r["ttft_p50_s"] for r in rows.values())
     # the adapters were loaded on demand by the gateway, never in the deployments layout
     assert rows["adapters+affinity"]["disk_loads"] >= 3 and rows["deployments"]["disk_loads"] == 0

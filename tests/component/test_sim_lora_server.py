@@ -132,3 +132,18 @@ def _lora_info(text: str) -> dict[str, str]:
     ]
     assert len(info) == 1
     return dict(info[0].labels)
+
+
+async def test_a_client_leaving_mid_load_does_not_stop_the_load_nor_the_engine() -> None:
+    async with await start_sim_fleet(replicas=1, profile=PROFILE) as fleet, aiohttp.ClientSession() as s:
+        url = fleet.urls[0]
+        body = {"lora_name": "chat", "lora_path": "/adapters/chat"}
+        with pytest.raises(TimeoutError):  # the load takes 0.1 s wall; the client gives up after 0.02 s
+            async with s.post(f"{url}/v1/load_lora_adapter", json=body, timeout=aiohttp.ClientTimeout(total=0.02)):
+                pass
+        for _ in range(50):
+            if "chat" in {a.name for a in await loaded_adapters(s, url)}:
+                break
+            await asyncio.sleep(0.02)
+        assert "chat" in {a.name for a in await loaded_adapters(s, url)}
+        assert (await _complete(s, url, "chat"))[0] == 200

@@ -37,6 +37,8 @@ def _row(config: str, usd: float, p50: float, p90: float) -> LoraRow:
         usd_per_1k=usd,
         ttft_p50_s=p50,
         ttft_p90_s=p90,
+        engine_ttft_p50_s=p50,
+        engine_ttft_p90_s=p90,
         utilisation=0.5,
         disk_loads=0,
         slot_swaps=0,

@@ -201,3 +201,19 @@ def test_rank_comes_from_peft_adapter_config_and_modules_parse_like_vllm(tmp_pat
             parse_lora_module(bad)
     with pytest.raises(LoraError, match="max_lora_rank"):  # a start-up adapter above the maximum rank
         SimEngine(profile=LORA.with_(max_lora_rank=16, lora_modules=(("big", str(tmp_path)),)))
+
+
+def test_unloading_an_adapter_lets_its_running_requests_finish_and_refuses_new_ones() -> None:
+    engine = SimEngine(profile=LORA)
+    running = add(engine, "r", "x" * 10, "a", max_tokens=4)
+    step = engine.plan_step()
+    assert step is not None
+    now = step.duration_s
+    engine.finish_step(step, now=now)
+    engine.unload("a")
+    while (nxt := engine.plan_step()) is not None:
+        now += nxt.duration_s
+        engine.finish_step(nxt, now=now)
+    assert running.done and running.generated == 4
+    with pytest.raises(LoraError):
+        engine.make_request(request_id="late", prompt="x", max_tokens=1, now=now, adapter="a")
