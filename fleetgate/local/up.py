@@ -12,16 +12,19 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
+from fleetgate.core.config import parse_model
 from fleetgate.core.errors import ConfigError
 from fleetgate.core.telemetry import configure_logging
 from fleetgate.gateway.settings import GatewaySettings, ModelRoute
+from fleetgate.local.adapter_prep import PACKAGED_ADAPTERS
 from fleetgate.local.banner import banner
 from fleetgate.local.check import CheckResult, send_check
-from fleetgate.local.config import EngineConfig, UpConfig, load_up_config
+from fleetgate.local.config import AdapterRef, EngineConfig, UpConfig, load_up_config
 from fleetgate.local.engines import EngineFleet, free_port, port_in_use
 from fleetgate.local.errors import EngineStartError, LocalStackError
 
@@ -36,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-base-port", type=int, help="engine i listens on this + i (0: free ports)")
     parser.add_argument("--check", action="store_true", help="send one chat request, print the answer, exit")
     parser.add_argument("--prompt", default=DEFAULT_CHECK_PROMPT, help="the --check question")
+    parser.add_argument(
+        "--adapters", action="store_true",
+        help="also serve the packaged LoRA adapters (pirate, signoff; trained once, ~1-3 min each) when the "
+             "config lists none",
+    )
 
 
 def _say(message: str) -> None:
@@ -55,13 +63,18 @@ def apply_overrides(config: UpConfig, args: argparse.Namespace) -> UpConfig:
         engine.base_port = args.engine_base_port
     if args.port is not None:
         gateway.server.port = args.port
-    return UpConfig.model_validate({"engine": engine.model_dump(), "gateway": gateway.model_dump()})
+    if getattr(args, "adapters", False) and not engine.adapters:
+        engine.adapters = [AdapterRef(name=name) for name in PACKAGED_ADAPTERS]
+    return parse_model(UpConfig, {"engine": engine.model_dump(), "gateway": gateway.model_dump()},
+                       source="the command line")
 
 
 def route_models(*, gateway: GatewaySettings, model: str, served_name: str, urls: list[str],
-                 max_model_len: int | None = None) -> GatewaySettings:
+                 max_model_len: int | None = None, adapters: Sequence[str] = ()) -> GatewaySettings:
     """Point the gateway at the engines: fill routes that list no endpoints, add one if none exist. The
-    engines' `max_model_len` bounds what a request without `max_tokens` is reserved (and capped) at."""
+    engines' `max_model_len` bounds what a request without `max_tokens` is reserved (and capped) at.
+    Each adapter name gets a route to the same engines: the request keeps `model: <adapter>`, which is how
+    vLLM picks the LoRA, and the gateway accounts it under that name."""
     settings = gateway.model_copy(deep=True)
     fill: dict[str, Any] = {"endpoints": list(urls)}
     routes = [r if r.endpoints else r.model_copy(update={**fill, "max_model_len": r.max_model_len or max_model_len})
@@ -69,6 +82,9 @@ def route_models(*, gateway: GatewaySettings, model: str, served_name: str, urls
     if not routes:
         served = None if served_name == model else served_name
         routes = [ModelRoute(name=model, endpoints=list(urls), served_name=served, max_model_len=max_model_len)]
+    named = {r.name for r in routes}
+    routes += [ModelRoute(name=a, endpoints=list(urls), max_model_len=max_model_len) for a in adapters
+               if a not in named]
     settings.models = routes
     return settings
 
@@ -95,6 +111,33 @@ def _check_ports(config: UpConfig) -> None:
                 )
 
 
+def resolve_adapters(engine: EngineConfig) -> dict[str, Path]:
+    """Each configured adapter's PEFT directory: packaged ones prepared (trained once, cached), others
+    checked for a PEFT config whose rank the engines accept."""
+    import json
+
+    from fleetgate.local.adapter_prep import adapter_dir, prepare_adapter
+
+    out: dict[str, Path] = {}
+    for ref in engine.adapters:
+        if ref.path is None:
+            if not adapter_dir(name=ref.name, cache_dir=engine.cache_dir).is_dir():
+                _say(f"==> first run: training the packaged adapter {ref.name!r} (once, about 1-3 minutes)")
+            out[ref.name] = prepare_adapter(name=ref.name, cache_dir=engine.cache_dir, progress=_say)
+            continue
+        config_file = ref.path / "adapter_config.json"
+        try:
+            rank = json.loads(config_file.read_text(encoding="utf-8")).get("r")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise LocalStackError(f"adapter {ref.name!r}: {config_file} is not a readable PEFT config") from exc
+        if not isinstance(rank, int) or rank > engine.max_lora_rank:
+            raise LocalStackError(
+                f"adapter {ref.name!r} has rank {rank!r}; engine.max_lora_rank is {engine.max_lora_rank}"
+            )
+        out[ref.name] = ref.path.resolve()
+    return out
+
+
 @contextmanager
 def _vllm_engines(engine: EngineConfig) -> Iterator[EngineFleet]:
     from fleetgate.local.model_prep import model_dir, prepare_model
@@ -111,7 +154,7 @@ def _vllm_engines(engine: EngineConfig) -> Iterator[EngineFleet]:
         model_path = prepare_model(
             cache_dir=engine.cache_dir, dtype=engine.dtype, progress=_say, quantization=quantization
         )
-    specs = vllm_specs(config=engine, model_path=model_path)
+    specs = vllm_specs(config=engine, model_path=model_path, adapters=resolve_adapters(engine))
     fleet = EngineFleet(specs=specs, startup_timeout_s=engine.startup_timeout_s, stop_grace_s=engine.stop_grace_s,
                         progress=_say)
     _say(f"==> starting {engine.replicas} vLLM CPU engine(s) (about a minute); logs in {engine.log_dir}/")
@@ -146,7 +189,7 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
 
     engine = config.engine
     settings = route_models(gateway=config.gateway, model=engine.model, served_name=served_name, urls=urls,
-                            max_model_len=engine.max_model_len)
+                            max_model_len=engine.max_model_len, adapters=[a.name for a in engine.adapters])
     if not check:
         # Interactive: one structured line per request on stderr. --check keeps its output to the answer.
         configure_logging(level=settings.server.log_level)
@@ -202,4 +245,4 @@ def run(args: argparse.Namespace) -> int:
         _say(f"==> fleetgate up finished after {time.monotonic() - start:.0f}s")
 
 
-__all__ = ["add_arguments", "apply_overrides", "route_models", "run"]
+__all__ = ["add_arguments", "apply_overrides", "resolve_adapters", "route_models", "run"]

@@ -1,0 +1,165 @@
+"""`fleetgate up` with LoRA adapters: config validation, the vLLM command line and environment, the
+gateway routes, and resolving adapter directories (no training, no engine: the e2e test does those)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetgate.core.errors import ConfigError
+from fleetgate.local.adapter_prep import PACKAGED_ADAPTERS, adapter_dir, expected_identity
+from fleetgate.local.config import EngineConfig, UpConfig, load_up_config
+from fleetgate.local.errors import LocalStackError, ModelPrepError
+from fleetgate.local.up import add_arguments, apply_overrides, resolve_adapters, route_models
+from fleetgate.local.vllm_command import engine_env, lora_argv, vllm_specs
+
+URLS = ["http://127.0.0.1:8100"]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _config(tmp_path: Path, text: str) -> UpConfig:
+    path = tmp_path / "up.yaml"
+    path.write_text(text)
+    return load_up_config(path)
+
+
+def _peft_dir(path: Path, *, rank: int) -> Path:
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
+    return path
+
+
+def test_adapters_by_name_or_by_path(tmp_path: Path) -> None:
+    config = _config(tmp_path, "engine:\n  adapters:\n  - pirate\n  - {name: mine, path: /opt/lora/mine}\n")
+    assert [(a.name, a.path) for a in config.engine.adapters] == [("pirate", None), ("mine", Path("/opt/lora/mine"))]
+    assert config.engine.lora_slots() == 2
+    assert EngineConfig(adapters=["pirate"], max_loras=4).lora_slots() == 4  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    ("yaml", "match"),
+    [
+        ("engine:\n  adapters: [pirate, pirate]\n", "unique"),
+        ("engine:\n  adapters: [unknown-one]\n", "not a packaged one"),
+        ("engine:\n  adapters: [{name: Bad Name, path: /x}]\n", "lowercase"),
+        ("engine:\n  adapters: [{name: gemma-3-270m, path: /x}]\n", "base model"),
+        ("engine:\n  kind: sim\n  adapters: [pirate]\n", "kind: vllm"),
+        ("engine:\n  max_loras: 2\n", "lists none"),
+        ("engine:\n  adapters: [pirate]\n  max_lora_rank: 12\n", "max_lora_rank"),
+        ("engine:\n  adapters: [pirate]\n  max_loras: 0\n", "max_loras"),
+        ("engine:\n  adapters: [{name: x, path: /x, rank: 8}]\n", "rank"),
+    ],
+)
+def test_bad_adapter_config_is_named(tmp_path: Path, yaml: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        _config(tmp_path, yaml)
+
+
+def test_adapters_flag_serves_the_packaged_adapters_unless_the_file_lists_some(tmp_path: Path) -> None:
+    config = apply_overrides(UpConfig(), _args("--adapters"))
+    assert [a.name for a in config.engine.adapters] == list(PACKAGED_ADAPTERS)
+    listed = apply_overrides(_config(tmp_path, "engine:\n  adapters: [signoff]\n"), _args("--adapters"))
+    assert [a.name for a in listed.engine.adapters] == ["signoff"]
+    assert apply_overrides(UpConfig(), _args()).engine.adapters == []
+    with pytest.raises(ConfigError, match="kind: vllm"):
+        apply_overrides(UpConfig(), _args("--adapters", "--engine", "sim"))
+
+
+def test_vllm_command_enables_lora_with_the_adapters(tmp_path: Path) -> None:
+    config = EngineConfig(adapters=["pirate", "signoff"], max_lora_rank=8)  # type: ignore[list-item]
+    dirs = {"signoff": tmp_path / "s", "pirate": tmp_path / "p"}
+    (spec,) = vllm_specs(config=config, model_path=tmp_path / "model", adapters=dirs, python="py")
+    argv = list(spec.argv)
+    tail = argv[argv.index("--enable-lora") :]
+    assert tail == [
+        "--enable-lora",
+        "--max-loras",
+        "2",
+        "--max-lora-rank",
+        "8",
+        "--lora-modules",
+        f"pirate={tmp_path / 'p'}",
+        f"signoff={tmp_path / 's'}",
+    ]  # config order
+    assert argv.index("--served-model-name") < argv.index("--enable-lora")
+    assert spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert spec.expect_model == "gemma-3-270m"
+
+
+def test_no_adapters_no_lora_flags_and_no_runtime_updates(tmp_path: Path) -> None:
+    (spec,) = vllm_specs(config=EngineConfig(), model_path=tmp_path, python="py")
+    assert not [a for a in spec.argv if a.startswith("--") and "lora" in a]
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in engine_env(config=EngineConfig(), base={})
+    assert lora_argv(config=EngineConfig(), adapters={}) == []
+
+
+def test_engine_env_from_the_file_still_wins(tmp_path: Path) -> None:
+    config = EngineConfig(adapters=["pirate"], env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "False"})  # type: ignore[list-item]
+    assert engine_env(config=config, base={})["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "False"
+
+
+def test_an_adapter_without_a_directory_is_refused(tmp_path: Path) -> None:
+    config = EngineConfig(adapters=["pirate", "signoff"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="signoff"):
+        vllm_specs(config=config, model_path=tmp_path, adapters={"pirate": tmp_path})
+
+
+def test_each_adapter_is_a_route_to_the_base_engines() -> None:
+    settings = route_models(
+        gateway=UpConfig().gateway,
+        model="gemma-3-270m",
+        served_name="gemma-3-270m",
+        urls=URLS,
+        max_model_len=512,
+        adapters=["pirate", "signoff"],
+    )
+    routes = {r.name: (r.endpoints, r.served_name, r.max_model_len) for r in settings.models}
+    assert routes == {"gemma-3-270m": (URLS, None, 512), "pirate": (URLS, None, 512), "signoff": (URLS, None, 512)}
+
+
+def test_adapter_paths_are_checked_before_the_engine_starts(tmp_path: Path) -> None:
+    good = _peft_dir(tmp_path / "good", rank=8)
+    config = EngineConfig(adapters=[{"name": "mine", "path": good}], max_lora_rank=8)  # type: ignore[list-item]
+    assert resolve_adapters(config) == {"mine": good.resolve()}
+    big = _peft_dir(tmp_path / "big", rank=32)
+    with pytest.raises(LocalStackError, match=r"rank 32.*max_lora_rank is 16"):
+        resolve_adapters(EngineConfig(adapters=[{"name": "big", "path": big}]))  # type: ignore[list-item]
+    with pytest.raises(LocalStackError, match="not a readable PEFT config"):
+        resolve_adapters(EngineConfig(adapters=[{"name": "none", "path": tmp_path / "nowhere"}]))  # type: ignore[list-item]
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "adapter_config.json").write_text("[1, 2]")
+    with pytest.raises(LocalStackError, match="not a readable PEFT config"):
+        resolve_adapters(EngineConfig(adapters=[{"name": "junk", "path": tmp_path / "junk"}]))  # type: ignore[list-item]
+
+
+def test_packaged_adapters_live_in_the_cache_and_are_stamped_by_what_decides_them(tmp_path: Path) -> None:
+    from fleetgate.local.adapter_train import TrainRecipe
+
+    assert adapter_dir(name="pirate", cache_dir=tmp_path) == tmp_path / "adapters" / "gemma-3-270m" / "pirate"
+    base = {"gguf_sha256": "abc", "dtype": "bfloat16"}
+    pirate = expected_identity(name="pirate", base_manifest=base, recipe=TrainRecipe())
+    assert pirate == expected_identity(name="pirate", base_manifest=base, recipe=TrainRecipe())
+    assert (
+        pirate["text_sha256"]
+        != expected_identity(name="signoff", base_manifest=base, recipe=TrainRecipe())["text_sha256"]
+    )
+    assert pirate != expected_identity(name="pirate", base_manifest=base, recipe=TrainRecipe(steps=1))
+    assert pirate != expected_identity(
+        name="pirate", base_manifest={**base, "gguf_sha256": "def"}, recipe=TrainRecipe()
+    )
+
+
+def test_an_unknown_packaged_adapter_is_refused_before_any_work(tmp_path: Path) -> None:
+    from fleetgate.local.adapter_prep import prepare_adapter
+
+    with pytest.raises(ModelPrepError, match="unknown packaged adapter"):
+        prepare_adapter(name="nope", cache_dir=tmp_path)
+    assert not (tmp_path / "models").exists()
