@@ -8,11 +8,15 @@ tiers (`TierResolver.resolve(allowed_models=...)`); this check holds for any res
 A requested name that was refused (403) or is unknown (404) is an arbitrary client string, up to the
 body limit long: records, ledger rows and metric labels get a fixed placeholder instead
 (`REFUSED_MODEL`, `UNKNOWN_MODEL`), and error messages quote at most `SHOWN_CHARS` of it.
+
+A LoRA adapter is a model name like any other for the tenant's list; an adapter that names `tenants`
+is refused (403, the same message) to every other tenant as well (`authorize_model`).
 """
 
 from __future__ import annotations
 
 from fleetgate.core.errors import PermissionDeniedError
+from fleetgate.gateway.discovery import EndpointSource, adapter_named
 from fleetgate.gateway.stages import Authenticator, Tenant
 from fleetgate.router.tiers.types import TierDecision
 
@@ -26,20 +30,31 @@ def shown(name: str) -> str:
     return repr(name if len(name) <= SHOWN_CHARS else name[:SHOWN_CHARS] + "...")
 
 
-def _allowed(auth: Authenticator, tenant: Tenant, model: str) -> bool:
+def authorize_model(auth: Authenticator, tenant: Tenant, model: str, *, source: EndpointSource | None) -> None:
+    """403 unless `tenant` may use `model`: its models list allows it and, for an adapter restricted to some
+    tenants, it is one of them."""
+    auth.authorize(tenant, model)
+    spec = adapter_named(source, model) if source is not None else None
+    if spec is not None and spec.tenants and tenant.id not in spec.tenants:
+        raise PermissionDeniedError(f"tenant {tenant.id!r} may not use model {shown(model)}", param="model")
+
+
+def _allowed(auth: Authenticator, tenant: Tenant, model: str, source: EndpointSource | None) -> bool:
     try:
-        auth.authorize(tenant, model)
+        authorize_model(auth, tenant, model, source=source)
     except PermissionDeniedError:
         return False
     return True
 
 
-def authorized_decision(decision: TierDecision, *, tenant: Tenant, auth: Authenticator) -> TierDecision:
+def authorized_decision(
+    decision: TierDecision, *, tenant: Tenant, auth: Authenticator, source: EndpointSource | None = None
+) -> TierDecision:
     """`decision` with only the models `tenant` may be served by: the first allowed of the chosen model and
     its fallbacks serves, the others stay fallbacks, a disallowed cascade target is dropped. 403 when none is
     allowed."""
     targets = [(decision.model, decision.tier), *decision.fallbacks]
-    usable = [(m, t) for m, t in targets if _allowed(auth, tenant, m)]
+    usable = [(m, t) for m, t in targets if _allowed(auth, tenant, m, source)]
     if not usable:
         raise PermissionDeniedError(
             f"tenant {tenant.id!r} may not use model {decision.model!r}"
@@ -49,6 +64,6 @@ def authorized_decision(decision: TierDecision, *, tenant: Tenant, auth: Authent
     if len(usable) != len(targets):
         decision.model, decision.tier = usable[0]
         decision.fallbacks = [(m, t or "") for m, t in usable[1:]]
-    if decision.escalate_to is not None and not _allowed(auth, tenant, decision.escalate_to):
+    if decision.escalate_to is not None and not _allowed(auth, tenant, decision.escalate_to, source):
         decision.escalate_to = decision.escalate_tier = None
     return decision

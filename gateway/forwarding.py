@@ -7,12 +7,20 @@ if that fails too, or the model has no usable endpoint, the next fallback model 
 is retried once the engine answered: the first response (any status) is returned. A model scaled to
 zero is woken first (`Waker` holds the request until it has an endpoint). When no engine serves, the
 503 carries `Retry-After`.
+
+A LoRA adapter (a name the source's `AdapterCatalog` lists) is routed among its base model's endpoints
+with `RoutingRequest.adapter` set, forwarded with `model: <adapter>` (vLLM selects the LoRA by it), and
+loaded first where the picked endpoint lacks it (`AdapterLoader`); a failed load moves on to the next
+endpoint like a connect failure. An engine that answers 404 for an adapter the gateway believed loaded
+there (it restarted, or unloaded it since the last scrape) did no work: the adapter is loaded again and
+the request resent to it, once. Waking and activity marks go to the base model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -21,12 +29,14 @@ import orjson
 
 from fleetgate.core.errors import FleetGateError, UpstreamUnavailableError
 from fleetgate.core.types import Endpoint
+from fleetgate.gateway.adapter_loading import AdapterLoader, AdapterLoadFailed
 from fleetgate.gateway.context import Attempt, RequestContext
-from fleetgate.gateway.discovery import EndpointSource
+from fleetgate.gateway.discovery import EndpointSource, adapter_named
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.settings import ServerSettings
 from fleetgate.gateway.upstream import ConnectFailed, send
 from fleetgate.gateway.wake import Waker
+from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.types import RoutingRequest, Scheduler
 
 log = logging.getLogger("fleetgate.gateway.upstream")
@@ -77,17 +87,27 @@ class Forwarder:
         self._scheduler = scheduler
         self._metrics = metrics
         self._session = session
+        self._source = endpoint_source
         self.waker = Waker(source=endpoint_source, settings=server.scale_from_zero, registry=metrics.registry)
+        state = getattr(scheduler, "state", None)
+        self.adapters = AdapterLoader(session=session, timeout_s=server.adapter_load_timeout_s,
+                                      state=state if isinstance(state, FleetState) else None,
+                                      registry=metrics.registry)
+
+    def _base(self, model: str) -> str:
+        """The model whose engines serve `model`: an adapter's base, else the model itself."""
+        spec = adapter_named(self._source, model)
+        return spec.base if spec is not None else model
 
     def _attempted(self, ctx: RequestContext, attempt: Attempt) -> None:
         """Every attempt is recorded here, so the waker's in-flight count is ended once per attempt (`finished`)."""
         ctx.attempts.append(attempt)
-        self.waker.begin(attempt.model)
+        self.waker.begin(self._base(attempt.model))
 
     def finished(self, ctx: RequestContext) -> None:
         """The request is over: its engine calls no longer keep their models active."""
         for attempt in ctx.attempts:
-            self.waker.end(attempt.model)
+            self.waker.end(self._base(attempt.model))
 
     async def open(
         self, ctx: RequestContext, targets: list[tuple[str, str | None]], *, stream: bool
@@ -102,8 +122,10 @@ class Forwarder:
         for index, (model, tier) in enumerate(targets):
             if index:
                 self._metrics.retries.labels(model).inc()
+            spec = adapter_named(self._source, model)
             try:
-                endpoints = await self.waker.endpoints(model)  # holds while a model scaled to zero wakes
+                # holds while a model scaled to zero wakes (for an adapter: its base)
+                endpoints = await self.waker.endpoints(spec.base if spec is not None else model)
             except UpstreamUnavailableError as exc:
                 problems.append(exc.message)
                 public.append(exc.message)
@@ -119,6 +141,7 @@ class Forwarder:
                 tenant=ctx.tenant.id,
                 session_key=parsed.session_key,
                 max_tokens=parsed.max_tokens,
+                adapter=spec.name if spec is not None else None,
             )
             try:
                 decision = await self._scheduler.pick(routing, endpoints)
@@ -126,12 +149,23 @@ class Forwarder:
                 problems.append(exc.message)
                 public.append(exc.message)
                 continue
-            tries: list[Endpoint] = [decision.endpoint, *decision.fallbacks[:1]]
-            for attempt_no, endpoint in enumerate(tries):
+            tries: deque[Endpoint] = deque([decision.endpoint, *decision.fallbacks[:1]])
+            reloaded: set[str] = set()
+            attempt_no = -1
+            while tries:
+                endpoint = tries.popleft()
+                attempt_no += 1
                 if attempt_no:
                     self._metrics.retries.labels(model).inc()
-                body = upstream_body(parsed.body, served_name=endpoint.model, stream=stream, raw=parsed.raw,
-                                     max_tokens=cap)
+                if spec is not None:
+                    try:
+                        await self.adapters.ensure(endpoint, spec)
+                    except AdapterLoadFailed as exc:
+                        problems.append(str(exc))
+                        public.append(f"adapter {model!r} could not be loaded on an engine of {spec.base!r}")
+                        continue
+                served = spec.name if spec is not None else endpoint.model
+                body = upstream_body(parsed.body, served_name=served, stream=stream, raw=parsed.raw, max_tokens=cap)
                 # on_start before sending and on_complete on every failure keep in-flight counts balanced.
                 self._scheduler.on_start(routing, endpoint)
                 try:
@@ -156,6 +190,15 @@ class Forwarder:
                     self._attempted(ctx, Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing,
                                                  decision=decision))
                     raise
+                if spec is not None and response.status == 404 and endpoint.id not in reloaded:
+                    # The engine lost the adapter the gateway believed loaded there (a restart, an unload the
+                    # scraper has not seen yet): it did no work, so load it again and resend, once.
+                    response.release()
+                    self._scheduler.on_complete(routing, endpoint, ok=False, usage=None)
+                    self.adapters.forget(endpoint.id, spec.name)
+                    reloaded.add(endpoint.id)
+                    tries.appendleft(endpoint)
+                    continue
                 attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)
                 self._attempted(ctx, attempt)
                 return attempt, response

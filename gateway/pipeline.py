@@ -30,10 +30,10 @@ from fleetgate.core.errors import (
 )
 from fleetgate.core.types import Usage
 from fleetgate.gateway.assembly import StreamAssembler
-from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorized_decision, shown
+from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorize_model, authorized_decision, shown
 from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import context_length, models_page
+from fleetgate.gateway.discovery import context_length, models_page, served_names
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
 from fleetgate.gateway.estimate import estimate_request, reserve_request
@@ -80,7 +80,8 @@ class Pipeline:
             metrics=metrics,
             session=session,
         )
-        self._context = {m.name: m.max_model_len for m in settings.models if m.max_model_len}
+        self._context = {n: m.max_model_len for m in settings.models if m.max_model_len  # adapters: their base's
+                         for n in (m.name, *(a.name for a in m.adapters))}
         self._tasks: set[asyncio.Task[None]] = set()
         self._log = logging.getLogger("fleetgate.gateway.requests")
 
@@ -124,7 +125,7 @@ class Pipeline:
         return response
 
     def known_models(self) -> list[str]:
-        return [*self._s.endpoint_source.models(), *self._s.tiers.aliases()]
+        return [*served_names(self._s.endpoint_source), *self._s.tiers.aliases()]
 
     async def list_models(self, *, headers: Mapping[str, str]) -> GatewayResponse:
         ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
@@ -132,7 +133,8 @@ class Pipeline:
             tenant = await self._s.auth.authenticate(headers.get("authorization"))
         except FleetGateError as exc:
             return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
-        body = models_page(self._s.endpoint_source, aliases=self._s.tiers.aliases(), allowed=tenant.allowed_models)
+        body = models_page(self._s.endpoint_source, aliases=self._s.tiers.aliases(), allowed=tenant.allowed_models,
+                           tenant=tenant.id)
         return GatewayResponse(200, self._headers(ctx), body)
 
     def _context_of(self, model: str) -> int | None:
@@ -158,10 +160,11 @@ class Pipeline:
         # Until the name is authorized and known it is the client's arbitrary string: records, ledger rows
         # and metric labels get a fixed placeholder instead, so they cannot grow with what clients send.
         ctx.model_label = REFUSED_MODEL
-        self._s.auth.authorize(ctx.tenant, parsed.model)
+        authorize_model(self._s.auth, ctx.tenant, parsed.model, source=self._s.endpoint_source)
         ctx.model_label = UNKNOWN_MODEL
-        if parsed.model not in self._s.endpoint_source.models() and parsed.model not in self._s.tiers.aliases():
-            names = ", ".join(self.known_models()) or "(none configured)"
+        if parsed.model not in self.known_models():
+            names = ", ".join([*served_names(self._s.endpoint_source, visible_to=ctx.tenant.id),
+                               *self._s.tiers.aliases()]) or "(none configured)"
             raise NotFoundError(f"model {shown(parsed.model)} does not exist; available models: {names}",
                                 param="model")
         ctx.model_label = parsed.model
@@ -173,7 +176,8 @@ class Pipeline:
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
             return self._serve_hit(ctx, parsed, lookup)
-        decision = authorized_decision(await self._resolve(ctx, parsed, lookup), tenant=ctx.tenant, auth=self._s.auth)
+        decision = authorized_decision(await self._resolve(ctx, parsed, lookup), tenant=ctx.tenant, auth=self._s.auth,
+                                       source=self._s.endpoint_source)
         ctx.tier = decision
         ctx.served_model, ctx.served_tier = decision.model, decision.tier  # until an engine call says otherwise
         targets = [(decision.model, decision.tier), *decision.fallbacks]
@@ -212,7 +216,7 @@ class Pipeline:
             raise
         except Exception as exc:  # a broken tier router must not take explicit models down with it
             self._log.exception("tier resolution failed", extra={"request_id": ctx.request_id})
-            if parsed.model in self._s.endpoint_source.models():
+            if parsed.model in served_names(self._s.endpoint_source):
                 return TierDecision(model=parsed.model, reason="tier router error")
             raise UpstreamUnavailableError(f"cannot resolve model alias {parsed.model!r}: {exc}") from exc
 

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetgate.cache.config import CacheConfig
+from fleetgate.core.adapters import ADAPTER_NAME_MAX, AdapterSpec, valid_adapter_name
 from fleetgate.gateway.tenancy.config import TenancyConfig
 from fleetgate.router.config import RoutingConfig
 from fleetgate.router.tiers.config import TierConfig
@@ -54,6 +55,9 @@ class ServerSettings(_Strict):
     )
     inter_chunk_timeout_s: float = Field(default=60.0, gt=0, description="longest silence between two stream chunks")
     request_timeout_s: float = Field(default=600.0, gt=0, description="whole non-streaming engine call")
+    adapter_load_timeout_s: float = Field(
+        default=30.0, gt=0, description="longest a request waits for an engine to load its LoRA adapter on demand"
+    )
     keepalive_timeout_s: float = Field(default=30.0, gt=0, description="idle pooled engine connections are closed")
     max_upstream_connections: int = Field(default=0, ge=0, description="pool size over all engines; 0: unlimited")
     debug_headers: bool = Field(default=False, description="add x-fleetgate-endpoint and x-fleetgate-route-reasons")
@@ -68,6 +72,32 @@ class ServerSettings(_Strict):
     log_level: str = "info"
 
 
+class AdapterRoute(_Strict):
+    """A LoRA adapter served on its base model's endpoints: clients ask for it by `name`."""
+
+    name: str = Field(min_length=1, description="the model name clients send; unique among models and adapters")
+    source: str = Field(min_length=1, description="what the engine loads (vLLM's lora_path)")
+    rank: int | None = Field(default=None, ge=1, description="LoRA rank r, when known")
+    tenants: list[str] = Field(
+        default_factory=list, description="tenants allowed to use it; empty: any tenant whose models allow it"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not valid_adapter_name(value):
+            raise ValueError(
+                f"adapter name {value!r} is not valid: lower-case letters, digits, '-', '.', '_', "
+                f"starting and ending with a letter or digit, at most {ADAPTER_NAME_MAX} characters"
+            )
+        return value
+
+    def spec(self, *, base: str) -> AdapterSpec:
+        return AdapterSpec(
+            name=self.name, base=base, source=self.source, rank=self.rank, tenants=frozenset(self.tenants)
+        )
+
+
 class ModelRoute(_Strict):
     """A model the gateway serves and the engines that serve it (static discovery)."""
 
@@ -76,6 +106,9 @@ class ModelRoute(_Strict):
     served_name: str | None = Field(default=None, description="the engine's own model name, if it differs")
     max_model_len: int | None = Field(
         default=None, ge=1, description="context length: bounds the reservation when a request sets no max_tokens"
+    )
+    adapters: list[AdapterRoute] = Field(
+        default_factory=list, description="LoRA adapters served on this model's endpoints (engines need --enable-lora)"
     )
 
     @field_validator("endpoints")
@@ -112,8 +145,8 @@ class GatewaySettings(_Strict):
     @field_validator("models")
     @classmethod
     def _unique(cls, value: list[ModelRoute]) -> list[ModelRoute]:
-        names = [m.name for m in value]
+        names = [m.name for m in value] + [a.name for m in value for a in m.adapters]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"model names must be unique, repeated: {', '.join(dupes)}")
+            raise ValueError(f"model and adapter names must be unique, repeated: {', '.join(dupes)}")
         return value

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from fleetgate.cache.types import NoCache, ResponseCache
 from fleetgate.core.kvstore import KVStore
-from fleetgate.gateway.discovery import EndpointSource, StaticEndpointSource
+from fleetgate.gateway.discovery import EndpointSource, StaticEndpointSource, adapters_of
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.stages import Accountant, Authenticator, Limiter
 from fleetgate.gateway.stageset import Stages
@@ -38,9 +38,11 @@ def build_endpoint_source(
 def build_scheduler(
     settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore, endpoint_source: EndpointSource
 ) -> Scheduler:
+    from fleetgate.gateway.adapter_loading import read_loaded_names
     from fleetgate.router.build import build_scheduler as build_router_scheduler
 
-    return build_router_scheduler(settings.routing, kvstore=kvstore, registry=registry, source=endpoint_source)
+    return build_router_scheduler(settings.routing, kvstore=kvstore, registry=registry, source=endpoint_source,
+                                  adapter_reader=read_loaded_names)
 
 
 def build_cache(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> ResponseCache:
@@ -64,14 +66,18 @@ def build_tiers(
 
 
 def build_tenancy_stage(
-    settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore
+    settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore, source: EndpointSource | None = None
 ) -> tuple[Authenticator, Limiter, Accountant]:
-    """Auth, limits and accounting: one `TenancyStage` object (they share prices, counters and metrics)."""
+    """Auth, limits and accounting: one `TenancyStage` object (they share prices, counters and metrics).
+    `source`'s LoRA adapters are priced and reported with their base model."""
     from fleetgate.gateway.tenancy.build import build_tenancy
+
+    def adapters() -> dict[str, str]:
+        return {a.name: a.base for a in adapters_of(source)} if source is not None else {}
 
     stage = build_tenancy(
         settings.tenancy, registry=registry, auth_enabled=settings.server.auth == "api_key",
-        redis_url=settings.redis_url, kvstore=kvstore,
+        redis_url=settings.redis_url, kvstore=kvstore, adapters=adapters,
     )
     return stage, stage, stage
 
@@ -93,7 +99,8 @@ def build_stages(
     r, kv = registry, kvstore
     source = endpoint_source or build_endpoint_source(settings, registry=r, kvstore=kv)
     if auth is None or limiter is None or accountant is None:
-        built_auth, built_limiter, built_accountant = build_tenancy_stage(settings, registry=r, kvstore=kv)
+        built_auth, built_limiter, built_accountant = build_tenancy_stage(settings, registry=r, kvstore=kv,
+                                                                          source=source)
         auth, limiter, accountant = auth or built_auth, limiter or built_limiter, accountant or built_accountant
     cache = cache or build_cache(settings, registry=r, kvstore=kv)
     return Stages(

@@ -31,13 +31,15 @@ def build_scheduler(
     scrape: bool = True,
     extra_plugins: Mapping[str, PluginFactory] | None = None,
     source: Any = None,
+    adapter_reader: Any = None,
 ) -> PluginScheduler:
     """Build the scheduler `config` describes (the shipped default when None).
 
     `kvstore` shares the prefix index between gateway replicas when it is not the in-memory store;
     `registry` receives the router's metrics; `scrape=False` leaves out the `/metrics` scraper (the
     caller then feeds `scheduler.state` itself, as the in-process benchmark does); `source` (any object
-    with `models()` and `endpoints(model)`) is what `await scheduler.start()` scrapes.
+    with `models()` and `endpoints(model)`) is what `await scheduler.start()` scrapes; `adapter_reader`
+    (`fleetgate.router.scraping.AdapterReader`) lets the scraper refresh each engine's loaded LoRA adapters.
     """
     cfg = config or RoutingConfig()
     health_kw: dict[str, Any] = {"base_s": cfg.ejection.base_s, "max_s": cfg.ejection.max_s}
@@ -94,5 +96,5 @@ def build_scheduler(
     if scrape:
         from fleetgate.router.scraping import EndpointScraper
 
-        scraper = EndpointScraper(state=state, metrics=metrics, config=cfg.scrape)
+        scraper = EndpointScraper(state=state, metrics=metrics, config=cfg.scrape, adapter_reader=adapter_reader)
     return PluginScheduler(profile=profile, state=state, metrics=metrics, scraper=scraper, source=source)

@@ -68,13 +68,16 @@ def _default_plugins() -> list[PluginSpec]:
         PluginSpec(type="queue-depth-scorer", name="queue"),
         PluginSpec(type="kv-cache-usage-scorer", name="kv-usage"),
         PluginSpec(type="session-affinity-scorer", name="session"),
+        PluginSpec(type="adapter-affinity-scorer", name="adapter"),
         PluginSpec(type="max-score-picker", name="max-score"),
     ]
 
 
 def _default_profiles() -> list[SchedulingProfile]:
+    # adapter: as strong as prefix affinity (a LoRA load costs more than a prefix miss, and its hotspot
+    # guard hands a hot adapter to the load scorers); neutral for base-model requests.
     refs = [("healthy", 1.0), ("prefix", 2.0), ("inflight", 1.0), ("queue", 1.0),
-            ("kv-usage", 0.5), ("session", 1.0), ("max-score", 1.0)]
+            ("kv-usage", 0.5), ("session", 1.0), ("adapter", 2.0), ("max-score", 1.0)]
     return [SchedulingProfile(name="default", plugins=[PluginRef(plugin_ref=r, weight=w) for r, w in refs])]
 
 
@@ -113,16 +116,23 @@ def _policy(name: str, plugins: list[PluginSpec], weights: dict[str, float]) -> 
 
 
 def preset(name: str) -> RoutingConfig:
-    """Named policies: `default` (shipped), `least-loaded`, `prefix-only`, `random`."""
+    """Named policies: `default` (shipped), `least-loaded` (adapter-blind), `adapter-affinity` (least-loaded
+    plus the adapter-affinity scorer: what LoRA affinity adds to load balancing), `prefix-only`, `random`."""
     base = [PluginSpec(type="healthy-filter", name="healthy")]
     if name == "default":
         return RoutingConfig()
     if name == "least-loaded":
         return _policy(name, [*base, PluginSpec(type="inflight-scorer", name="inflight"),
                               PluginSpec(type="max-score-picker", name="max-score")], {})
+    if name == "adapter-affinity":
+        plugins = [*base, PluginSpec(type="inflight-scorer", name="inflight"),
+                   PluginSpec(type="adapter-affinity-scorer", name="adapter"),
+                   PluginSpec(type="max-score-picker", name="max-score")]
+        return _policy(name, plugins, {"adapter": 2.0})
     if name == "prefix-only":
         prefix = PluginSpec(type="prefix-affinity-scorer", name="prefix", parameters={"hotspotMargin": None})
         return _policy(name, [*base, prefix, PluginSpec(type="max-score-picker", name="max-score")], {})
     if name == "random":
         return _policy(name, [*base, PluginSpec(type="weighted-random-picker", name="random")], {})
-    raise ValueError(f"unknown routing preset {name!r}; known: default, least-loaded, prefix-only, random")
+    known = "default, least-loaded, adapter-affinity, prefix-only, random"
+    raise ValueError(f"unknown routing preset {name!r}; known: {known}")

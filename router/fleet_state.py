@@ -1,5 +1,5 @@
 """What the scheduler knows about each endpoint: scraped engine metrics, gateway-counted in-flight
-requests and health. One instance per scheduler, shared by its plugins."""
+requests, health and the LoRA adapters it has loaded. One instance per scheduler, shared by its plugins."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ class FleetState:
         self.health = health or HealthTracker(clock=clock)
         self.stats: dict[str, EndpointStats] = {}
         self.inflight: dict[str, int] = {}
+        # endpoint id -> names of the LoRA adapters loaded there (from its `/v1/models`, or a load the
+        # gateway made); an endpoint never seen has no entry, which reads as "none loaded".
+        self.adapters: dict[str, frozenset[str]] = {}
+        self._adapter_added_at: dict[str, float] = {}  # endpoint id -> clock time of the last gateway-made load
 
     def stats_of(self, endpoint_id: str) -> EndpointStats:
         st = self.stats.get(endpoint_id)
@@ -46,6 +50,38 @@ class FleetState:
             st.kv_capacity_tokens = kv_capacity_tokens
         st.own_at_scrape = self.inflight.get(endpoint_id, 0)
         st.scraped_at = self.clock()
+
+    def set_adapters(
+        self, endpoint_id: str, names: frozenset[str] | set[str] | list[str], *, as_of: float | None = None
+    ) -> None:
+        """Replace what the endpoint is known to have loaded. `as_of`: when the answer was asked for; an
+        answer older than a load the gateway made since is merged instead, so it cannot undo that load."""
+        new = frozenset(names)
+        added = self._adapter_added_at.get(endpoint_id)
+        if as_of is not None and added is not None and as_of <= added:
+            new |= self.adapters.get(endpoint_id, frozenset())
+        self.adapters[endpoint_id] = new
+
+    def add_adapter(self, endpoint_id: str, name: str) -> None:
+        """The endpoint has loaded `name` (a load the gateway asked for succeeded)."""
+        self.adapters[endpoint_id] = self.adapters.get(endpoint_id, frozenset()) | {name}
+        self._adapter_added_at[endpoint_id] = self.clock()
+
+    def drop_adapter(self, endpoint_id: str, name: str) -> None:
+        """The endpoint does not have `name` loaded after all (it answered that it does not know it)."""
+        names = self.adapters.get(endpoint_id)
+        if names is not None and name in names:
+            self.adapters[endpoint_id] = names - {name}
+        self._adapter_added_at.pop(endpoint_id, None)
+
+    def has_adapter(self, endpoint_id: str, name: str) -> bool:
+        return name in self.adapters.get(endpoint_id, frozenset())
+
+    def forget_adapters(self, keep: set[str]) -> None:
+        """Drop the adapter state of endpoints no longer discovered."""
+        for endpoint_id in [e for e in self.adapters if e not in keep]:
+            del self.adapters[endpoint_id]
+            self._adapter_added_at.pop(endpoint_id, None)
 
     def load(self, endpoint_id: str) -> float:
         """Requests the endpoint has to work through: those this gateway has in flight there now

@@ -6,7 +6,11 @@ object with `models()` and `endpoints(model)`, sync or async, e.g. the gateway's
 usage and KV capacity in `FleetState.stats`. Staleness is exported per endpoint as
 `fleetgate_router_endpoint_metrics_age_seconds`. Every `scrape.healthIntervalS` it GETs
 `<url>/health`: a failure or non-2xx ejects the endpoint with the usual back-off, a 2xx from an
-ejected endpoint lifts the ejection. Uses aiohttp (no web framework).
+ejected endpoint lifts the ejection. When the source knows LoRA adapters (an `adapters()` method that
+returns some) and the scraper was given an `adapter_reader` (the gateway passes one over
+`fleetgate.engine.lora_api`, which the router may not import), each engine's `/v1/models` is read at the
+health cadence too and `FleetState.adapters` refreshed from it; a failed or malformed answer keeps what
+was known (never clears it) and never stops the `/metrics` scrape. Uses aiohttp (no web framework).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from fleetgate.core.types import Endpoint
@@ -29,6 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# (session, engine base URL, timeout_s) -> names of the adapters loaded there; raises when it cannot tell.
+AdapterReader = Callable[["aiohttp.ClientSession", str, float], Awaitable[Collection[str]]]
 
 
 class EndpointSource(Protocol):
@@ -53,11 +59,27 @@ async def list_endpoints(source: EndpointSource) -> list[Endpoint]:
     return list(seen.values())
 
 
+def knows_adapters(source: object) -> bool:
+    """Whether the source serves LoRA adapters (an `AdapterCatalog` of the gateway with at least one)."""
+    adapters = getattr(source, "adapters", None)
+    if not callable(adapters):
+        return False
+    try:
+        return bool(adapters())
+    except Exception:  # a broken catalog must not stop the scrape loop
+        log.warning("adapter catalog failed", exc_info=True)
+        return False
+
+
 class EndpointScraper:
-    def __init__(self, *, state: FleetState, metrics: RouterMetrics, config: ScrapeConfig) -> None:
+    def __init__(
+        self, *, state: FleetState, metrics: RouterMetrics, config: ScrapeConfig,
+        adapter_reader: AdapterReader | None = None,
+    ) -> None:
         self.state = state
         self.metrics = metrics
         self.config = config
+        self.adapter_reader = adapter_reader
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -88,9 +110,14 @@ class EndpointScraper:
                 now = self.state.clock()
                 if now - last_health >= self.config.health_interval_s:
                     last_health = now
-                    await asyncio.gather(*(self.poll_health(ep) for ep in endpoints))
+                    polls = [self.poll_health(ep) for ep in endpoints]
+                    if self.adapter_reader is not None and knows_adapters(source):
+                        polls += [self.refresh_adapters(ep) for ep in endpoints]
+                    await asyncio.gather(*polls)
                 self._export_age(endpoints)
-                self.state.health.forget({ep.id for ep in endpoints})
+                ids = {ep.id for ep in endpoints}
+                self.state.health.forget(ids)
+                self.state.forget_adapters(ids)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -111,6 +138,21 @@ class EndpointScraper:
             return False
         self.state.update(ep.id, waiting=parsed.waiting, running=parsed.running, kv_usage=parsed.kv_usage,
                           kv_capacity_tokens=parsed.kv_capacity_tokens)
+        return True
+
+    async def refresh_adapters(self, ep: Endpoint) -> bool:
+        """Read the adapters the engine has loaded into `FleetState`; False (state kept) when it cannot tell."""
+        assert self._session is not None, "start() the scraper first"
+        if self.adapter_reader is None:
+            return False
+        asked_at = self.state.clock()
+        try:
+            names = await self.adapter_reader(self._session, ep.url, self.config.timeout_s)
+        except Exception as exc:  # whatever the engine answered, what was known stays
+            self.metrics.scrape_errors.labels(ep.id).inc()
+            log.debug("adapter list failed", extra={"endpoint": ep.id, "error": str(exc)})
+            return False
+        self.state.set_adapters(ep.id, set(names), as_of=asked_at)
         return True
 
     async def poll_health(self, ep: Endpoint) -> bool:

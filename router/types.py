@@ -23,6 +23,7 @@ class RoutingRequest:
     session_key: str | None = None  # session header or the OpenAI `user` field
     max_tokens: int | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    adapter: str | None = None  # a LoRA adapter of `model`'s base: candidates serve the base, some have it loaded
 
 
 @dataclass(slots=True)

@@ -5,6 +5,9 @@ configuration — naive (no cache, round-robin, always the strong tier), each fe
 then everything on — each on a fresh simulated two-tier fleet (`fleetgate.bench.cost_fleet`), and
 prints a table with the quality guards beside each saving, plus JSON and a markdown report with
 SVG plots.
+
+`--lora` runs the LoRA comparison instead (`fleetgate.bench.cost_lora`): N fine-tunes as N deployments vs
+N adapters on one shared base, with adapter-affinity and with adapter-blind routing, on a Zipf mix.
 """
 
 from __future__ import annotations
@@ -32,13 +35,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", default=",".join(c.name for c in CONFIGS),
                         help="comma-separated subset of: " + ", ".join(c.name for c in CONFIGS))
     parser.add_argument("--out", type=Path, default=Path("artifacts/cost-report"), help="output folder")
+    lora = parser.add_argument_group("LoRA comparison (--lora)")
+    lora.add_argument("--lora", action="store_true",
+                      help="run N fine-tunes as N deployments vs N adapters on one base (affinity and blind routing)")
+    lora.add_argument("--fine-tunes", type=int, default=8, help="fine-tunes in the mix (default 8)")
+    lora.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the fine-tune popularity (default 1.1)")
+    lora.add_argument("--max-loras", type=int, default=4, help="base engines' --max-loras (default 4)")
+    lora.add_argument("--max-cpu-loras", type=int, default=None,
+                      help="base engines' --max-cpu-loras (default: --fine-tunes, every adapter fits host memory)")
+    lora.add_argument("--target-utilisation", type=float, default=0.5,
+                      help="sizing rule of every deployment: replicas for this share of full-batch work (default 0.5)")
 
 
 def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+async def _main_lora(args: argparse.Namespace) -> int:
+    from fleetgate.bench.cost_lora import default_setup, size_layouts, sizing_table
+    from fleetgate.bench.cost_lora_report import lora_table, lora_targets, score_lora, write_lora_outputs
+    from fleetgate.bench.cost_lora_run import LORA_CONFIGS, run_lora_config
+    from fleetgate.bench.workload import generate_lora
+
+    if args.fine_tunes < 1 or args.max_loras < 1 or not 0 < args.target_utilisation <= 1:
+        print("fleetgate bench cost --lora: --fine-tunes and --max-loras must be >= 1, --target-utilisation in (0, 1]",
+              file=sys.stderr)
+        return 2
+    workload = generate_lora(seed=args.seed, requests=args.requests, rate_rps=args.rate, fine_tunes=args.fine_tunes,
+                             zipf_s=args.zipf)
+    setup = default_setup(time_scale=args.time_scale, fine_tunes=args.fine_tunes, max_loras=args.max_loras,
+                          max_cpu_loras=args.max_cpu_loras, target_utilisation=args.target_utilisation)
+    per_ft, shared = size_layouts(workload, setup)
+    mix = workload.counts()
+    _progress(f"workload: {len(workload.items)} requests over {workload.items[-1].at_s:.0f}s, seed {args.seed}, {mix}")
+    _progress(f"sizing at {args.target_utilisation:.0%} utilisation: deployments {per_ft}, shared base {shared}")
+    results = []
+    for config in LORA_CONFIGS:
+        started = time.perf_counter()
+        _progress(f"running {config.name} ...")
+        results.append(await run_lora_config(config, workload, setup, time_scale=args.time_scale, progress=_progress))
+        _progress(f"  {config.name}: done in {time.perf_counter() - started:.1f}s wall")
+    rows = [score_lora(r) for r in results]
+    print(lora_table(rows))
+    print()
+    for name, met, figure in lora_targets(rows):
+        print(f"{'met   ' if met else 'MISSED'}  {name}: {figure}")
+    sizing = sizing_table(workload, setup)
+    print("\nGPUs each layout needs as this mix's load grows (same sizing rule, no run):\n" + sizing)
+    meta = {
+        "command": "fleetgate bench cost " + " ".join(sys.argv[3:]),
+        "seed": args.seed, "requests": args.requests, "rate_rps": args.rate, "time_scale": args.time_scale,
+        "fine_tunes": args.fine_tunes, "zipf": args.zipf, "mix": mix,
+        "replicas": {"deployments": per_ft, "shared_base": shared},
+        "engine": {"profile": setup.profile.name, "gpu": setup.gpu_type, "gpus_per_replica": setup.gpus_per_replica,
+                   "usd_per_gpu_hour": setup.usd_per_gpu_hour, "max_loras": setup.max_loras,
+                   "max_cpu_loras": setup.max_cpu_loras, "target_utilisation": setup.target_utilisation},
+    }
+    paths = write_lora_outputs(rows, meta=meta, sizing=sizing, out_dir=args.out)
+    print("\nwrote " + ", ".join(str(p) for p in paths))
+    return 0 if all(r.errors == 0 for r in rows) else 1
+
+
 async def _main(args: argparse.Namespace) -> int:
+    if args.lora:
+        return await _main_lora(args)
     wanted = [c for c in CONFIGS if c.name in set(args.configs.split(","))]
     if not wanted or wanted[0].name != "naive":
         print("fleetgate bench cost: the configurations must include `naive` (the baseline)", file=sys.stderr)

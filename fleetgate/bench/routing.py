@@ -5,6 +5,10 @@ Default mode (in-process, virtual time): each workload of `fleetgate.sim.workloa
 - `round-robin`: `fleetgate.router.roundrobin.RoundRobinScheduler`, the baseline;
 - `least-loaded`, `prefix-only`: presets of `fleetgate.router.config.preset`;
 - `default`: `build_scheduler(RoutingConfig())`, the scheduler the gateway ships (or `--config`).
+`--workload adapters` (not part of `all`) runs `workloads.adapter_mix` (N LoRA fine-tunes, Zipf mix) on
+LoRA-enabled engines that load adapters on demand, comparing `least-loaded` (adapter-blind) with
+`adapter-affinity` (least-loaded plus the adapter-affinity scorer) and `default`; it also prints the
+engines' on-demand loads, disk loads and GPU slot swaps.
 Figures per policy: TTFT p50/p90 (engine seconds), prefix-cache hit rate (the engines' own
 `prefix_cache_hits / prefix_cache_queries`), output throughput, decision latency p99 (wall clock
 and CPU), and ratios against round-robin (and least-loaded for unique prompts).
@@ -33,15 +37,25 @@ from fleetgate.sim.report import Row, print_table, quantile
 from fleetgate.sim.virtual_fleet import RunResult, VirtualClock, run_virtual_fleet
 from fleetgate.sim.workloads import WorkItem
 
-POLICIES = ("round-robin", "least-loaded", "prefix-only", "default")
+POLICIES = ("round-robin", "least-loaded", "prefix-only", "default", "adapter-affinity")
 WORKLOADS = ("shared-prefix", "chat", "unique")
+DEFAULT_POLICIES = ("round-robin", "least-loaded", "prefix-only", "default")
+ADAPTER_POLICIES = ("least-loaded", "adapter-affinity", "default")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    parser.add_argument("--workload", choices=[*WORKLOADS, "adapters", "all"], default="all",
+                        help="all: the three prefix workloads; adapters: the LoRA mix, on its own")
     parser.add_argument("--replicas", type=int, default=4, help="simulated engines (default 4)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated: " + ", ".join(POLICIES))
+    parser.add_argument("--policies", default=None, help="comma-separated: " + ", ".join(POLICIES) + " (default: "
+                        + ", ".join(DEFAULT_POLICIES) + "; with --workload adapters: " + ", ".join(ADAPTER_POLICIES)
+                        + ")")
+    parser.add_argument("--adapters", type=int, default=8, help="adapters workload: LoRA fine-tunes (default 8)")
+    parser.add_argument("--zipf", type=float, default=1.1, help="adapters workload: Zipf exponent of the mix")
+    parser.add_argument("--max-loras", type=int, default=4, help="adapters workload: engines' --max-loras")
+    parser.add_argument("--max-cpu-loras", type=int, default=None,
+                        help="adapters workload: engines' --max-cpu-loras (default: --adapters, all fit host memory)")
     parser.add_argument("--config", default=None, help="routing YAML for the `default` policy (default: shipped)")
     parser.add_argument("--profile", default="vllm-cpu-gemma3-270m", choices=sorted(PROFILES))
     parser.add_argument("--rate", type=float, default=0.6,
@@ -74,6 +88,8 @@ def make_workload(name: str, args: argparse.Namespace) -> list[WorkItem]:
                                        rate_rps=args.rate)
     if name == "chat":
         return workloads.multi_round_chat(seed=args.seed)
+    if name == "adapters":
+        return workloads.adapter_mix(seed=args.seed, adapters=args.adapters, zipf_s=args.zipf, rate_rps=args.rate)
     return workloads.unique_prompts(seed=args.seed, rate_rps=args.rate)
 
 
@@ -99,13 +115,21 @@ async def run_virtual(args: argparse.Namespace, policies: list[str], config: Rou
     for wl in chosen:
         items = make_workload(wl, args)
         rows = []
+        prof = profile
+        if wl == "adapters":
+            prof = profile.with_(enable_lora=True, max_loras=args.max_loras,
+                                 max_cpu_loras=args.max_cpu_loras or max(args.adapters, args.max_loras))
         for policy in policies:
             clock = VirtualClock()
             sched = make_scheduler(policy, config=config, seed=args.seed, clock=clock)
-            result = await run_virtual_fleet(scheduler=sched, items=items, replicas=args.replicas, profile=profile,
+            result = await run_virtual_fleet(scheduler=sched, items=items, replicas=args.replicas, profile=prof,
                                              clock=clock)
             rows.append(to_row(policy, result))
-        print_table(f"{wl}: {len(items)} requests", rows, baseline="round-robin")
+            if wl == "adapters":
+                print(f"  {policy}: {result.adapter_loads} on-demand loads, {result.disk_loads} disk loads, "
+                      f"{result.slot_swaps} GPU slot swaps, {result.busy_s:.1f} engine-s busy")
+        baseline = "least-loaded" if wl == "adapters" else "round-robin"
+        print_table(f"{wl}: {len(items)} requests", rows, baseline=baseline)
         if wl == "unique" and "least-loaded" in policies:
             print_table(f"{wl}: against least-loaded", rows, baseline="least-loaded")
         out[wl] = [asdict(r) for r in rows]
@@ -149,7 +173,8 @@ async def decision_latency(items: list[WorkItem], *, config: RoutingConfig | Non
 
 
 def run(args: argparse.Namespace) -> int:
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    chosen = args.policies or ",".join(ADAPTER_POLICIES if args.workload == "adapters" else DEFAULT_POLICIES)
+    policies = [p.strip() for p in chosen.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         print(f"unknown policies: {', '.join(unknown)}; choose from {', '.join(POLICIES)}")

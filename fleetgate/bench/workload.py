@@ -13,6 +13,12 @@ What it generates (all from `seed`, so anyone can rerun it):
 - Multi-turn chats: a support conversation whose history grows, then a follow-up question.
 - Poisson arrivals at `rate_rps`.
 
+`generate_lora` is the workload of the LoRA comparison (`fleetgate bench cost --lora`): N fine-tunes of one
+base model (`ft-0` .. `ft-{N-1}`, each owned by its own tenant `t-k` with its own system prompt), chosen
+per request with Zipf popularity (exponent `zipf_s`, ft-0 hottest); support questions made unique by a
+ticket number (no answer repeats, so no response cache is involved), Poisson arrivals. Each item names
+its fine-tune in `adapter`: it is the model the client asks for.
+
 Ground truth per request: `answer_key` (two requests whose answer keys are equal may share one
 answer; anything else is a wrong hit), `needs_tier` ("small" or "large") and `kind`.
 """
@@ -135,6 +141,7 @@ class WorkItem:
     needs_tier: str  # "small" | "large"
     kind: str  # support | near-miss | hard | easy-misc | chat-followup
     max_tokens: int = 256
+    adapter: str | None = None  # the LoRA workload's fine-tune: the model this request asks for
 
     def body(self, *, model: str) -> dict[str, Any]:
         return {"model": model, "messages": list(self.messages), "max_tokens": self.max_tokens, "temperature": 0}
@@ -228,4 +235,26 @@ def generate(
             item = WorkItem(at_s=t, tenant=tenant, messages=(system, {"role": "user", "content": prompt}),
                             answer_key=f"{tenant}:misc:{prompt}", needs_tier="small", kind=kind)
         workload.items.append(item)
+    return workload
+
+
+def generate_lora(
+    *, seed: int = 7, requests: int = 600, rate_rps: float = 12.0, fine_tunes: int = 8, zipf_s: float = 1.1,
+    system_words: int = 300,
+) -> Workload:
+    """The LoRA comparison's workload (see the module docstring)."""
+    rng = random.Random(seed)
+    names = [f"ft-{k}" for k in range(fine_tunes)]
+    systems = {name: system_prompt(name, words=system_words) for name in names}
+    weights = _zipf_weights(fine_tunes, zipf_s)
+    intents = sorted(INTENTS)
+    workload = Workload(seed=seed)
+    t = 0.0
+    for i in range(requests):
+        t += rng.expovariate(rate_rps)
+        k = rng.choices(range(fine_tunes), weights=weights)[0]
+        question = f"{rng.choice(INTENTS[rng.choice(intents)][0])} (ticket {i}-{rng.randint(1000, 9999)})"
+        messages = ({"role": "system", "content": systems[names[k]]}, {"role": "user", "content": question})
+        workload.items.append(WorkItem(at_s=t, tenant=f"t-{k}", messages=messages, answer_key=f"lora:{i}",
+                                       needs_tier="small", kind=names[k], adapter=names[k]))
     return workload

@@ -88,10 +88,18 @@ def parse_loaded(models_body: Any) -> list[LoadedAdapter]:
     return out
 
 
+def is_models_body(models_body: Any) -> bool:
+    """Whether a `/v1/models` body has the OpenAI list shape (`{"data": [...]}`), so that an empty adapter
+    list read from it means "none loaded" rather than "could not tell"."""
+    return isinstance(models_body, dict) and isinstance(models_body.get("data"), list)
+
+
 async def loaded_adapters(
-    session: aiohttp.ClientSession, base_url: str, *, timeout_s: float = 5.0
+    session: aiohttp.ClientSession, base_url: str, *, timeout_s: float = 5.0, strict: bool = False
 ) -> list[LoadedAdapter]:
-    """The adapters the engine at `base_url` has loaded now."""
+    """The adapters the engine at `base_url` has loaded now. With `strict`, a body that is not a model list
+    raises `AdapterApiError` instead of reading as "none loaded" (a caller keeping state must not clear it
+    on garbage)."""
     import aiohttp
 
     try:
@@ -101,4 +109,6 @@ async def loaded_adapters(
             body = await resp.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise AdapterApiError(f"{type(exc).__name__} reading {base_url}{MODELS_PATH}") from exc
+    if strict and not is_models_body(body):
+        raise AdapterApiError(f"GET {MODELS_PATH}: not a model list", status=200)
     return parse_loaded(body)

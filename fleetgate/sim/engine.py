@@ -12,16 +12,27 @@ Scheduling per step (vLLM v1, first come first served, no preemption):
   the step, so TTFT = queueing + prefill of the uncached prompt (see `SimProfile` for the formula).
 Cached tokens = leading full blocks already in the cache, capped so at least one prompt token is
 computed (as vLLM does). Counters follow vLLM's prefix-cache metrics: queries and hits in tokens.
+
+With LoRA enabled (`SimProfile.enable_lora`, see `fleetgate.sim.lora` for the slots): a request may name
+a registered adapter. A waiting request whose adapter would exceed `max_loras` distinct adapters in the
+batch is skipped for this step (later requests may still be admitted, as vLLM's scheduler does); an
+admitted request's adapter is swapped into a GPU slot and the step pays for it. Runtime loads
+(`request_load`) are paid by the next step too: vLLM runs them in the engine loop, between batches.
+Block hashes of an adapter request are re-keyed with the adapter's id, so the prefix cache never shares
+blocks between adapters (nor with the base model).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import xxhash
 
 from fleetgate.router.hashing import chained_block_hashes
 from fleetgate.sim.kvcache import Allocation, PrefixKVCache
+from fleetgate.sim.lora import LoraError, LoraSlots, adapter_rank
 from fleetgate.sim.profile import SimProfile
 
 
@@ -43,6 +54,7 @@ class SimRequest:
     finish_s: float | None = None
     alloc: Allocation | None = None
     listener: Callable[[SimRequest], None] | None = None  # called after each token and at finish
+    adapter: str | None = None  # the LoRA adapter's name; None: the base model
 
     @property
     def ttft_s(self) -> float | None:
@@ -53,12 +65,25 @@ class SimRequest:
         return self.finish_s is not None
 
 
+@dataclass(slots=True, eq=False)
+class PendingLoad:
+    """A runtime adapter load (`POST /v1/load_lora_adapter`): done once the step carrying it ends."""
+
+    name: str
+    path: str
+    rank: int
+    done: bool = False
+    listener: Callable[[PendingLoad], None] | None = None
+
+
 @dataclass(slots=True)
 class Step:
     duration_s: float
     admitted: list[SimRequest]
     decoding: list[SimRequest]
     prefill_tokens: int
+    loads: list[PendingLoad] = field(default_factory=list)
+    adapters: int = 0  # distinct adapters in the batch
 
 
 @dataclass(slots=True)
@@ -81,30 +106,81 @@ class SimEngine:
         self.running: list[SimRequest] = []
         self.counters = EngineCounters()
         self.on_first_token: Callable[[SimRequest], None] | None = None
+        self.lora: LoraSlots | None = None
+        self.pending_loads: list[PendingLoad] = []
+        if profile.enable_lora:
+            self.lora = LoraSlots(max_loras=profile.max_loras, max_cpu_loras=profile.cpu_loras,
+                                  max_lora_rank=profile.max_lora_rank)
+            for name, path in profile.lora_modules:  # loaded before serving starts, as vLLM does
+                self.lora.register(name=name, path=path, rank=adapter_rank(path, default=profile.lora_default_rank))
 
-    def make_request(self, *, request_id: str, prompt: str, max_tokens: int | None, now: float) -> SimRequest:
+    def make_request(
+        self, *, request_id: str, prompt: str, max_tokens: int | None, now: float, adapter: str | None = None
+    ) -> SimRequest:
+        """Raises `LoraError` (404) for an adapter that is not registered, `ValueError` for a prompt that
+        cannot fit the KV cache."""
         p = self.profile
         tokens = count_tokens(prompt, chars_per_token=p.chars_per_token)
         hashes = chained_block_hashes(prompt, block_chars=p.block_size * p.chars_per_token)
+        if adapter is not None:
+            registered = self.lora.registered.get(adapter) if self.lora is not None else None
+            if registered is None:
+                raise LoraError(f"The model `{adapter}` does not exist.", status=404)
+            # vLLM puts the LoRA id into every block's hash key: an adapter's KV is its own.
+            seed = registered.int_id
+            hashes = [xxhash.xxh3_64_intdigest(h.to_bytes(8, "little"), seed) for h in hashes]
         out = max(1, max_tokens if max_tokens is not None else p.default_max_tokens)
         if -(-(tokens + out) // p.block_size) > p.num_blocks:
             raise ValueError(f"prompt of {tokens} tokens plus {out} output tokens exceeds the KV cache")
-        return SimRequest(id=request_id, prompt_tokens=tokens, block_hashes=hashes, max_tokens=out, arrival_s=now)
+        return SimRequest(id=request_id, prompt_tokens=tokens, block_hashes=hashes, max_tokens=out, arrival_s=now,
+                          adapter=adapter)
+
+    def request_load(self, *, name: str, path: str, rank: int | None = None) -> PendingLoad:
+        """Queue a runtime load of adapter `name`; raises `LoraError` as vLLM's API answers (LoRA off,
+        already loaded, rank above `max_lora_rank`). A second load of a name still loading joins the first."""
+        if self.lora is None:
+            raise LoraError("LoRA is not enabled (start the engine with --enable-lora).", status=400)
+        for pending in self.pending_loads:
+            if pending.name == name:
+                return pending
+        r = rank if rank is not None else adapter_rank(path, default=self.profile.lora_default_rank)
+        self.lora.check_new(name=name, rank=r)
+        load = PendingLoad(name=name, path=path, rank=r)
+        self.pending_loads.append(load)
+        return load
+
+    def unload(self, name: str) -> None:
+        """Forget adapter `name` (`LoraError` 404 when it is not registered). Requests already queued for
+        it still run: vLLM does not abort them either."""
+        if self.lora is None:
+            raise LoraError("LoRA is not enabled (start the engine with --enable-lora).", status=400)
+        self.lora.unregister(name)
+
+    def adapters(self) -> list[str]:
+        """Registered adapter names, in registration order."""
+        return list(self.lora.registered) if self.lora is not None else []
 
     def add(self, req: SimRequest) -> None:
         self.counters.requests_started += 1
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.pending_loads)
 
     def plan_step(self) -> Step | None:
         p = self.profile
+        lora = self.lora
         admitted: list[SimRequest] = []
         budget = p.max_batched_tokens
         prefill = 0
+        swap_s = 0.0
+        batch = {r.adapter for r in self.running if r.adapter is not None}
+        skipped: list[SimRequest] = []
         while self.waiting and len(self.running) + len(admitted) < p.max_num_seqs:
             req = self.waiting[0]
+            if lora is not None and req.adapter is not None and not lora.can_admit(req.adapter, batch):
+                skipped.append(self.waiting.popleft())  # no GPU slot in this batch: the next one may fit
+                continue
             max_hit = (req.prompt_tokens - 1) // p.block_size
             hit = min(self.kv.match(req.block_hashes), max_hit)
             uncached = req.prompt_tokens - hit * p.block_size
@@ -117,6 +193,9 @@ class SimEngine:
             if alloc is None:
                 break
             self.waiting.popleft()
+            if lora is not None and req.adapter is not None:
+                swap_s += lora.activate(req.adapter, batch=batch, load_s=p.lora_load_s, activate_s=p.lora_activate_s)
+                batch.add(req.adapter)
             req.alloc = alloc
             req.cached_tokens = alloc.hit_blocks * p.block_size
             uncached = req.prompt_tokens - req.cached_tokens
@@ -127,12 +206,21 @@ class SimEngine:
             budget -= uncached
             prefill += uncached
             admitted.append(req)
+        self.waiting.extendleft(reversed(skipped))
         decoding = list(self.running)
-        if not admitted and not decoding:
+        loads, self.pending_loads = self.pending_loads, []
+        if not admitted and not decoding and not loads:
             return None
-        duration = p.step_overhead_s + p.prefill_s_per_token * prefill + p.decode_s_per_seq * len(decoding)
+        duration = 0.0
+        if admitted or decoding:
+            duration = p.step_overhead_s + p.prefill_s_per_token * prefill + p.decode_s_per_seq * len(decoding)
+        if lora is not None:
+            lora.touch(batch)
+            duration = (duration * (1 + p.lora_compute_overhead) + p.lora_s_per_adapter * len(batch) + swap_s
+                        + p.lora_load_s * len(loads))
         self.running.extend(admitted)
-        return Step(duration_s=duration, admitted=admitted, decoding=decoding, prefill_tokens=prefill)
+        return Step(duration_s=duration, admitted=admitted, decoding=decoding, prefill_tokens=prefill, loads=loads,
+                    adapters=len(batch))
 
     def finish_step(self, step: Step, *, now: float) -> list[SimRequest]:
         """Apply a planned step that ended at `now`; returns the requests that finished."""
@@ -157,6 +245,12 @@ class SimEngine:
         for req in (*step.admitted, *step.decoding):
             if req.listener is not None:
                 req.listener(req)
+        for load in step.loads:
+            if self.lora is not None and load.name not in self.lora.registered:
+                self.lora.register(name=load.name, path=load.path, rank=load.rank)
+            load.done = True
+            if load.listener is not None:
+                load.listener(load)
         return finished
 
     def abort(self, req: SimRequest) -> None:
@@ -170,6 +264,10 @@ class SimEngine:
             if req.alloc is not None:
                 self.kv.release(req.alloc)
         req.finish_s = req.arrival_s if req.first_token_s is None else req.first_token_s
+
+    def adapters_of(self, requests: list[SimRequest] | deque[SimRequest]) -> list[str]:
+        """Distinct adapters of `requests`, in first-seen order (vLLM's `lora_requests_info` labels)."""
+        return list(dict.fromkeys(r.adapter for r in requests if r.adapter is not None))
 
     @property
     def kv_usage(self) -> float:

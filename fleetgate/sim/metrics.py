@@ -4,11 +4,15 @@ Same names, types and labels (`model_name`, `engine`) as vLLM 0.x's V1 engine, s
 dashboards cannot tell the difference: `vllm:num_requests_running|waiting`,
 `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries|hits` (tokens), `vllm:prompt_tokens`,
 `vllm:generation_tokens`, `vllm:request_success`, `vllm:time_to_first_token_seconds`,
-`vllm:cache_config_info` (block size and number of KV blocks, the capacity a router reads).
+`vllm:cache_config_info` (block size and number of KV blocks, the capacity a router reads) and, with
+LoRA enabled, `vllm:lora_requests_info` (labels `running_lora_adapters`, `waiting_lora_adapters`: the
+comma-separated adapters of running and waiting requests; `max_lora`; the value is the scrape's Unix
+time, as vLLM sets it so the newest series wins).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -56,6 +60,12 @@ class _EngineCollector(Collector):
                                  labels=["block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"])
         info.add_metric([str(e.profile.block_size), str(e.profile.num_blocks), "True", "0"], 1.0)
         yield info
+        if e.lora is not None:
+            lora = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                                     labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"])
+            lora.add_metric([",".join(e.adapters_of(e.running)), ",".join(e.adapters_of(e.waiting)),
+                             str(e.profile.max_loras)], time.time())
+            yield lora
 
 
 class SimMetrics:

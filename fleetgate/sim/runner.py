@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import itertools
 
-from fleetgate.sim.engine import SimEngine, SimRequest
+from fleetgate.sim.engine import PendingLoad, SimEngine, SimRequest
 
 
 class EngineRunner:
@@ -35,16 +35,38 @@ class EngineRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def submit(self, *, prompt: str, max_tokens: int | None) -> tuple[SimRequest, asyncio.Queue[SimRequest]]:
+    def submit(
+        self, *, prompt: str, max_tokens: int | None, adapter: str | None = None
+    ) -> tuple[SimRequest, asyncio.Queue[SimRequest]]:
         """Queue a request; the returned queue receives the request after each token it gets."""
         req = self.engine.make_request(
-            request_id=f"{self.engine.name}-{next(self._ids)}", prompt=prompt, max_tokens=max_tokens, now=self.now()
+            request_id=f"{self.engine.name}-{next(self._ids)}", prompt=prompt, max_tokens=max_tokens, now=self.now(),
+            adapter=adapter,
         )
         updates: asyncio.Queue[SimRequest] = asyncio.Queue()
         req.listener = updates.put_nowait
         self.engine.add(req)
         self._wake.set()
         return req, updates
+
+    async def load_adapter(self, *, name: str, path: str) -> None:
+        """Load adapter `name` at runtime; returns once the engine step that loads it has ended (raises
+        `fleetgate.sim.lora.LoraError` when the engine refuses it)."""
+        load = self.engine.request_load(name=name, path=path)
+        if load.done:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        previous = load.listener
+
+        def finished(pending: PendingLoad) -> None:
+            if previous is not None:
+                previous(pending)
+            if not done.done():
+                done.set_result(None)
+
+        load.listener = finished
+        self._wake.set()
+        await done
 
     async def _loop(self) -> None:
         scale = self.engine.profile.time_scale

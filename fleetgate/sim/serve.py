@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 
 from fleetgate.sim.profile import PROFILES, get_profile
 
@@ -17,9 +18,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="served model name (default: the profile's)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per engine second")
     parser.add_argument("--kv-blocks", type=int, default=None, help="KV capacity in blocks (default: profile)")
+    lora = parser.add_argument_group("LoRA (vLLM's flags; the runtime load/unload API is served when the "
+                                     "environment has VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)")
+    lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters on the base model")
+    lora.add_argument("--max-loras", type=int, default=1, help="adapters one batch can hold (GPU slots; default 1)")
+    lora.add_argument("--max-lora-rank", type=int, default=16, help="largest adapter rank accepted (default 16)")
+    lora.add_argument("--max-cpu-loras", type=int, default=None, help="adapters cached in host memory "
+                      "(default: --max-loras)")
+    lora.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                      help="adapters registered at start-up: name=path or JSON {\"name\": ..., \"path\": ...}")
     parser.add_argument("--calibrate", metavar="URL", default=None,
                         help="instead of serving: probe the engine at URL (e.g. vLLM), fit the step-time "
                         "constants and compare the simulator under them")
+
+
+def lora_changes(args: argparse.Namespace) -> dict[str, object]:
+    """Profile fields from the LoRA flags (vLLM's validation: positive slots, CPU cache >= slots)."""
+    from fleetgate.sim.lora import parse_lora_module
+
+    if args.max_loras < 1 or args.max_lora_rank < 1:
+        raise SystemExit("--max-loras and --max-lora-rank must be >= 1")
+    if args.max_cpu_loras is not None and args.max_cpu_loras < args.max_loras:
+        raise SystemExit("--max-cpu-loras must be >= --max-loras")
+    try:
+        modules = tuple(parse_lora_module(m) for m in args.lora_modules)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    runtime = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true")
+    return {"enable_lora": True, "max_loras": args.max_loras, "max_lora_rank": args.max_lora_rank,
+            "max_cpu_loras": args.max_cpu_loras, "lora_modules": modules, "allow_runtime_lora_updating": runtime}
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -31,6 +58,10 @@ async def _serve(args: argparse.Namespace) -> None:
         changes["model"] = args.model
     if args.kv_blocks:
         changes["num_blocks"] = args.kv_blocks
+    if args.enable_lora:
+        changes.update(lora_changes(args))
+    elif args.lora_modules:
+        raise SystemExit("--lora-modules needs --enable-lora")
     profile = profile.with_(**changes)
     fleet = await start_sim_fleet(replicas=args.replicas, host=args.host, base_port=args.base_port, profile=profile)
     try:

@@ -2,6 +2,11 @@
 
 Routes, as vLLM serves them: `POST /v1/chat/completions`, `POST /v1/completions` (both with `stream`,
 `stream_options.include_usage` and `continuous_usage_stats`), `GET /v1/models`, `GET /health`, `GET /metrics`.
+With LoRA enabled (`SimProfile.enable_lora`) a request's `model` may name a registered adapter (unknown
+names get vLLM's 404), `/v1/models` lists each adapter with `parent` = the base model and `root` = its
+path, and with `allow_runtime_lora_updating` (vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) the server
+also answers `POST /v1/load_lora_adapter {lora_name, lora_path}` (200 once loaded; 400 already loaded or
+rank too large) and `POST /v1/unload_lora_adapter {lora_name}` (200; 404 when not loaded).
 `usage.prompt_tokens_details.cached_tokens` reports the prefix-cache hit. Chat messages are
 serialised with a Gemma-style template before tokenisation, so a shared system prompt and a growing
 history form a shared prefix.
@@ -20,6 +25,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fleetgate.sim.engine import SimEngine, SimRequest
+from fleetgate.sim.lora import LoraError
 from fleetgate.sim.metrics import SimMetrics
 from fleetgate.sim.runner import EngineRunner
 
@@ -39,8 +45,8 @@ def render_chat(messages: list[Mapping[str, Any]]) -> str:
     return "".join(parts)
 
 
-def _error(status: int, message: str, code: str) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+def _error(status: int, message: str, code: str | int, err_type: str = "invalid_request_error") -> web.Response:
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
     return web.json_response(body, status=status, dumps=lambda o: orjson.dumps(o).decode())
 
 
@@ -71,9 +77,15 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError:
         return _error(400, "request body is not valid JSON", "invalid_json")
+    if not isinstance(body, dict):
+        return _error(400, "request body must be a JSON object", "invalid_request")
     model = runner.engine.profile.model
-    if body.get("model") not in (None, model):
-        return _error(404, f"The model `{body.get('model')}` does not exist.", "model_not_found")
+    asked = body.get("model")
+    adapter: str | None = None
+    if asked not in (None, model):
+        if not isinstance(asked, str) or asked not in runner.engine.adapters():
+            return _error(404, f"The model `{asked}` does not exist.", "model_not_found")
+        adapter = model = asked  # vLLM answers with the adapter's name as the model
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -81,9 +93,10 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         prompt = render_chat(messages)
     else:
         raw = body.get("prompt")
-        prompt = raw[0] if isinstance(raw, list) and raw and isinstance(raw[0], str) else raw
-        if not isinstance(prompt, str):
+        first = raw[0] if isinstance(raw, list) and raw else raw
+        if not isinstance(first, str):
             return _error(400, "`prompt` must be a string", "invalid_prompt")
+        prompt = first
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     profile = runner.engine.profile
     requested = int(max_tokens) if max_tokens is not None else profile.default_max_tokens
@@ -91,7 +104,9 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     finish_reason = "stop" if natural is not None and natural < requested else "length"
     tag = f"[answer:{hashlib.sha1(prompt.encode()).hexdigest()[:12]}]" if profile.answer_tag else ""
     try:
-        req, updates = runner.submit(prompt=prompt, max_tokens=min(requested, natural or requested))
+        req, updates = runner.submit(prompt=prompt, max_tokens=min(requested, natural or requested), adapter=adapter)
+    except LoraError as exc:
+        return _error(exc.status, str(exc), "model_not_found")
     except ValueError as exc:
         return _error(400, str(exc), "context_length_exceeded")
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -157,9 +172,51 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    model = request.app[ENGINE_KEY].engine.profile.model
-    data = {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "fleetgate-sim"}]}
-    return web.Response(body=orjson.dumps(data), content_type="application/json")
+    engine = request.app[ENGINE_KEY].engine
+    model = engine.profile.model
+    entries: list[dict[str, Any]] = [{"id": model, "object": "model", "created": 0, "owned_by": "fleetgate-sim",
+                                      "root": model, "parent": None}]
+    if engine.lora is not None:
+        entries += [{"id": a.name, "object": "model", "created": 0, "owned_by": "fleetgate-sim", "root": a.path,
+                     "parent": model} for a in engine.lora.registered.values()]
+    return web.Response(body=orjson.dumps({"object": "list", "data": entries}), content_type="application/json")
+
+
+async def _json_object(request: web.Request) -> dict[str, Any] | None:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    runner = request.app[ENGINE_KEY]
+    body = await _json_object(request)
+    name = body.get("lora_name") if body else None
+    path = body.get("lora_path") if body else None
+    if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+        return _error(400, "Both 'lora_name' and 'lora_path' must be provided.", 400, "BadRequestError")
+    if name == runner.engine.profile.model:
+        return _error(400, f"The lora adapter '{name}' has already been loaded.", 400, "BadRequestError")
+    try:
+        await runner.load_adapter(name=name, path=path)
+    except LoraError as exc:
+        return _error(exc.status, str(exc), exc.status, "BadRequestError")
+    return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    runner = request.app[ENGINE_KEY]
+    body = await _json_object(request)
+    name = body.get("lora_name") if body else None
+    if not isinstance(name, str) or not name:
+        return _error(400, "'lora_name' needs to be provided to unload a LoRA adapter.", 400, "BadRequestError")
+    try:
+        runner.engine.unload(name)
+    except LoraError as exc:
+        return _error(exc.status, str(exc), exc.status, "NotFoundError" if exc.status == 404 else "BadRequestError")
+    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
 
 async def health(request: web.Request) -> web.Response:
@@ -189,6 +246,9 @@ def build_app(engine: SimEngine) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
+    if engine.profile.enable_lora and engine.profile.allow_runtime_lora_updating:
+        app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
+        app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     return app

@@ -7,6 +7,12 @@ gateway calls them); only its `/metrics` scraper is replaced by a copy of each e
 `scrape_interval_s` of engine time (the same staleness a real scraper has). Decision latency is
 measured on this machine twice: wall clock (includes preemption by other processes on a shared
 machine) and this thread's CPU time (the decision's own cost).
+
+LoRA: a work item may name an adapter (the profile must enable LoRA). Its routing request carries it;
+when the picked engine has not loaded it, the run does what the gateway does: it asks that engine to
+load it (`SimEngine.request_load`, the engine pays `lora_load_s` in its loop), tells the scheduler's
+`FleetState` once loaded, and queues the request then (its TTFT includes the wait). Each scrape also
+copies every engine's loaded adapters into the `FleetState`, as the scraper reads `/v1/models`.
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ class RunResult:
     prefix_hits: int = 0
     output_tokens: int = 0
     makespan_s: float = 0.0
+    busy_s: float = 0.0  # engine-seconds spent in steps, summed over engines
+    adapter_loads: int = 0  # on-demand runtime loads asked of engines
+    disk_loads: int = 0  # adapter loads from disk inside engines (runtime loads + CPU-cache reloads)
+    slot_swaps: int = 0  # adapters copied into a GPU slot
 
     @property
     def hit_rate(self) -> float:
@@ -72,6 +82,7 @@ async def run_virtual_fleet(
         else:
             followers.setdefault(it.after, []).append(it)
     busy = [False] * replicas
+    waiting_load: dict[tuple[int, str], list[SimRequest]] = {}  # (engine, adapter) -> requests queued behind a load
     inflight: dict[int, tuple[RoutingRequest, int, WorkItem]] = {}
     result = RunResult()
     if state is not None:
@@ -92,7 +103,7 @@ async def run_virtual_fleet(
         if kind == "arrive":
             item: WorkItem = payload
             req = RoutingRequest(request_id=item.id, model=model, prompt_text=item.prompt,
-                                 session_key=item.session_key, max_tokens=item.max_tokens)
+                                 session_key=item.session_key, max_tokens=item.max_tokens, adapter=item.adapter)
             t0, c0 = time.perf_counter(), time.thread_time()
             decision = await scheduler.pick(req, endpoints)
             result.decision_s.append(time.perf_counter() - t0)
@@ -100,16 +111,38 @@ async def run_virtual_fleet(
             i = endpoints.index(decision.endpoint)
             scheduler.on_start(req, decision.endpoint)
             result.per_endpoint[decision.endpoint.id] = result.per_endpoint.get(decision.endpoint.id, 0) + 1
-            sreq = engines[i].make_request(request_id=item.id, prompt=item.prompt, max_tokens=item.max_tokens,
-                                           now=now)
+            eng = engines[i]
+            if item.adapter is not None and item.adapter not in eng.adapters():
+                eng.request_load(name=item.adapter, path=f"/adapters/{item.adapter}")  # joins a load in flight
+                key = (i, item.adapter)
+                if key not in waiting_load:
+                    result.adapter_loads += 1
+                    waiting_load[key] = []
+                # make_request needs the adapter registered: queue the item, make the request once loaded
+                sreq = SimRequest(id=item.id, prompt_tokens=0, block_hashes=[], max_tokens=item.max_tokens,
+                                  arrival_s=now, adapter=item.adapter)
+                waiting_load[key].append(sreq)
+            else:
+                sreq = eng.make_request(request_id=item.id, prompt=item.prompt, max_tokens=item.max_tokens, now=now,
+                                        adapter=item.adapter)
+                eng.add(sreq)
             inflight[id(sreq)] = (req, i, item)
-            engines[i].add(sreq)
             if not busy[i]:
                 schedule_step(i, now)
         elif kind == "step":
             i, step = payload
             assert isinstance(step, Step)
             finished: list[SimRequest] = engines[i].finish_step(step, now=now)
+            for load in step.loads:
+                if state is not None and hasattr(state, "add_adapter"):
+                    state.add_adapter(endpoints[i].id, load.name)
+                for placeholder in waiting_load.pop((i, load.name), []):
+                    req, _, item = inflight.pop(id(placeholder))
+                    sreq = engines[i].make_request(request_id=item.id, prompt=item.prompt,
+                                                   max_tokens=item.max_tokens, now=placeholder.arrival_s,
+                                                   adapter=item.adapter)
+                    inflight[id(sreq)] = (req, i, item)
+                    engines[i].add(sreq)
             for sreq in step.admitted:
                 if sreq.ttft_s is not None:
                     result.ttft_s.append(sreq.ttft_s)
@@ -126,10 +159,16 @@ async def run_virtual_fleet(
             for ep, eng in zip(endpoints, engines, strict=True):
                 state.update(ep.id, waiting=len(eng.waiting), running=len(eng.running), kv_usage=eng.kv_usage,
                              kv_capacity_tokens=eng.profile.capacity_tokens)
+                if eng.lora is not None and hasattr(state, "set_adapters"):
+                    state.set_adapters(ep.id, eng.adapters(), as_of=now)
             heapq.heappush(events, (now + scrape_interval_s, next(seq), "scrape", None))
     result.makespan_s = now
     for eng in engines:
         result.prefix_queries += eng.counters.prefix_queries
         result.prefix_hits += eng.counters.prefix_hits
         result.output_tokens += eng.counters.generation_tokens
+        result.busy_s += eng.counters.busy_s
+        if eng.lora is not None:
+            result.disk_loads += eng.lora.disk_loads
+            result.slot_swaps += eng.lora.activations
     return result

@@ -12,6 +12,9 @@ per token, `_text(n_tokens)` yields about n tokens. Arrivals are Poisson at `rat
   `think_s` after round r completes (closed loop), with the growing history (questions and fixed-length
   answers) in the prompt; each user has a session key.
 - `unique_prompts`: no sharing at all, random lengths; the guard against regressions.
+- `adapter_mix`: N LoRA fine-tunes of one base (`ft-0` .. `ft-{N-1}`), chosen per request with Zipf
+  popularity (exponent `zipf_s`; ft-0 hottest); each has its own system prompt and every request a unique
+  question, Poisson arrivals. What adapter-affinity routing is compared on.
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ class WorkItem:
     session_key: str | None = None
     after: str | None = None  # id of the item that must complete first (closed-loop chat rounds)
     group: str = ""
+    adapter: str | None = None  # a LoRA adapter of the base model; None: the base model itself
 
 
 def _arrivals(rng: random.Random, n: int, rate_rps: float) -> list[float]:
@@ -194,3 +198,34 @@ def unique_prompts(
         )
         for i in range(n)
     ]
+
+
+def zipf_weights(n: int, s: float) -> list[float]:
+    """Popularity of ranks 1..n, proportional to 1 / rank^s, normalised to sum to 1."""
+    raw = [1.0 / (rank**s) for rank in range(1, n + 1)]
+    total = sum(raw)
+    return [w / total for w in raw]
+
+
+def adapter_mix(
+    *,
+    seed: int,
+    n: int = 600,
+    adapters: int = 8,
+    zipf_s: float = 1.1,
+    system_tokens: int = 256,
+    question_tokens: int = 48,
+    max_tokens: int = 48,
+    rate_rps: float = 4.0,
+) -> list[WorkItem]:
+    rng = random.Random(seed)
+    names = [f"ft-{k}" for k in range(adapters)]
+    systems = {name: f"<system {name}> " + _text(rng, system_tokens) for name in names}
+    weights = zipf_weights(adapters, zipf_s)
+    times = _arrivals(rng, n, rate_rps)
+    items = []
+    for i in range(n):
+        name = rng.choices(names, weights=weights)[0]
+        items.append(WorkItem(id=f"lora-{i}", prompt=f"{systems[name]}\n<user> {i} " + _text(rng, question_tokens),
+                              max_tokens=max_tokens, arrival_s=times[i], group=name, adapter=name))
+    return items

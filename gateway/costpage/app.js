@@ -171,7 +171,7 @@
     const groups = new Map();
     for (const r of rows) {
       const k = r.model + "\t" + r.tier;
-      const g = groups.get(k) || { model: r.model, tier: r.tier, requests: 0, prompt_tokens: 0, cached_tokens: 0,
+      const g = groups.get(k) || { model: r.model, base: r.base || "", tier: r.tier, requests: 0, prompt_tokens: 0, cached_tokens: 0,
         completion_tokens: 0, cost_usd: 0, saved_cache_usd: 0, saved_tier_usd: 0 };
       for (const f of ["requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd",
         "saved_cache_usd", "saved_tier_usd"]) g[f] += r[f];
@@ -181,8 +181,9 @@
     body.replaceChildren();
     for (const g of [...groups.values()].sort((a, b) => b.cost_usd - a.cost_usd)) {
       const tr = document.createElement("tr");
-      for (const v of [g.model, g.tier || "(none)", int(g.requests), int(g.prompt_tokens), int(g.cached_tokens),
-        int(g.completion_tokens), usd(g.cost_usd), usd(g.saved_cache_usd), usd(g.saved_tier_usd)]) {
+      // a LoRA adapter's row names its base model: the deployment whose cost its tokens share
+      for (const v of [g.model, g.base || "–", g.tier || "(none)", int(g.requests), int(g.prompt_tokens),
+        int(g.cached_tokens), int(g.completion_tokens), usd(g.cost_usd), usd(g.saved_cache_usd), usd(g.saved_tier_usd)]) {
         const td = document.createElement("td");
         td.textContent = v;
         tr.append(td);

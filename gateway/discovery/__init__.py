@@ -2,6 +2,12 @@
 
 `fleetgate.gateway.discovery.kubernetes` watches the operator's engine pods for `discovery.kind:
 kubernetes`; the wiring imports it lazily so the static path never loads a Kubernetes client.
+
+LoRA adapters: a source that knows them also implements `AdapterCatalog`. `models()` keeps listing the
+base (concrete) models; an adapter's name is a model name clients send, and `endpoints(adapter)` returns
+its base model's endpoints (the forwarded request keeps `model: <adapter>`, which is how vLLM picks the
+LoRA). Code that needs "every name a client may ask for" uses `served_names`, which tolerates a source
+whose `models()` lists adapters too.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from fleetgate.core.adapters import AdapterSpec
 from fleetgate.core.types import Endpoint
 from fleetgate.gateway.settings import ModelRoute
 
@@ -28,6 +35,33 @@ class EndpointSource(Protocol):
         ...
 
 
+@runtime_checkable
+class AdapterCatalog(Protocol):
+    def adapters(self) -> list[AdapterSpec]:
+        """The LoRA adapters clients may ask for, each with the base model whose endpoints serve it."""
+        ...
+
+
+def adapters_of(source: EndpointSource) -> list[AdapterSpec]:
+    """The source's adapters (none for a source that knows no adapters)."""
+    return source.adapters() if isinstance(source, AdapterCatalog) else []
+
+
+def adapter_named(source: EndpointSource, name: str) -> AdapterSpec | None:
+    """The adapter clients call `name`, if `name` is an adapter (never a base model of the source)."""
+    for spec in adapters_of(source):
+        if spec.name == name:
+            return spec
+    return None
+
+
+def served_names(source: EndpointSource, *, visible_to: str | None = None) -> list[str]:
+    """Every name a client may ask a source for: its models, then its adapters (each once); with `visible_to`
+    (a tenant id), without the adapters restricted to other tenants."""
+    adapters = [a.name for a in adapters_of(source) if visible_to is None or not a.tenants or visible_to in a.tenants]
+    return list(dict.fromkeys([*source.models(), *adapters]))
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelListing:
     """One model offered by `/v1/models`: ready (it has endpoints) or scaled to zero (a request wakes it)."""
@@ -35,6 +69,7 @@ class ModelListing:
     name: str
     ready: bool
     scaled_to_zero: bool = False
+    parent: str | None = None  # a LoRA adapter: its base model (vLLM's `/v1/models` says the same)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,8 +96,11 @@ class ContextSource(Protocol):
 
 
 def context_length(source: EndpointSource, model: str) -> int | None:
-    """What the source knows of `model`'s context length (None: unknown)."""
-    return source.context_length(model) if isinstance(source, ContextSource) else None
+    """What the source knows of `model`'s context length (None: unknown); an adapter has its base's."""
+    if not isinstance(source, ContextSource):
+        return None
+    spec = adapter_named(source, model)
+    return source.context_length(spec.base if spec is not None else model)
 
 
 @runtime_checkable
@@ -81,23 +119,49 @@ class WakeableSource(Protocol):
 
 
 def listing(source: EndpointSource) -> list[ModelListing]:
-    """The models `/v1/models` offers: the source's own listing, else every known model."""
+    """The models `/v1/models` offers: the source's own listing (else every known model), then each adapter
+    whose base is servable (ready, or woken by a request), in the base's state."""
+    adapter_names = {a.name for a in adapters_of(source)}
     if isinstance(source, ListingSource):
-        return source.listing()
-    return [ModelListing(name=m, ready=bool(source.endpoints(m))) for m in source.models()]
+        bases = [m for m in source.listing() if m.name not in adapter_names]
+    else:
+        names = [m for m in source.models() if m not in adapter_names]
+        bases = [ModelListing(name=m, ready=bool(source.endpoints(m))) for m in names]
+    by_name = {m.name: m for m in bases}
+    out = list(bases)
+    for spec in adapters_of(source):
+        base = by_name.get(spec.base)
+        if base is not None and (base.ready or base.scaled_to_zero):
+            out.append(ModelListing(name=spec.name, ready=base.ready, scaled_to_zero=base.scaled_to_zero,
+                                    parent=spec.base))
+    return out
 
 
-def models_page(source: EndpointSource, *, aliases: list[str], allowed: frozenset[str] | set[str] | None) -> bytes:
+def _visible(entry: ModelListing, *, tenant: str | None, allowed: frozenset[str] | set[str] | None,
+             restricted: dict[str, frozenset[str]]) -> bool:
+    if allowed is not None and entry.name not in allowed:
+        return False
+    only = restricted.get(entry.name)
+    return not only or tenant in only
+
+
+def models_page(
+    source: EndpointSource, *, aliases: list[str], allowed: frozenset[str] | set[str] | None, tenant: str | None = None
+) -> bytes:
     """The `/v1/models` body: only what a client can be served (models with endpoints or that a request
-    wakes, and aliases), limited to the tenant's `allowed` models; an extra `fleetgate` field per model says
-    whether it is ready or scaled to zero (OpenAI clients ignore unknown fields)."""
-    offered = [(m.name, {"ready": m.ready, "scaled_to_zero": m.scaled_to_zero}) for m in listing(source)]
-    offered += [(alias, {"ready": True, "scaled_to_zero": False}) for alias in aliases]
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "fleetgate", "fleetgate": state}
-        for name, state in offered
-        if allowed is None or name in allowed
-    ]
+    wakes, their adapters with `parent` = the base, and aliases), limited to the tenant's `allowed` models and
+    to adapters that name no tenants or name `tenant`; an extra `fleetgate` field per model says whether it is
+    ready or scaled to zero (OpenAI clients ignore unknown fields)."""
+    restricted = {a.name: a.tenants for a in adapters_of(source) if a.tenants}
+    offered = [m for m in listing(source) if _visible(m, tenant=tenant, allowed=allowed, restricted=restricted)]
+    offered += [ModelListing(name=a, ready=True) for a in aliases if allowed is None or a in allowed]
+    data: list[dict[str, object]] = []
+    for m in offered:
+        entry: dict[str, object] = {"id": m.name, "object": "model", "created": 0, "owned_by": "fleetgate"}
+        if m.parent is not None:
+            entry["parent"] = m.parent
+        entry["fleetgate"] = {"ready": m.ready, "scaled_to_zero": m.scaled_to_zero}
+        data.append(entry)
     return orjson.dumps({"object": "list", "data": data})
 
 
@@ -109,7 +173,8 @@ def endpoint_id(url: str) -> str:
 
 
 class StaticEndpointSource:
-    """The `models:` list of the config file, fixed for the life of the process."""
+    """The `models:` list of the config file, fixed for the life of the process; its adapters are each
+    route's `adapters:` (an `AdapterCatalog`)."""
 
     def __init__(self, routes: list[ModelRoute]) -> None:
         self._by_model: dict[str, list[Endpoint]] = {
@@ -119,9 +184,14 @@ class StaticEndpointSource:
             for r in routes
         }
         self._names = list(self._by_model)
+        self._adapters = [a.spec(base=r.name) for r in routes for a in r.adapters]
+        self._base_of = {a.name: a.base for a in self._adapters}
 
     def models(self) -> list[str]:
         return list(self._names)
 
+    def adapters(self) -> list[AdapterSpec]:
+        return list(self._adapters)
+
     def endpoints(self, model: str) -> list[Endpoint]:
-        return self._by_model.get(model, [])
+        return self._by_model.get(self._base_of.get(model, model), [])

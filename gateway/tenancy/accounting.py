@@ -10,7 +10,8 @@ For a `RequestRecord` (the engine's own usage, streamed or not, also for failed 
 The row of (UTC day, tenant, model, tier) in the ledger gets the integer fields; Prometheus counters get
 the same figures (request counts are the gateway's own `fleetgate_requests_total`, which carries the
 same tenant/model/tier labels); one structured log line per request (logger `fleetgate.usage`) keeps the
-endpoint. The tier label is "" when no tier applies, as in the gateway's metrics.
+endpoint and, for a LoRA adapter (recorded under its own name, priced as its base), the base model.
+The tier label is "" when no tier applies, as in the gateway's metrics.
 A ledger outage is logged and counted, never turned into a failed request: the addition waits in a
 bounded in-memory queue (`max_pending`, oldest dropped first) and is written, exactly once (a one-time
 token per addition), before the next request's.
@@ -114,6 +115,7 @@ class TenancyAccountant:
             "usage",
             extra={
                 "request_id": record.request_id, "tenant": record.tenant.id, "model": record.model, "tier": tier,
+                "base": self._prices.base_of(record.model),
                 "endpoint": record.endpoint, "cache": record.cache_status, "status": record.status,
                 "stream": record.stream, "prompt_tokens": record.usage.prompt_tokens,
                 "completion_tokens": record.usage.completion_tokens, "cached_tokens": record.usage.cached_tokens,

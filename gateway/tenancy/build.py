@@ -7,6 +7,7 @@ is the gateway's `server.auth == "api_key"`; with it off every caller is the ano
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -34,8 +35,10 @@ def build_tenancy(
     auth_enabled: bool = True,
     redis_url: str | None = None,
     kvstore: KVStore | None = None,
+    adapters: Callable[[], Mapping[str, str]] | None = None,
 ) -> TenancyStage:
-    """`kvstore` (the app's shared store) holds the GPU token meter; it is not closed by the stage."""
+    """`kvstore` (the app's shared store) holds the GPU token meter; it is not closed by the stage.
+    `adapters` (LoRA adapter -> base model, as discovery knows them) prices an adapter as its base."""
     closers: list[Any] = []
     counters: CounterBackend
     ledger: UsageLedger
@@ -51,7 +54,7 @@ def build_tenancy(
         ledger = MemoryLedger()
     metrics = TenancyMetrics(registry)
     metrics.set_budgets(config)
-    prices = PriceBook(config, meter=TokenMeter(kvstore if kvstore is not None else MemoryKVStore()))
+    prices = PriceBook(config, meter=TokenMeter(kvstore if kvstore is not None else MemoryKVStore()), adapters=adapters)
     register_price_gauges(registry, prices)
     authenticator: Authenticator = KeyAuthenticator(config) if auth_enabled else OpenAuth()
     return TenancyStage(

@@ -7,6 +7,13 @@ histograms with the same tenant/model/tier labels are the gateway's own (`fleetg
 `llm_cost_per_million_tokens{model_name, phase, cost_basis}` and `llm_total_hourly_cost` (GPU-priced
 models), read from the price book at scrape time so they show the rates requests are charged at.
 Dollar counters are floats for Prometheus only; the exact ledger is in integer micro-dollars.
+
+LoRA adapters: the `model` label of a request for an adapter is the adapter's name (a name from the
+config or discovery: refused and unknown names are recorded under placeholders, so labels stay bounded).
+`fleetgate_adapter_info{model, base} 1`, one series per adapter discovery knows, joins them to their base
+model in PromQL, e.g. spend per base deployment with its adapters:
+`sum by (base) (fleetgate_tenant_cost_usd_total * on (model) group_left (base) fleetgate_adapter_info)`.
+Adapters also get `llm_cost_per_million_tokens` series (their base's rates).
 """
 
 from __future__ import annotations
@@ -38,6 +45,11 @@ class PriceCollector(Collector):
             "Hourly infrastructure cost (GPU count x $/GPU-hour) of GPU-priced models.",
             labels=["model_name", "cost_basis"],
         )
+        info = GaugeMetricFamily(
+            "fleetgate_adapter_info", "1 for each LoRA adapter the gateway serves, with its base model.",
+            labels=["model", "base"],
+        )
+        adapters = self._prices.adapters()
         for model in self._prices.models:
             rates = self._prices.rates(model)
             for phase, usd in rates.per_million_usd().items():
@@ -45,8 +57,15 @@ class PriceCollector(Collector):
             price = self._prices.price(model)
             if isinstance(price, GpuPrice):
                 hourly.add_metric([model, "gpu"], float(gpu_hourly_usd(price)))
+        for adapter, base in sorted(adapters.items()):
+            info.add_metric([adapter, base], 1.0)
+            if adapter not in self._prices.models and self._prices.price(adapter) is not None:
+                rates = self._prices.rates(adapter)
+                for phase, usd in rates.per_million_usd().items():
+                    per_m.add_metric([adapter, phase, rates.basis], usd)
         yield per_m
         yield hourly
+        yield info
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())

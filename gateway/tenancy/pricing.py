@@ -21,13 +21,20 @@ Two kinds of price (`TenancyConfig.prices`):
   the model's engines served over `window_s` (shared through the KV store, see `meter.TokenMeter`) and
   charges r = hourly * span_hours / weighted_tokens_in_span per weighted token (weights per token kind).
   Until `min_tokens` are measured it assumes `fallback_tokens_per_hour`. Refreshed every `refresh_s`.
+
+LoRA adapters run on their base model's engines, so an adapter without a price of its own is priced as its
+base (`PriceBook(adapters=...)`: adapter name -> base model). For a GPU-priced base the adapter's tokens
+are metered under the base too: the base deployment's hourly cost is divided by every token its engines
+served, base and adapters alike, and each request pays its own weighted tokens at that one rate. Summed,
+the adapters' dollars plus the base's own are the deployment's cost for the tokens served (up to 0.5 µ$ of
+rounding per request): the base's cost is split across the adapters that used it, by (weighted) tokens.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -135,8 +142,12 @@ def weighted(price: GpuPrice, *, prompt: int, completion: int, cached: int) -> F
 class PriceBook:
     """Current rates per model. List prices are fixed; GPU-derived ones are refreshed from the meter."""
 
-    def __init__(self, config: TenancyConfig, *, meter: TokenMeter, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, config: TenancyConfig, *, meter: TokenMeter, clock: Callable[[], float] = time.time,
+        adapters: Callable[[], Mapping[str, str]] | None = None,
+    ) -> None:
         self._clock = clock
+        self._adapters = adapters
         self._prices = dict(config.prices)
         self._default = list_rates(config.default_price) if config.default_price is not None else FREE
         self._meter = meter
@@ -152,14 +163,31 @@ class PriceBook:
     def models(self) -> list[str]:
         return sorted(self._prices)
 
+    def adapters(self) -> dict[str, str]:
+        """Adapter name -> base model, as discovery knows them now."""
+        return dict(self._adapters()) if self._adapters is not None else {}
+
+    def base_of(self, model: str) -> str | None:
+        """The base model of an adapter; None for any other name."""
+        return self.adapters().get(model) if self._adapters is not None else None
+
+    def priced_as(self, model: str) -> str:
+        """The name whose price `model` pays: its own when it has one, else an adapter's base."""
+        if model in self._prices:
+            return model
+        base = self.base_of(model)
+        return base if base is not None else model
+
     def price(self, model: str) -> ListPrice | GpuPrice | None:
-        return self._prices.get(model)
+        return self._prices.get(self.priced_as(model))
 
     def rates(self, model: str) -> Rates:
-        return self._rates.get(model, self._default)
+        return self._rates.get(self.priced_as(model), self._default)
 
     def estimate_rates(self, model: str) -> Rates:
-        """Rates for a reservation: the model's own, or for an unpriced name (a tier alias) the highest."""
+        """Rates for a reservation: the model's own (an adapter's: its base's), or for an unpriced name (a tier
+        alias) the highest."""
+        model = self.priced_as(model)
         if model in self._rates or not self._rates:
             return self.rates(model)
         every = [*self._rates.values(), self._default]
@@ -167,6 +195,7 @@ class PriceBook:
                      cached=max(r.cached for r in every), basis="list")
 
     async def refresh_if_stale(self, model: str) -> None:
+        model = self.priced_as(model)
         price = self._prices.get(model)
         if not isinstance(price, GpuPrice):
             return
@@ -179,6 +208,7 @@ class PriceBook:
         self._rates[model] = gpu_rates(price, weighted_tokens=tokens, span_s=served.span_s)
 
     async def observe(self, model: str, usage: Usage) -> None:
-        """Feed engine-served tokens of GPU-priced models to the meter."""
+        """Feed engine-served tokens of GPU-priced models to the meter (an adapter's under its base's name)."""
+        model = self.priced_as(model)
         if isinstance(self._prices.get(model), GpuPrice):
             await self._meter.add(model, usage, now=self._clock())

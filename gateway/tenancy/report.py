@@ -2,13 +2,18 @@
 
 Sums are over integers (tokens, micro-dollars); dollars appear beside them as display values computed
 once from the integer total (`*_usd`), so a report's totals equal the sum of its rows exactly.
+
+LoRA adapters: a row's `model` is what the client asked for, so an adapter has rows of its own; `base`
+(given `adapters`: adapter -> base model, as discovery knows them when the report is made) names its base
+model, and is "" for every other row. `by_base` totals each base model with its adapters: the spend of
+one deployment, split in `by_model`.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, timedelta
 from typing import Any
 
@@ -17,7 +22,7 @@ from fleetgate.gateway.tenancy.ledger import FIELDS, UsageRow
 from fleetgate.gateway.tenancy.pricing import MICROS_PER_USD, micros_to_usd
 
 MAX_DAYS = 400
-KEY_COLUMNS = ("date", "tenant", "model", "tier")
+KEY_COLUMNS = ("date", "tenant", "model", "tier", "base")
 MICRO_FIELDS = ("cost_micros", "saved_cache_micros", "saved_tier_micros")
 
 
@@ -50,15 +55,18 @@ def _sum(rows: Iterable[UsageRow]) -> dict[str, int]:
     return total
 
 
-def _group(rows: Sequence[UsageRow], attr: str) -> list[dict[str, Any]]:
+def _group(rows: Sequence[UsageRow], attr: str, key: Any = None) -> list[dict[str, Any]]:
     groups: dict[str, list[UsageRow]] = {}
     for r in rows:
-        groups.setdefault(getattr(r, attr), []).append(r)
+        groups.setdefault(key(r) if key is not None else getattr(r, attr), []).append(r)
     name = "date" if attr == "day" else attr
     return [{name: k, **_with_usd(_sum(v))} for k, v in sorted(groups.items())]
 
 
-def usage_json(rows: Sequence[UsageRow], *, days: Sequence[str], scope: str) -> dict[str, Any]:
+def usage_json(
+    rows: Sequence[UsageRow], *, days: Sequence[str], scope: str, adapters: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    bases = adapters or {}
     return {
         "object": "usage.report",
         "scope": scope,  # a tenant id, or "all" for the admin
@@ -67,10 +75,12 @@ def usage_json(rows: Sequence[UsageRow], *, days: Sequence[str], scope: str) -> 
         "totals": _with_usd(_sum(rows)),
         "by_day": _group(rows, "day"),
         "by_tenant": _group(rows, "tenant"),
-        "by_model": _group(rows, "model"),
+        "by_model": [{**g, "base": bases.get(g["model"], "")} for g in _group(rows, "model")],
+        "by_base": _group(rows, "base", key=lambda r: bases.get(r.model, r.model)),
         "by_tier": _group(rows, "tier"),
         "data": [
-            {"date": r.day, "tenant": r.tenant, "model": r.model, "tier": r.tier, **_with_usd(r.values)}
+            {"date": r.day, "tenant": r.tenant, "model": r.model, "base": bases.get(r.model, ""), "tier": r.tier,
+             **_with_usd(r.values)}
             for r in rows
         ],
     }
@@ -85,13 +95,14 @@ def csv_text(value: str) -> str:
     return "'" + value if value.startswith(FORMULA_PREFIXES) else value
 
 
-def usage_csv(rows: Sequence[UsageRow]) -> str:
+def usage_csv(rows: Sequence[UsageRow], *, adapters: Mapping[str, str] | None = None) -> str:
+    bases = adapters or {}
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\r\n")  # RFC 4180; a CR or LF inside a cell is then quoted
     usd_cols = [n.replace("_micros", "_usd") for n in MICRO_FIELDS]
     writer.writerow([*KEY_COLUMNS, *FIELDS, *usd_cols])
     for r in rows:
-        writer.writerow([*(csv_text(v) for v in (r.day, r.tenant, r.model, r.tier)),
+        writer.writerow([*(csv_text(v) for v in (r.day, r.tenant, r.model, r.tier, bases.get(r.model, ""))),
                          *(r.values.get(n, 0) for n in FIELDS),
                          *(micros_to_usd(r.values.get(n, 0)) for n in MICRO_FIELDS)])
     return buf.getvalue()

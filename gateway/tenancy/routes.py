@@ -1,7 +1,8 @@
 """The usage API: a tenant reads its own usage and budgets, the admin reads everyone's.
 
 GET /v1/usage?start=YYYY-MM-DD&end=YYYY-MM-DD[&tenant=ID][&format=csv]
-    totals, and totals by day, tenant, model and tier, plus the (day, tenant, model, tier) rows.
+    totals, and totals by day, tenant, model, base and tier, plus the (day, tenant, model, tier) rows; a LoRA
+    adapter's rows and model totals carry its `base` model ("" for others).
     Defaults: the 30 days ending today (UTC). `tenant` filters (admin only).
 GET /v1/usage/budgets
     each visible tenant's configured limits and current use (settled + in flight) of each window.
@@ -74,10 +75,11 @@ def usage_router(*, tenancy: TenancyStage) -> APIRouter:
         except StoreUnavailableError as exc:
             return _unavailable("usage store", exc, rid)
         if format == "csv":
-            return PlainTextResponse(usage_csv(rows), media_type="text/csv",
+            return PlainTextResponse(usage_csv(rows, adapters=tenancy.prices.adapters()), media_type="text/csv",
                                      headers={"Content-Disposition": 'attachment; filename="usage.csv"',
                                               "x-request-id": rid})
-        return JSONResponse(usage_json(rows, days=days, scope=scope or "all"), headers={"x-request-id": rid})
+        report = usage_json(rows, days=days, scope=scope or "all", adapters=tenancy.prices.adapters())
+        return JSONResponse(report, headers={"x-request-id": rid})
 
     @router.get("/v1/usage/budgets", response_model=None)
     async def budgets(request: Request, authorization: str | None = Header(default=None)) -> Response:

@@ -23,6 +23,7 @@ PLUGIN_TYPES: Mapping[str, str] = MappingProxyType(
         "kv-cache-usage-scorer": "fleetgate.router.plugins.kv_usage_scorer:build",
         "inflight-scorer": "fleetgate.router.plugins.inflight_scorer:build",
         "session-affinity-scorer": "fleetgate.router.plugins.session_scorer:build",
+        "adapter-affinity-scorer": "fleetgate.router.plugins.adapter_scorer:build",
         "max-score-picker": "fleetgate.router.plugins.max_score_picker:build",
         "weighted-random-picker": "fleetgate.router.plugins.random_picker:build",
     }

@@ -354,8 +354,8 @@ async def test_usage_reports_survive_odd_names_and_csv_neutralises_formulas() ->
     assert report["totals"]["requests"] == len(names)
     cells = list(csv.reader(io.StringIO(usage_csv(rows), newline="")))
     header, body = cells[0], cells[1:]
-    assert header[:4] == ["date", "tenant", "model", "tier"] and len(header) == 4 + len(FIELDS) + 3
+    assert header[:5] == ["date", "tenant", "model", "tier", "base"] and len(header) == 5 + len(FIELDS) + 3
     for row in body:
-        for cell in row[:4]:
+        for cell in row[:5]:
             assert not cell.startswith(("=", "+", "-", "@", "\t", "\r")), row
     assert {row[2] for row in body} == {"'" + n if n != "ok" else n for n in names}

@@ -123,7 +123,8 @@ def test_dashboards_cover_the_issue() -> None:
     for needed in ("fleetgate_tenant_cost_usd_total", "fleetgate_tenant_savings_usd_total",
                    "fleetgate_tenant_tokens_total", "fleetgate_time_to_first_token_seconds_bucket",
                    "fleetgate_time_per_output_token_seconds_bucket", "fleetgate_cache_lookups_total",
-                   "fleetgate_router_picks_total", "fleetgate_tenant_budget_usd"):
+                   "fleetgate_router_picks_total", "fleetgate_tenant_budget_usd", "fleetgate_adapter_info",
+                   "fleetgate_adapter_loads_total"):
         assert needed in every, needed
     assert 'cache=~"hit.*"' in every and 'source="tiering"' in every
 
@@ -134,7 +135,7 @@ async def exported() -> AsyncIterator[set[str]]:
     engine = await FakeEngine(FakeEngineConfig(model="m1", default_max_tokens=8)).start()
     settings = GatewaySettings.model_validate({
         "server": {"auth": "api_key"},
-        "models": [{"name": "m1", "endpoints": [engine.url]}],
+        "models": [{"name": "m1", "endpoints": [engine.url], "adapters": [{"name": "m1-ft", "source": "/a"}]}],
         "tenancy": {"tenants": [{"id": "acme", "key_hashes": [KEY_HASH], "rpm": 4, "daily_budget_usd": "1"}],
                     "prices": {"m1": {"input_usd_per_1m": "1", "output_usd_per_1m": "2"}},
                     "savings_baseline_model": "m1"},
@@ -185,6 +186,7 @@ async def exported() -> AsyncIterator[set[str]]:
             names |= {family.name + s for s in ("_bucket", "_count", "_sum")}
         names |= {s.name for s in family.samples}
     assert 'cache="hit-exact"' in text and 'fleetgate_tenant_savings_usd_total{model="m1",source="cache"' in text
+    assert 'fleetgate_adapter_info{base="m1",model="m1-ft"} 1.0' in text
     yield names
 
 

@@ -1,0 +1,132 @@
+"""One LoRA configuration of the cost benchmark: a fresh layout of simulated engines, a fresh gateway, the
+whole LoRA workload through it over HTTP, then the figures of that run.
+
+Configurations (`LORA_CONFIGS`):
+- `deployments`: one gateway model per fine-tune, each on its own deployment;
+- `adapters+affinity`: the fine-tunes as adapters (`models[].adapters`) of one base model, routed by the
+  `adapter-affinity` preset (least-loaded plus the adapter-affinity scorer);
+- `adapters+blind`: the same fleet and gateway with the adapter-blind `least-loaded` preset.
+In both adapter configurations no engine starts with an adapter: the gateway loads each on demand on the
+engine it picked (`server.adapter_load_timeout_s` bounds the wait), as a fresh deployment would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from fleetgate.bench.cost_lora import BASE_MODEL, LoraFleet, LoraSetup, size_layouts, start_layout
+from fleetgate.bench.cost_run import Outcome, _keys, _one
+from fleetgate.bench.workload import Workload
+from fleetgate.core.localredis import free_port
+
+
+@dataclass(frozen=True, slots=True)
+class LoraConfig:
+    name: str
+    shared: bool
+    policy: str  # routing preset of the gateway
+
+
+LORA_CONFIGS: tuple[LoraConfig, ...] = (
+    LoraConfig("deployments", shared=False, policy="least-loaded"),
+    LoraConfig("adapters+affinity", shared=True, policy="adapter-affinity"),
+    LoraConfig("adapters+blind", shared=True, policy="least-loaded"),
+)
+
+
+@dataclass(slots=True)
+class LoraResult:
+    config: LoraConfig
+    outcomes: list[Outcome] = field(default_factory=list)
+    replicas: int = 0
+    gpus: int = 0
+    provisioned_usd: float = 0.0
+    work_s: float = 0.0
+    provisioned_s: float = 0.0
+    disk_loads: int = 0
+    slot_swaps: int = 0
+    wall_s: float = 0.0
+
+
+def gateway_settings(config: LoraConfig, fleet: LoraFleet, *, tenants: list[str], keys: dict[str, str]) -> Any:
+    from fleetgate.gateway.settings import AdapterRoute, GatewaySettings, ModelRoute, ServerSettings
+    from fleetgate.gateway.tenancy.config import TenancyConfig, TenantConfig
+    from fleetgate.gateway.tenancy.keys import hash_key
+    from fleetgate.router.config import preset
+
+    if config.shared:
+        adapters = [AdapterRoute(name=f"ft-{k}", source=f"/adapters/ft-{k}", rank=16) for k in range(len(tenants))]
+        models = [ModelRoute(name=BASE_MODEL, endpoints=fleet.fleets[BASE_MODEL].urls, adapters=adapters)]
+    else:
+        models = [ModelRoute(name=name, endpoints=f.urls) for name, f in fleet.fleets.items()]
+    tenancy = TenancyConfig(
+        admin_key_hashes=[hash_key(keys["__admin__"])],
+        tenants=[TenantConfig(id=t, key_hashes=[hash_key(keys[t])], rpm=100_000) for t in tenants],
+    )
+    return GatewaySettings(
+        server=ServerSettings(auth="api_key", debug_headers=True, port=0),
+        models=models,
+        tenancy=tenancy,
+        routing=preset(config.policy),
+    )
+
+
+async def run_lora_config(
+    config: LoraConfig, workload: Workload, setup: LoraSetup, *, time_scale: float, progress: Any = None
+) -> LoraResult:
+    from fleetgate.gateway.serve import build_server
+
+    tenants = sorted({item.tenant for item in workload.items}, key=lambda t: int(t.split("-")[1]))
+    keys = _keys(tenants)
+    keys["__admin__"] = "fg-bench-admin-0123456789abcdef0123456789abcdef"
+    per_ft, shared = size_layouts(workload, setup)
+    fleet = await start_layout(setup, shared=config.shared, per_ft=per_ft, shared_replicas=shared)
+    result = LoraResult(config=config)
+    duration = workload.items[-1].at_s
+    try:
+        server = build_server(
+            gateway_settings(config, fleet, tenants=tenants, keys=keys),
+            host="127.0.0.1",
+            port=(port := free_port()),
+            metrics_port=0,
+        )
+        serve_task = asyncio.create_task(server.serve())
+        while not server.started:
+            if serve_task.done():
+                serve_task.result()
+            await asyncio.sleep(0.02)
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+            t0 = time.perf_counter()
+            tasks = []
+            for i, item in enumerate(workload.items):
+                delay = item.at_s * time_scale - (time.perf_counter() - t0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                model = item.adapter or BASE_MODEL
+                tasks.append(
+                    asyncio.create_task(
+                        _one(session, url, item, model=model, key=keys[item.tenant], time_scale=time_scale)
+                    )
+                )
+                if progress is not None and (i + 1) % 100 == 0:
+                    progress(f"  {config.name}: sent {i + 1}/{len(workload.items)}")
+            result.outcomes = list(await asyncio.gather(*tasks))
+        result.wall_s = time.perf_counter() - t0
+        server.should_exit = True
+        await serve_task
+    finally:
+        result.replicas = fleet.replicas
+        result.gpus = fleet.replicas * setup.gpus_per_replica
+        result.provisioned_usd = fleet.provisioned_usd(duration_s=duration)
+        result.provisioned_s = fleet.replicas * duration
+        result.work_s = fleet.work_s()
+        result.disk_loads, result.slot_swaps = fleet.lora_counts()
+        await fleet.aclose()
+    return result
