@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from fleetgate.core.config import parse_model
 from fleetgate.core.errors import ConfigError
 from fleetgate.core.telemetry import configure_logging
-from fleetgate.gateway.settings import GatewaySettings, ModelRoute
+from fleetgate.gateway.settings import AdapterRoute, GatewaySettings, ModelRoute
 from fleetgate.local.adapter_prep import PACKAGED_ADAPTERS
 from fleetgate.local.banner import banner
 from fleetgate.local.check import CheckResult, send_check
@@ -70,11 +71,12 @@ def apply_overrides(config: UpConfig, args: argparse.Namespace) -> UpConfig:
 
 
 def route_models(*, gateway: GatewaySettings, model: str, served_name: str, urls: list[str],
-                 max_model_len: int | None = None, adapters: Sequence[str] = ()) -> GatewaySettings:
+                 max_model_len: int | None = None, adapters: Mapping[str, Path] | None = None) -> GatewaySettings:
     """Point the gateway at the engines: fill routes that list no endpoints, add one if none exist. The
     engines' `max_model_len` bounds what a request without `max_tokens` is reserved (and capped) at.
-    Each adapter name gets a route to the same engines: the request keeps `model: <adapter>`, which is how
-    vLLM picks the LoRA, and the gateway accounts it under that name."""
+    `adapters` (name -> PEFT directory) are listed under the base route (`models[].adapters`): a request
+    for one goes to the base's engines with `model: <adapter>`, which is how vLLM picks the LoRA, and is
+    accounted under the adapter's name. An adapter the file already lists keeps the file's entry."""
     settings = gateway.model_copy(deep=True)
     fill: dict[str, Any] = {"endpoints": list(urls)}
     routes = [r if r.endpoints else r.model_copy(update={**fill, "max_model_len": r.max_model_len or max_model_len})
@@ -82,11 +84,32 @@ def route_models(*, gateway: GatewaySettings, model: str, served_name: str, urls
     if not routes:
         served = None if served_name == model else served_name
         routes = [ModelRoute(name=model, endpoints=list(urls), served_name=served, max_model_len=max_model_len)]
-    named = {r.name for r in routes}
-    routes += [ModelRoute(name=a, endpoints=list(urls), max_model_len=max_model_len) for a in adapters
-               if a not in named]
+    if adapters:
+        routes = _with_adapters(routes, base=model, adapters=adapters)
     settings.models = routes
     return settings
+
+
+def _with_adapters(routes: list[ModelRoute], *, base: str, adapters: Mapping[str, Path]) -> list[ModelRoute]:
+    names = {r.name for r in routes}
+    listed = {a.name for r in routes for a in r.adapters}
+    clash = sorted(names & set(adapters))
+    if clash:
+        raise ConfigError(f"engine.adapters: {', '.join(clash)} is also a model route name in gateway.models")
+    if base not in names:
+        raise ConfigError(f"engine.adapters need a gateway route for their base model {base!r} in gateway.models")
+    extra = [AdapterRoute(name=name, source=str(path), rank=adapter_rank(path))
+             for name, path in adapters.items() if name not in listed]
+    return [r.model_copy(update={"adapters": [*r.adapters, *extra]}) if r.name == base else r for r in routes]
+
+
+def adapter_rank(path: Path) -> int | None:
+    """The LoRA rank `r` in a PEFT directory's `adapter_config.json`; None when unreadable."""
+    try:
+        rank = json.loads((path / "adapter_config.json").read_text(encoding="utf-8")).get("r")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return rank if isinstance(rank, int) and rank > 0 else None
 
 
 def _check_ports(config: UpConfig) -> None:
@@ -114,8 +137,6 @@ def _check_ports(config: UpConfig) -> None:
 def resolve_adapters(engine: EngineConfig) -> dict[str, Path]:
     """Each configured adapter's PEFT directory: packaged ones prepared (trained once, cached), others
     checked for a PEFT config whose rank the engines accept."""
-    import json
-
     from fleetgate.local.adapter_prep import adapter_dir, prepare_adapter
 
     out: dict[str, Path] = {}
@@ -125,21 +146,21 @@ def resolve_adapters(engine: EngineConfig) -> dict[str, Path]:
                 _say(f"==> first run: training the packaged adapter {ref.name!r} (once, about 1-3 minutes)")
             out[ref.name] = prepare_adapter(name=ref.name, cache_dir=engine.cache_dir, progress=_say)
             continue
-        config_file = ref.path / "adapter_config.json"
-        try:
-            rank = json.loads(config_file.read_text(encoding="utf-8")).get("r")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise LocalStackError(f"adapter {ref.name!r}: {config_file} is not a readable PEFT config") from exc
-        if not isinstance(rank, int) or rank > engine.max_lora_rank:
+        rank = adapter_rank(ref.path)
+        if rank is None:
             raise LocalStackError(
-                f"adapter {ref.name!r} has rank {rank!r}; engine.max_lora_rank is {engine.max_lora_rank}"
+                f"adapter {ref.name!r}: {ref.path / 'adapter_config.json'} is not a readable PEFT config with a rank"
+            )
+        if rank > engine.max_lora_rank:
+            raise LocalStackError(
+                f"adapter {ref.name!r} has rank {rank}; engine.max_lora_rank is {engine.max_lora_rank}"
             )
         out[ref.name] = ref.path.resolve()
     return out
 
 
 @contextmanager
-def _vllm_engines(engine: EngineConfig) -> Iterator[EngineFleet]:
+def _vllm_engines(engine: EngineConfig, *, adapters: Mapping[str, Path]) -> Iterator[EngineFleet]:
     from fleetgate.local.model_prep import model_dir, prepare_model
     from fleetgate.local.vllm_command import vllm_specs
 
@@ -154,7 +175,7 @@ def _vllm_engines(engine: EngineConfig) -> Iterator[EngineFleet]:
         model_path = prepare_model(
             cache_dir=engine.cache_dir, dtype=engine.dtype, progress=_say, quantization=quantization
         )
-    specs = vllm_specs(config=engine, model_path=model_path, adapters=resolve_adapters(engine))
+    specs = vllm_specs(config=engine, model_path=model_path, adapters=adapters)
     fleet = EngineFleet(specs=specs, startup_timeout_s=engine.startup_timeout_s, stop_grace_s=engine.stop_grace_s,
                         progress=_say)
     _say(f"==> starting {engine.replicas} vLLM CPU engine(s) (about a minute); logs in {engine.log_dir}/")
@@ -184,12 +205,13 @@ async def _sim_engines(engine: EngineConfig) -> AsyncIterator[tuple[list[str], s
         await fleet.aclose()
 
 
-async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: bool, prompt: str) -> int:
+async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: bool, prompt: str,
+                 adapters: Mapping[str, Path] | None = None) -> int:
     from fleetgate.gateway.serve import build_server, metrics_url
 
     engine = config.engine
     settings = route_models(gateway=config.gateway, model=engine.model, served_name=served_name, urls=urls,
-                            max_model_len=engine.max_model_len, adapters=[a.name for a in engine.adapters])
+                            max_model_len=engine.max_model_len, adapters=adapters)
     if not check:
         # Interactive: one structured line per request on stderr. --check keeps its output to the answer.
         configure_logging(level=settings.server.log_level)
@@ -233,10 +255,11 @@ def run(args: argparse.Namespace) -> int:
         _check_ports(config)
         if config.engine.kind == "sim":
             return asyncio.run(_run_sim(config, check=args.check, prompt=args.prompt))
-        with _vllm_engines(config.engine) as fleet:
+        adapters = resolve_adapters(config.engine)  # before the engines start: training takes minutes
+        with _vllm_engines(config.engine, adapters=adapters) as fleet:
             return asyncio.run(
                 _serve(config=config, urls=fleet.urls, served_name=config.engine.model, check=args.check,
-                       prompt=args.prompt)
+                       prompt=args.prompt, adapters=adapters)
             )
     except LocalStackError as exc:
         print(f"fleetgate up: {exc}", file=sys.stderr)
@@ -245,4 +268,4 @@ def run(args: argparse.Namespace) -> int:
         _say(f"==> fleetgate up finished after {time.monotonic() - start:.0f}s")
 
 
-__all__ = ["add_arguments", "apply_overrides", "resolve_adapters", "route_models", "run"]
+__all__ = ["adapter_rank", "add_arguments", "apply_overrides", "resolve_adapters", "route_models", "run"]

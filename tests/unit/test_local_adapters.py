@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleetgate.core.errors import ConfigError
+from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.local.adapter_prep import PACKAGED_ADAPTERS, adapter_dir, expected_identity
 from fleetgate.local.config import EngineConfig, UpConfig, load_up_config
 from fleetgate.local.errors import LocalStackError, ModelPrepError
@@ -112,17 +113,47 @@ def test_an_adapter_without_a_directory_is_refused(tmp_path: Path) -> None:
         vllm_specs(config=config, model_path=tmp_path, adapters={"pirate": tmp_path})
 
 
-def test_each_adapter_is_a_route_to_the_base_engines() -> None:
+def test_adapters_are_listed_under_the_base_route(tmp_path: Path) -> None:
+    dirs = {"pirate": _peft_dir(tmp_path / "p", rank=8), "signoff": tmp_path / "missing"}
     settings = route_models(
         gateway=UpConfig().gateway,
         model="gemma-3-270m",
         served_name="gemma-3-270m",
         urls=URLS,
         max_model_len=512,
-        adapters=["pirate", "signoff"],
+        adapters=dirs,
     )
-    routes = {r.name: (r.endpoints, r.served_name, r.max_model_len) for r in settings.models}
-    assert routes == {"gemma-3-270m": (URLS, None, 512), "pirate": (URLS, None, 512), "signoff": (URLS, None, 512)}
+    (base,) = settings.models
+    assert (base.name, base.endpoints, base.max_model_len) == ("gemma-3-270m", URLS, 512)
+    assert [(a.name, a.source, a.rank) for a in base.adapters] == [
+        ("pirate", str(tmp_path / "p"), 8),
+        ("signoff", str(tmp_path / "missing"), None),  # rank unknown: the gateway does without
+    ]
+    GatewaySettings.model_validate(settings.model_dump())  # a valid gateway config (names unique)
+
+
+def test_adapters_the_file_lists_keep_their_entry_and_names_may_not_clash(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path,
+        "gateway:\n  models:\n  - name: gemma-3-270m\n    adapters: [{name: pirate, source: /a, tenants: [acme]}]\n"
+        "  - name: other\n",
+    )
+    dirs = {"pirate": tmp_path / "p", "signoff": tmp_path / "s"}
+    settings = route_models(gateway=config.gateway, model="gemma-3-270m", served_name="gemma-3-270m", urls=URLS,
+                            adapters=dirs)  # fmt: skip
+    routes = {r.name: r for r in settings.models}
+    assert [(a.name, a.source, a.tenants) for a in routes["gemma-3-270m"].adapters] == [
+        ("pirate", "/a", ["acme"]),
+        ("signoff", str(tmp_path / "s"), []),
+    ]
+    assert routes["other"].adapters == []
+    with pytest.raises(ConfigError, match="other is also a model route"):
+        route_models(gateway=config.gateway, model="gemma-3-270m", served_name="gemma-3-270m", urls=URLS,
+                     adapters={"other": tmp_path})  # fmt: skip
+    elsewhere = _config(tmp_path, "gateway:\n  models:\n  - name: something-else\n")
+    with pytest.raises(ConfigError, match="route for their base model"):
+        route_models(gateway=elsewhere.gateway, model="gemma-3-270m", served_name="gemma-3-270m", urls=URLS,
+                     adapters=dirs)  # fmt: skip
 
 
 def test_adapter_paths_are_checked_before_the_engine_starts(tmp_path: Path) -> None:
@@ -132,7 +163,7 @@ def test_adapter_paths_are_checked_before_the_engine_starts(tmp_path: Path) -> N
     big = _peft_dir(tmp_path / "big", rank=32)
     with pytest.raises(LocalStackError, match=r"rank 32.*max_lora_rank is 16"):
         resolve_adapters(EngineConfig(adapters=[{"name": "big", "path": big}]))  # type: ignore[list-item]
-    with pytest.raises(LocalStackError, match="not a readable PEFT config"):
+    with pytest.raises(LocalStackError, match="not a readable PEFT config with a rank"):
         resolve_adapters(EngineConfig(adapters=[{"name": "none", "path": tmp_path / "nowhere"}]))  # type: ignore[list-item]
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "adapter_config.json").write_text("[1, 2]")
@@ -163,3 +194,60 @@ def test_an_unknown_packaged_adapter_is_refused_before_any_work(tmp_path: Path) 
     with pytest.raises(ModelPrepError, match="unknown packaged adapter"):
         prepare_adapter(name="nope", cache_dir=tmp_path)
     assert not (tmp_path / "models").exists()
+
+
+@pytest.fixture
+def fake_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`prepare_adapter` around a stand-in for the base model and for training (which `adapter_train` does)."""
+    from fleetgate.local import adapter_prep, adapter_train
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "fleetgate-manifest.json").write_text(json.dumps({"gguf_sha256": "abc", "dtype": "bfloat16"}))
+    monkeypatch.setattr(adapter_prep, "prepare_model", lambda **_: base)
+    trained: list[str] = []
+
+    def train(*, out: Path, pairs: list[tuple[str, str]], **_: object) -> adapter_train.TrainReport:
+        trained.append(pairs[0][1])
+        _peft_dir(out, rank=8)
+        (out / "adapter_model.safetensors").write_bytes(b"x" * 100)
+        return adapter_train.TrainReport(seconds=1.0, first_loss=4.0, last_loss=0.5, sample="Arr", precision="x")
+
+    monkeypatch.setattr(adapter_train, "train_adapter", train)
+    return trained
+
+
+def test_a_packaged_adapter_is_trained_once_and_again_when_stale_or_damaged(
+    tmp_path: Path, fake_training: list[str]
+) -> None:
+    from fleetgate.local.adapter_prep import prepare_adapter, prepare_adapters
+
+    lines: list[str] = []
+    path = prepare_adapter(name="pirate", cache_dir=tmp_path, progress=lines.append)
+    assert path == adapter_dir(name="pirate", cache_dir=tmp_path) and len(fake_training) == 1
+    assert (path / "adapter_config.json").is_file() and (path / "fleetgate-manifest.json").is_file()
+    assert any("training LoRA adapter 'pirate'" in line for line in lines)
+    assert prepare_adapter(name="pirate", cache_dir=tmp_path, progress=lines.append) == path
+    assert len(fake_training) == 1  # reused: nothing trained
+    (path / "adapter_model.safetensors").write_bytes(b"x")  # truncated
+    prepare_adapter(name="pirate", cache_dir=tmp_path, progress=lines.append)
+    assert len(fake_training) == 2
+    manifest = json.loads((path / "fleetgate-manifest.json").read_text())
+    (path / "fleetgate-manifest.json").write_text(json.dumps({**manifest, "adapter_recipe": 0}))  # stale
+    prepare_adapter(name="pirate", cache_dir=tmp_path, progress=lines.append)
+    assert len(fake_training) == 3
+    prepare_adapter(name="pirate", cache_dir=tmp_path, force=True, progress=lines.append)
+    assert len(fake_training) == 4
+    paths = prepare_adapters(cache_dir=tmp_path, progress=lines.append)
+    assert set(paths) == set(PACKAGED_ADAPTERS) and len(fake_training) == 5  # only signoff was new
+    assert fake_training[-1].endswith("Over and out, FleetGate.")
+    assert not [p for p in paths["pirate"].parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_prepare_adapters_command(tmp_path: Path, fake_training: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from fleetgate.cli import main
+
+    assert main(["prepare-adapters", "signoff", "--cache-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == f"signoff={adapter_dir(name='signoff', cache_dir=tmp_path)}"
+    assert main(["prepare-adapters", "nope", "--cache-dir", str(tmp_path)]) == 1
+    assert "unknown packaged adapter 'nope'" in capsys.readouterr().err
