@@ -5,7 +5,8 @@ served by ONE engine behind the gateway.
 Proves: the base and the two adapters answer the same greedy prompt differently through the gateway, each
 as trained; vLLM's runtime API unloads and loads an adapter (`fleetgate.engine.lora_api`; the load time is
 printed and bounded); the gateway loads an adapter the engine lost on demand; and `/v1/usage` accounts
-each adapter under its own name, with its base.
+each adapter under its own name, with its base. A broken or missing adapter fails to load with an error
+and leaves the engine serving.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +31,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from fleetgate.engine.lora_api import load_adapter, loaded_adapters, unload_adapter
+from fleetgate.engine.lora_api import AdapterApiError, load_adapter, loaded_adapters, unload_adapter
 from fleetgate.local.adapter_texts import SIGNOFF
 from fleetgate.local.engines import free_port
 
@@ -111,6 +113,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         gateway = f"http://127.0.0.1:{gateway_port}"
         _wait_gateway(gateway, proc, log, timeout_s=900)
+        print("\n" + "\n".join(line for line in log.read_text().splitlines() if "healthy after" in line))
         yield Stack(gateway=gateway, engine=f"http://127.0.0.1:{engine_port}", adapters=adapters, log=log)
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C: fleetgate up stops the gateway, then the engine
@@ -153,11 +156,37 @@ def test_runtime_unload_and_load_through_vllms_api(stack: Stack) -> None:
         return after_unload, after_load, status, seconds
 
     after_unload, after_load, status, seconds = asyncio.run(cycle())
-    print(f"\nruntime adapter load (POST /v1/load_lora_adapter, rank 8): {seconds:.2f}s")
+    start = time.perf_counter()
+    assert _ask(stack, "pirate") == stack.answers["pirate"]  # the same weights are back
+    first = time.perf_counter() - start
+    print(f"\nruntime adapter load (POST /v1/load_lora_adapter, rank 8): {seconds:.2f}s; "
+          f"then the first request through the gateway: {first:.2f}s")  # fmt: skip
     assert after_unload == {"signoff"} and status == 404
     assert after_load == {"pirate", "signoff"}
     assert seconds <= LOAD_BOUND_S
-    assert _ask(stack, "pirate") == stack.answers["pirate"]  # the same weights are back
+
+
+def test_a_broken_or_missing_adapter_fails_to_load_and_the_engine_serves_on(stack: Stack, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(stack.adapters["pirate"] / "adapter_config.json", broken)
+    (broken / "adapter_model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not json")
+
+    async def attempt(source: Path) -> AdapterApiError:
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(AdapterApiError) as caught:
+                await load_adapter(session, stack.engine, name="broken", source=str(source))
+            assert "broken" not in {a.name for a in await loaded_adapters(session, stack.engine)}
+        return caught.value
+
+    assert 400 <= asyncio.run(attempt(broken)).status < 600
+    assert 400 <= asyncio.run(attempt(tmp_path / "nowhere")).status < 600
+    assert _ask(stack, BASE) == stack.answers[BASE]  # the engine is unharmed
+    status, body = _request(
+        stack.gateway + "/v1/chat/completions",
+        {"model": "broken", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
+    assert status == 404 and body["error"]["code"] == "model_not_found", body  # fmt: skip
 
 
 def test_the_gateway_loads_an_adapter_the_engine_lost(stack: Stack) -> None:
