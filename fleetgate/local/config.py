@@ -102,8 +102,6 @@ class EngineConfig(_Strict):
             raise ValueError("engine.adapters: names must be unique")
         if self.model in names:
             raise ValueError(f"engine.adapters: {self.model!r} is the base model's name")
-        if self.adapters and self.kind != "vllm":
-            raise ValueError("engine.adapters needs engine.kind: vllm (the local simulated engines serve none)")
         if not self.adapters and self.max_loras is not None:
             raise ValueError("engine.max_loras is set but engine.adapters lists none")
         return self

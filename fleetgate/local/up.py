@@ -136,9 +136,12 @@ def _check_ports(config: UpConfig) -> None:
 
 def resolve_adapters(engine: EngineConfig) -> dict[str, Path]:
     """Each configured adapter's PEFT directory: packaged ones prepared (trained once, cached), others
-    checked for a PEFT config whose rank the engines accept."""
+    checked for a PEFT config whose rank the engines accept. Simulated engines read no weights: their
+    adapters are the paths as given (a packaged one: where it would be), untrained and unchecked."""
     from fleetgate.local.adapter_prep import adapter_dir, prepare_adapter
 
+    if engine.kind == "sim":
+        return {a.name: a.path or adapter_dir(name=a.name, cache_dir=engine.cache_dir) for a in engine.adapters}
     out: dict[str, Path] = {}
     for ref in engine.adapters:
         if ref.path is None:
@@ -194,11 +197,24 @@ def _vllm_engines(engine: EngineConfig, *, adapters: Mapping[str, Path]) -> Iter
 
 
 @asynccontextmanager
-async def _sim_engines(engine: EngineConfig) -> AsyncIterator[tuple[list[str], str]]:
-    from fleetgate.sim.fleet import start_sim_fleet
+async def _sim_engines(
+    engine: EngineConfig, *, adapters: Mapping[str, Path]
+) -> AsyncIterator[tuple[list[str], str]]:
+    from dataclasses import replace
 
+    from fleetgate.sim.fleet import start_sim_fleet
+    from fleetgate.sim.profile import PROFILES
+
+    profile = PROFILES["vllm-cpu-gemma3-270m"]
+    if adapters:  # the simulator's vLLM LoRA flags and runtime API (`fleetgate.sim.lora`)
+        profile = replace(
+            profile, enable_lora=True, max_loras=engine.lora_slots(), max_lora_rank=engine.max_lora_rank,
+            lora_modules=tuple((name, str(path)) for name, path in adapters.items()),
+            allow_runtime_lora_updating=True,
+        )
     _say(f"==> starting {engine.replicas} simulated engine(s)")
-    fleet = await start_sim_fleet(replicas=engine.replicas, host=engine.host, base_port=engine.base_port)
+    fleet = await start_sim_fleet(replicas=engine.replicas, host=engine.host, base_port=engine.base_port,
+                                  profile=profile)
     try:
         yield fleet.urls, fleet.model
     finally:
@@ -228,24 +244,32 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
         await asyncio.sleep(0.05)
     gateway_url = f"http://{host}:{port}"
     _say(banner(gateway_url=gateway_url, settings=settings, model=engine.model, engine_urls=urls,
-                log_dir=engine.log_dir if engine.kind == "vllm" else None, metrics_url=metrics_url(server)))
+                log_dir=engine.log_dir if engine.kind == "vllm" else None, metrics_url=metrics_url(server),
+                adapters=list(adapters or {})))
     if not check:
         await task
         return 0
-    try:
-        result: CheckResult = await send_check(gateway_url=gateway_url, model=engine.model, prompt=prompt)
+    results: dict[str, CheckResult] = {}
+    try:  # the base model, then each adapter: the same greedy question shows what each adapter changes
+        for model in [engine.model, *(adapters or {})]:
+            results[model] = await send_check(gateway_url=gateway_url, model=model, prompt=prompt)
     finally:
         server.should_exit = True
         await task
-    print(f"Q: {prompt}\nA: {result.answer}")
-    _say(f"==> check passed: {result.completion_tokens} tokens in {result.seconds:.2f}s through {gateway_url}")
+    print(f"Q: {prompt}")
+    for model, result in results.items():
+        print(f"A: {result.answer}" if model == engine.model else f"A ({model}): {result.answer}")
+    tokens = sum(r.completion_tokens for r in results.values())
+    seconds = sum(r.seconds for r in results.values())
+    _say(f"==> check passed: {tokens} tokens in {seconds:.2f}s through {gateway_url}")
     return 0
 
 
-async def _run_sim(config: UpConfig, *, check: bool, prompt: str) -> int:
-    sims: AbstractAsyncContextManager[tuple[list[str], str]] = _sim_engines(config.engine)
+async def _run_sim(config: UpConfig, *, check: bool, prompt: str, adapters: Mapping[str, Path]) -> int:
+    sims: AbstractAsyncContextManager[tuple[list[str], str]] = _sim_engines(config.engine, adapters=adapters)
     async with sims as (urls, served_name):
-        return await _serve(config=config, urls=urls, served_name=served_name, check=check, prompt=prompt)
+        return await _serve(config=config, urls=urls, served_name=served_name, check=check, prompt=prompt,
+                            adapters=adapters)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -253,9 +277,9 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     try:
         _check_ports(config)
-        if config.engine.kind == "sim":
-            return asyncio.run(_run_sim(config, check=args.check, prompt=args.prompt))
         adapters = resolve_adapters(config.engine)  # before the engines start: training takes minutes
+        if config.engine.kind == "sim":
+            return asyncio.run(_run_sim(config, check=args.check, prompt=args.prompt, adapters=adapters))
         with _vllm_engines(config.engine, adapters=adapters) as fleet:
             return asyncio.run(
                 _serve(config=config, urls=fleet.urls, served_name=config.engine.model, check=args.check,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,6 @@ def test_adapters_by_name_or_by_path(tmp_path: Path) -> None:
         ("engine:\n  adapters: [unknown-one]\n", "not a packaged one"),
         ("engine:\n  adapters: [{name: Bad Name, path: /x}]\n", "lowercase"),
         ("engine:\n  adapters: [{name: gemma-3-270m, path: /x}]\n", "base model"),
-        ("engine:\n  kind: sim\n  adapters: [pirate]\n", "kind: vllm"),
         ("engine:\n  max_loras: 2\n", "lists none"),
         ("engine:\n  adapters: [pirate]\n  max_lora_rank: 12\n", "max_lora_rank"),
         ("engine:\n  adapters: [pirate]\n  max_loras: 0\n", "max_loras"),
@@ -70,8 +70,6 @@ def test_adapters_flag_serves_the_packaged_adapters_unless_the_file_lists_some(t
     listed = apply_overrides(_config(tmp_path, "engine:\n  adapters: [signoff]\n"), _args("--adapters"))
     assert [a.name for a in listed.engine.adapters] == ["signoff"]
     assert apply_overrides(UpConfig(), _args()).engine.adapters == []
-    with pytest.raises(ConfigError, match="kind: vllm"):
-        apply_overrides(UpConfig(), _args("--adapters", "--engine", "sim"))
 
 
 def test_vllm_command_enables_lora_with_the_adapters(tmp_path: Path) -> None:
@@ -251,3 +249,18 @@ def test_prepare_adapters_command(tmp_path: Path, fake_training: list[str], caps
     assert capsys.readouterr().out.strip() == f"signoff={adapter_dir(name='signoff', cache_dir=tmp_path)}"
     assert main(["prepare-adapters", "nope", "--cache-dir", str(tmp_path)]) == 1
     assert "unknown packaged adapter 'nope'" in capsys.readouterr().err
+
+
+def test_up_check_asks_the_base_and_each_adapter_on_simulated_engines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetgate.cli import main
+
+    monkeypatch.setenv("FLEETGATE_CACHE", str(tmp_path))  # simulated engines: nothing is trained or read
+    rc = main(["up", "--engine", "sim", "--adapters", "--check", "--port", "0", "--engine-base-port", "0"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert re.search(r"^A: .+$", out, re.M) and re.search(r"^A \(pirate\): .+$", out, re.M), out
+    assert re.search(r"^A \(signoff\): .+$", out, re.M), out
+    assert "LoRA adapters on 'gemma-3-270m', asked for by name: pirate, signoff" in err
+    assert not (tmp_path / "adapters").exists() and not (tmp_path / "models").exists()
