@@ -264,3 +264,32 @@ def test_up_check_asks_the_base_and_each_adapter_on_simulated_engines(
     assert re.search(r"^A \(signoff\): .+$", out, re.M), out
     assert "LoRA adapters on 'gemma-3-270m', asked for by name: pirate, signoff" in err
     assert not (tmp_path / "adapters").exists() and not (tmp_path / "models").exists()
+
+
+def test_two_preparations_at_once_train_once(
+    tmp_path: Path, fake_training: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    from fleetgate.local import adapter_prep, adapter_train
+
+    slow = adapter_train.train_adapter
+
+    def train(**kwargs: object) -> adapter_train.TrainReport:
+        time.sleep(0.3)  # both callers find nothing prepared before the first one finishes
+        return slow(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(adapter_train, "train_adapter", train)
+    paths: list[Path] = []
+    threads = [
+        threading.Thread(target=lambda: paths.append(adapter_prep.prepare_adapter(name="pirate", cache_dir=tmp_path,
+                                                                                  progress=lambda _: None)))
+        for _ in range(2)
+    ]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(paths) == 2 and paths[0] == paths[1]
+    assert len(fake_training) == 1  # the second waited on the lock, then found the adapter ready
