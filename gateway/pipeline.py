@@ -33,7 +33,7 @@ from fleetgate.gateway.assembly import StreamAssembler
 from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorize_model, authorized_decision, shown
 from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import context_length, models_page, served_names
+from fleetgate.gateway.discovery import context_length, models_page, served_names, serves
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
 from fleetgate.gateway.estimate import estimate_request, reserve_request
@@ -162,7 +162,7 @@ class Pipeline:
         ctx.model_label = REFUSED_MODEL
         authorize_model(self._s.auth, ctx.tenant, parsed.model, source=self._s.endpoint_source)
         ctx.model_label = UNKNOWN_MODEL
-        if parsed.model not in self.known_models():
+        if not serves(self._s.endpoint_source, parsed.model) and parsed.model not in self._s.tiers.aliases():
             names = ", ".join([*served_names(self._s.endpoint_source, visible_to=ctx.tenant.id),
                                *self._s.tiers.aliases()]) or "(none configured)"
             raise NotFoundError(f"model {shown(parsed.model)} does not exist; available models: {names}",
@@ -216,7 +216,7 @@ class Pipeline:
             raise
         except Exception as exc:  # a broken tier router must not take explicit models down with it
             self._log.exception("tier resolution failed", extra={"request_id": ctx.request_id})
-            if parsed.model in served_names(self._s.endpoint_source):
+            if serves(self._s.endpoint_source, parsed.model):
                 return TierDecision(model=parsed.model, reason="tier router error")
             raise UpstreamUnavailableError(f"cannot resolve model alias {parsed.model!r}: {exc}") from exc
 

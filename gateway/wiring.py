@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from fleetgate.cache.types import NoCache, ResponseCache
 from fleetgate.core.kvstore import KVStore
-from fleetgate.gateway.discovery import EndpointSource, StaticEndpointSource, adapters_of
+from fleetgate.gateway.discovery import EndpointSource, StaticEndpointSource, adapter_named, adapters_of
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.stages import Accountant, Authenticator, Limiter
 from fleetgate.gateway.stageset import Stages
@@ -75,9 +75,13 @@ def build_tenancy_stage(
     def adapters() -> dict[str, str]:
         return {a.name: a.base for a in adapters_of(source)} if source is not None else {}
 
+    def base_of(model: str) -> str | None:
+        spec = adapter_named(source, model) if source is not None else None
+        return spec.base if spec is not None else None
+
     stage = build_tenancy(
         settings.tenancy, registry=registry, auth_enabled=settings.server.auth == "api_key",
-        redis_url=settings.redis_url, kvstore=kvstore, adapters=adapters,
+        redis_url=settings.redis_url, kvstore=kvstore, adapters=adapters, base_of=base_of,
     )
     return stage, stage, stage
 

@@ -20,6 +20,8 @@ class EndpointStats:
     kv_capacity_tokens: int | None = None  # vllm:cache_config_info num_gpu_blocks * block_size
     scraped_at: float = 0.0  # clock time of the last successful scrape; 0 = never
     own_at_scrape: int = 0  # this gateway's in-flight count to the endpoint when it was scraped
+    active_adapters: frozenset[str] | None = None  # vllm:lora_requests_info running + waiting; None: unknown
+    max_loras: int | None = None  # GPU LoRA slots (vllm:lora_requests_info max_lora); None: unknown
 
 
 class FleetState:
@@ -41,11 +43,13 @@ class FleetState:
 
     def update(
         self, endpoint_id: str, *, waiting: float, running: float, kv_usage: float,
-        kv_capacity_tokens: int | None = None,
+        kv_capacity_tokens: int | None = None, active_adapters: frozenset[str] | None = None,
+        max_loras: int | None = None,
     ) -> None:
         """Store one scrape of the engine's metrics."""
         st = self.stats_of(endpoint_id)
         st.waiting, st.running, st.kv_usage = waiting, running, kv_usage
+        st.active_adapters, st.max_loras = active_adapters, max_loras
         if kv_capacity_tokens:
             st.kv_capacity_tokens = kv_capacity_tokens
         st.own_at_scrape = self.inflight.get(endpoint_id, 0)

@@ -137,7 +137,8 @@ class EndpointScraper:
             log.debug("metrics scrape failed", extra={"endpoint": ep.id, "error": str(exc)})
             return False
         self.state.update(ep.id, waiting=parsed.waiting, running=parsed.running, kv_usage=parsed.kv_usage,
-                          kv_capacity_tokens=parsed.kv_capacity_tokens)
+                          kv_capacity_tokens=parsed.kv_capacity_tokens, active_adapters=parsed.active_adapters,
+                          max_loras=parsed.max_loras)
         return True
 
     async def refresh_adapters(self, ep: Endpoint) -> bool:

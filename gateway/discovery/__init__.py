@@ -42,17 +42,37 @@ class AdapterCatalog(Protocol):
         ...
 
 
+@runtime_checkable
+class AdapterLookup(Protocol):
+    def adapter(self, name: str) -> AdapterSpec | None:
+        """The adapter called `name`, if any: an optional fast path of an `AdapterCatalog` (the request path
+        asks it several times per request)."""
+        ...
+
+
+# These run several times per request: `getattr` instead of `isinstance` on the runtime-checkable protocols,
+# which costs ~10 µs a call on CPython 3.12.
 def adapters_of(source: EndpointSource) -> list[AdapterSpec]:
     """The source's adapters (none for a source that knows no adapters)."""
-    return source.adapters() if isinstance(source, AdapterCatalog) else []
+    adapters = getattr(source, "adapters", None)
+    return list(adapters()) if callable(adapters) else []
 
 
 def adapter_named(source: EndpointSource, name: str) -> AdapterSpec | None:
     """The adapter clients call `name`, if `name` is an adapter (never a base model of the source)."""
+    lookup = getattr(source, "adapter", None)
+    if callable(lookup):
+        spec: AdapterSpec | None = lookup(name)
+        return spec
     for spec in adapters_of(source):
         if spec.name == name:
             return spec
     return None
+
+
+def serves(source: EndpointSource, name: str) -> bool:
+    """Whether `name` is a model or an adapter of the source."""
+    return name in source.models() or adapter_named(source, name) is not None
 
 
 def served_names(source: EndpointSource, *, visible_to: str | None = None) -> list[str]:
@@ -185,7 +205,7 @@ class StaticEndpointSource:
         }
         self._names = list(self._by_model)
         self._adapters = [a.spec(base=r.name) for r in routes for a in r.adapters]
-        self._base_of = {a.name: a.base for a in self._adapters}
+        self._by_adapter = {a.name: a for a in self._adapters}
 
     def models(self) -> list[str]:
         return list(self._names)
@@ -193,5 +213,9 @@ class StaticEndpointSource:
     def adapters(self) -> list[AdapterSpec]:
         return list(self._adapters)
 
+    def adapter(self, name: str) -> AdapterSpec | None:
+        return self._by_adapter.get(name)
+
     def endpoints(self, model: str) -> list[Endpoint]:
-        return self._by_model.get(self._base_of.get(model, model), [])
+        spec = self._by_adapter.get(model)
+        return self._by_model.get(spec.base if spec is not None else model, [])

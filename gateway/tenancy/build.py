@@ -36,9 +36,11 @@ def build_tenancy(
     redis_url: str | None = None,
     kvstore: KVStore | None = None,
     adapters: Callable[[], Mapping[str, str]] | None = None,
+    base_of: Callable[[str], str | None] | None = None,
 ) -> TenancyStage:
     """`kvstore` (the app's shared store) holds the GPU token meter; it is not closed by the stage.
-    `adapters` (LoRA adapter -> base model, as discovery knows them) prices an adapter as its base."""
+    `adapters` (LoRA adapter -> base model, as discovery knows them) prices an adapter as its base; `base_of`
+    is its fast per-name lookup."""
     closers: list[Any] = []
     counters: CounterBackend
     ledger: UsageLedger
@@ -54,7 +56,8 @@ def build_tenancy(
         ledger = MemoryLedger()
     metrics = TenancyMetrics(registry)
     metrics.set_budgets(config)
-    prices = PriceBook(config, meter=TokenMeter(kvstore if kvstore is not None else MemoryKVStore()), adapters=adapters)
+    prices = PriceBook(config, meter=TokenMeter(kvstore if kvstore is not None else MemoryKVStore()),
+                       adapters=adapters, base_of=base_of)
     register_price_gauges(registry, prices)
     authenticator: Authenticator = KeyAuthenticator(config) if auth_enabled else OpenAuth()
     return TenancyStage(

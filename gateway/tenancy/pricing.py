@@ -145,9 +145,11 @@ class PriceBook:
     def __init__(
         self, config: TenancyConfig, *, meter: TokenMeter, clock: Callable[[], float] = time.time,
         adapters: Callable[[], Mapping[str, str]] | None = None,
+        base_of: Callable[[str], str | None] | None = None,
     ) -> None:
         self._clock = clock
         self._adapters = adapters
+        self._base_of = base_of  # a fast lookup for the request path; else `adapters()` is searched
         self._prices = dict(config.prices)
         self._default = list_rates(config.default_price) if config.default_price is not None else FREE
         self._meter = meter
@@ -169,6 +171,8 @@ class PriceBook:
 
     def base_of(self, model: str) -> str | None:
         """The base model of an adapter; None for any other name."""
+        if self._base_of is not None:
+            return self._base_of(model)
         return self.adapters().get(model) if self._adapters is not None else None
 
     def priced_as(self, model: str) -> str:
