@@ -8,7 +8,7 @@ Gemma 3 LoRA packs into `qkv_proj` and `gate_up_proj`, plus `o_proj` and `down_p
 `batch_size` examples from a seeded shuffle, runs the decoder, and takes the cross-entropy over the
 answer tokens only: the 262k-row output head, as costly per token as the whole decoder, is applied to
 those positions alone. AdamW with a constant learning rate after a short warm-up; `steps` bounds the
-work (20 steps of 4 examples: about 2.5 passes over the text, enough for a visible style on this model).
+work (16 steps of 4 examples: two passes over the text, enough for a visible style on this model).
 The result is saved in the PEFT format vLLM loads (`adapter_config.json` + `adapter_model.safetensors`).
 """
 
@@ -35,7 +35,7 @@ class TrainRecipe:
 
     rank: int = 8
     alpha: int = 16
-    steps: int = 20
+    steps: int = 16
     batch_size: int = 4
     learning_rate: float = 2e-3
     warmup_steps: int = 5

@@ -102,6 +102,12 @@ class EngineConfig(_Strict):
             raise ValueError("engine.adapters: names must be unique")
         if self.model in names:
             raise ValueError(f"engine.adapters: {self.model!r} is the base model's name")
+        packaged = [a.name for a in self.adapters if a.path is None]
+        if packaged and self.model_path is not None:
+            raise ValueError(
+                f"engine.adapters: {', '.join(packaged)} are trained for the packaged model, not engine.model_path: "
+                "give each adapter's path"
+            )
         if not self.adapters and self.max_loras is not None:
             raise ValueError("engine.max_loras is set but engine.adapters lists none")
         return self

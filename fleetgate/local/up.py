@@ -98,12 +98,12 @@ def _with_adapters(routes: list[ModelRoute], *, base: str, adapters: Mapping[str
         raise ConfigError(f"engine.adapters: {', '.join(clash)} is also a model route name in gateway.models")
     if base not in names:
         raise ConfigError(f"engine.adapters need a gateway route for their base model {base!r} in gateway.models")
-    extra = [AdapterRoute(name=name, source=str(path), rank=adapter_rank(path))
+    extra = [AdapterRoute(name=name, source=str(path), rank=adapter_rank(path=path))
              for name, path in adapters.items() if name not in listed]
     return [r.model_copy(update={"adapters": [*r.adapters, *extra]}) if r.name == base else r for r in routes]
 
 
-def adapter_rank(path: Path) -> int | None:
+def adapter_rank(*, path: Path) -> int | None:
     """The LoRA rank `r` in a PEFT directory's `adapter_config.json`; None when unreadable."""
     try:
         rank = json.loads((path / "adapter_config.json").read_text(encoding="utf-8")).get("r")
@@ -134,7 +134,7 @@ def _check_ports(config: UpConfig) -> None:
                 )
 
 
-def resolve_adapters(engine: EngineConfig) -> dict[str, Path]:
+def resolve_adapters(*, engine: EngineConfig) -> dict[str, Path]:
     """Each configured adapter's PEFT directory: packaged ones prepared (trained once, cached), others
     checked for a PEFT config whose rank the engines accept. Simulated engines read no weights: their
     adapters are the paths as given (a packaged one: where it would be), untrained and unchecked."""
@@ -149,7 +149,7 @@ def resolve_adapters(engine: EngineConfig) -> dict[str, Path]:
                 _say(f"==> first run: training the packaged adapter {ref.name!r} (once, about 1-3 minutes)")
             out[ref.name] = prepare_adapter(name=ref.name, cache_dir=engine.cache_dir, progress=_say)
             continue
-        rank = adapter_rank(ref.path)
+        rank = adapter_rank(path=ref.path)
         if rank is None:
             raise LocalStackError(
                 f"adapter {ref.name!r}: {ref.path / 'adapter_config.json'} is not a readable PEFT config with a rank"
@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     try:
         _check_ports(config)
-        adapters = resolve_adapters(config.engine)  # before the engines start: training takes minutes
+        adapters = resolve_adapters(engine=config.engine)  # before the engines start: training takes minutes
         if config.engine.kind == "sim":
             return asyncio.run(_run_sim(config, check=args.check, prompt=args.prompt, adapters=adapters))
         with _vllm_engines(config.engine, adapters=adapters) as fleet:

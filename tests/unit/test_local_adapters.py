@@ -54,6 +54,7 @@ def test_adapters_by_name_or_by_path(tmp_path: Path) -> None:
         ("engine:\n  adapters: [{name: Bad Name, path: /x}]\n", "lowercase"),
         ("engine:\n  adapters: [{name: gemma-3-270m, path: /x}]\n", "base model"),
         ("engine:\n  max_loras: 2\n", "lists none"),
+        ("engine:\n  model_path: /models/other\n  adapters: [pirate]\n", "trained for the packaged model"),
         ("engine:\n  adapters: [pirate]\n  max_lora_rank: 12\n", "max_lora_rank"),
         ("engine:\n  adapters: [pirate]\n  max_loras: 0\n", "max_loras"),
         ("engine:\n  adapters: [{name: x, path: /x, rank: 8}]\n", "rank"),
@@ -157,16 +158,16 @@ def test_adapters_the_file_lists_keep_their_entry_and_names_may_not_clash(tmp_pa
 def test_adapter_paths_are_checked_before_the_engine_starts(tmp_path: Path) -> None:
     good = _peft_dir(tmp_path / "good", rank=8)
     config = EngineConfig(adapters=[{"name": "mine", "path": good}], max_lora_rank=8)  # type: ignore[list-item]
-    assert resolve_adapters(config) == {"mine": good.resolve()}
+    assert resolve_adapters(engine=config) == {"mine": good.resolve()}
     big = _peft_dir(tmp_path / "big", rank=32)
     with pytest.raises(LocalStackError, match=r"rank 32.*max_lora_rank is 16"):
-        resolve_adapters(EngineConfig(adapters=[{"name": "big", "path": big}]))  # type: ignore[list-item]
+        resolve_adapters(engine=EngineConfig(adapters=[{"name": "big", "path": big}]))  # type: ignore[list-item]
     with pytest.raises(LocalStackError, match="not a readable PEFT config with a rank"):
-        resolve_adapters(EngineConfig(adapters=[{"name": "none", "path": tmp_path / "nowhere"}]))  # type: ignore[list-item]
+        resolve_adapters(engine=EngineConfig(adapters=[{"name": "none", "path": tmp_path / "nowhere"}]))  # type: ignore[list-item]
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "adapter_config.json").write_text("[1, 2]")
     with pytest.raises(LocalStackError, match="not a readable PEFT config"):
-        resolve_adapters(EngineConfig(adapters=[{"name": "junk", "path": tmp_path / "junk"}]))  # type: ignore[list-item]
+        resolve_adapters(engine=EngineConfig(adapters=[{"name": "junk", "path": tmp_path / "junk"}]))  # type: ignore[list-item]
 
 
 def test_packaged_adapters_live_in_the_cache_and_are_stamped_by_what_decides_them(tmp_path: Path) -> None:
