@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("fleetgate.gateway.serve", "run the gateway alone from a config file"),
     "sim": ("fleetgate.sim.serve", "run simulated vLLM engines (OpenAI API + vLLM metrics)"),
     "prepare-model": ("fleetgate.local.model_prep", "turn the packaged Gemma 3 270M GGUF into a vLLM model dir"),
+    "prepare-adapters": ("fleetgate.local.adapter_prep", "train the packaged LoRA adapters (pirate, signoff) on CPU"),
     "plan": ("fleetgate.operator.plan_cli", "capacity plan for an InferenceService spec file"),
     "crd": ("fleetgate.operator.crd_cli", "print the InferenceService CRD generated from the typed spec"),
     "operator": ("fleetgate.operator.run_cli", "run the Kubernetes operator"),

@@ -33,6 +33,7 @@ def banner(
     engine_urls: Sequence[str],
     log_dir: Path | None,
     metrics_url: str | None = None,
+    adapters: Sequence[str] = (),
 ) -> str:
     lines = [
         "",
@@ -41,6 +42,7 @@ def banner(
         "  try it:",
         "    " + curl_example(gateway_url=gateway_url, model=model, api_key=settings.server.auth == "api_key"),
         f"    (OpenAI SDK: base_url={gateway_url}/v1, any api_key in open mode)",
+        *([f"    LoRA adapters on {model!r}, asked for by name: {', '.join(adapters)}"] if adapters else []),
         "",
         f"  gateway metrics: {metrics_url or '(off: server.metrics_port is null)'}",
         "  engine metrics:  " + ", ".join(f"{u}/metrics" for u in engine_urls),

@@ -12,10 +12,12 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fleetgate.core.adapters import valid_adapter_name
 from fleetgate.core.config import load_model
 from fleetgate.gateway.settings import GatewaySettings
+from fleetgate.local.adapter_prep import PACKAGED_ADAPTERS
 from fleetgate.local.model_prep import DEFAULT_DTYPE, MODEL_BASENAME
 
 # `fleetgate up` runs the gateway in local mode: no API keys (the gateway's own default requires them).
@@ -24,6 +26,30 @@ LOCAL_GATEWAY: dict[str, Any] = {"server": {"auth": "open"}}
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class AdapterRef(_Strict):
+    """A LoRA adapter the engines serve from start-up: a packaged one by name, or any PEFT directory."""
+
+    name: str = Field(min_length=1, description="the model name clients send for it")
+    path: Path | None = Field(
+        default=None, description="PEFT adapter directory; None: the packaged adapter of that name (prepared once)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not valid_adapter_name(value):
+            raise ValueError(f"adapter name {value!r} must be lowercase letters, digits, '-', '.', '_' (63 at most)")
+        return value
+
+    @model_validator(mode="after")
+    def _known(self) -> AdapterRef:
+        if self.path is None and self.name not in PACKAGED_ADAPTERS:
+            raise ValueError(
+                f"adapter {self.name!r} is not a packaged one ({', '.join(PACKAGED_ADAPTERS)}): give its path"
+            )
+        return self
 
 
 class EngineConfig(_Strict):
@@ -49,12 +75,46 @@ class EngineConfig(_Strict):
         default=None, ge=1, description="OpenMP threads per engine; None: CPUs / replicas - 1 (at least 1)"
     )
     enforce_eager: bool = Field(default=True, description="skip torch.compile: start in ~1 min, not several")
+    adapters: list[AdapterRef] = Field(
+        default_factory=list, description="LoRA adapters served from start-up (a name alone: a packaged adapter)"
+    )
+    max_loras: int | None = Field(default=None, ge=1, description="adapters in one batch; None: as many as listed")
+    max_lora_rank: Literal[8, 16, 32, 64] = Field(default=16, description="largest LoRA rank an engine accepts")
     extra_args: list[str] = Field(default_factory=list, description="more vLLM flags, appended verbatim")
     env: dict[str, str] = Field(default_factory=dict, description="more environment variables for the engines")
     startup_timeout_s: float = Field(default=600.0, gt=0)
     stop_grace_s: float = Field(default=15.0, gt=0, description="SIGTERM -> SIGKILL")
     log_dir: Path = Field(default=Path(".fleetgate/logs"), description="engine-<i>.log files")
     cache_dir: Path | None = Field(default=None, description="model cache root; None: $FLEETGATE_CACHE or ~/.cache")
+
+    @field_validator("adapters", mode="before")
+    @classmethod
+    def _names_alone(cls, value: Any) -> Any:
+        """`adapters: [pirate, signoff]` is short for `[{name: pirate}, {name: signoff}]`."""
+        if isinstance(value, list):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @model_validator(mode="after")
+    def _adapters(self) -> EngineConfig:
+        names = [a.name for a in self.adapters]
+        if len(names) != len(set(names)):
+            raise ValueError("engine.adapters: names must be unique")
+        if self.model in names:
+            raise ValueError(f"engine.adapters: {self.model!r} is the base model's name")
+        packaged = [a.name for a in self.adapters if a.path is None]
+        if packaged and self.model_path is not None:
+            raise ValueError(
+                f"engine.adapters: {', '.join(packaged)} are trained for the packaged model, not engine.model_path: "
+                "give each adapter's path"
+            )
+        if not self.adapters and self.max_loras is not None:
+            raise ValueError("engine.max_loras is set but engine.adapters lists none")
+        return self
+
+    def lora_slots(self) -> int:
+        """`--max-loras`: adapters vLLM batches together (more stay cached on the CPU and swap in)."""
+        return self.max_loras or max(1, len(self.adapters))
 
     def threads_per_engine(self) -> int:
         """OpenMP threads for each engine's model runner.

@@ -104,7 +104,8 @@ def check_prepared(*, path: Path, identity: dict[str, Any]) -> str | None:
 
 
 @contextmanager
-def _lock(directory: Path) -> Iterator[None]:
+def prepare_lock(directory: Path) -> Iterator[None]:
+    """Hold the preparation lock of `directory` (created): one process prepares into it at a time."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".prepare.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -141,7 +142,7 @@ def prepare_model(
     base = None
     if quantization is not None:
         base = prepare_model(cache_dir=cache_dir, dtype=dtype, progress=progress)
-    with _lock(target.parent):
+    with prepare_lock(target.parent):
         why = "forced" if force else check_prepared(path=target, identity=identity)
         if why is None:  # another process finished it while we waited
             return target
@@ -150,6 +151,15 @@ def prepare_model(
             quantizer_python=quantizer_python,
         )
     return target
+
+
+def replace_dir(*, source: Path, target: Path) -> None:
+    """Put the complete directory `source` at `target` (a sibling), replacing what was there."""
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.exists():
+        target.rename(old)
+    source.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _quantizer_python() -> Path:
@@ -211,11 +221,7 @@ def _build(
         files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
         manifest = {**identity, "files": files, "prepared_at": time.time(), "seconds": time.monotonic() - start}
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        if target.exists():
-            target.rename(old)
-        out.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(source=out, target=target)
         step(4, f"model ready in {target}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -270,6 +276,9 @@ __all__ = [
     "check_prepared",
     "default_cache_dir",
     "model_dir",
+    "prepare_lock",
     "prepare_model",
+    "read_manifest",
+    "replace_dir",
     "run",
 ]

@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
+from fleetgate.core.config import parse_model
 from fleetgate.core.errors import ConfigError
 from fleetgate.core.telemetry import configure_logging
-from fleetgate.gateway.settings import GatewaySettings, ModelRoute
+from fleetgate.gateway.settings import AdapterRoute, GatewaySettings, ModelRoute
+from fleetgate.local.adapter_prep import PACKAGED_ADAPTERS
 from fleetgate.local.banner import banner
 from fleetgate.local.check import CheckResult, send_check
-from fleetgate.local.config import EngineConfig, UpConfig, load_up_config
+from fleetgate.local.config import AdapterRef, EngineConfig, UpConfig, load_up_config
 from fleetgate.local.engines import EngineFleet, free_port, port_in_use
 from fleetgate.local.errors import EngineStartError, LocalStackError
 
@@ -36,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-base-port", type=int, help="engine i listens on this + i (0: free ports)")
     parser.add_argument("--check", action="store_true", help="send one chat request, print the answer, exit")
     parser.add_argument("--prompt", default=DEFAULT_CHECK_PROMPT, help="the --check question")
+    parser.add_argument(
+        "--adapters", action="store_true",
+        help="also serve the packaged LoRA adapters (pirate, signoff; trained once, ~1-3 min each) when the "
+             "config lists none",
+    )
 
 
 def _say(message: str) -> None:
@@ -55,13 +64,19 @@ def apply_overrides(config: UpConfig, args: argparse.Namespace) -> UpConfig:
         engine.base_port = args.engine_base_port
     if args.port is not None:
         gateway.server.port = args.port
-    return UpConfig.model_validate({"engine": engine.model_dump(), "gateway": gateway.model_dump()})
+    if getattr(args, "adapters", False) and not engine.adapters:
+        engine.adapters = [AdapterRef(name=name) for name in PACKAGED_ADAPTERS]
+    return parse_model(UpConfig, {"engine": engine.model_dump(), "gateway": gateway.model_dump()},
+                       source="the command line")
 
 
 def route_models(*, gateway: GatewaySettings, model: str, served_name: str, urls: list[str],
-                 max_model_len: int | None = None) -> GatewaySettings:
+                 max_model_len: int | None = None, adapters: Mapping[str, Path] | None = None) -> GatewaySettings:
     """Point the gateway at the engines: fill routes that list no endpoints, add one if none exist. The
-    engines' `max_model_len` bounds what a request without `max_tokens` is reserved (and capped) at."""
+    engines' `max_model_len` bounds what a request without `max_tokens` is reserved (and capped) at.
+    `adapters` (name -> PEFT directory) are listed under the base route (`models[].adapters`): a request
+    for one goes to the base's engines with `model: <adapter>`, which is how vLLM picks the LoRA, and is
+    accounted under the adapter's name. An adapter the file already lists keeps the file's entry."""
     settings = gateway.model_copy(deep=True)
     fill: dict[str, Any] = {"endpoints": list(urls)}
     routes = [r if r.endpoints else r.model_copy(update={**fill, "max_model_len": r.max_model_len or max_model_len})
@@ -69,8 +84,32 @@ def route_models(*, gateway: GatewaySettings, model: str, served_name: str, urls
     if not routes:
         served = None if served_name == model else served_name
         routes = [ModelRoute(name=model, endpoints=list(urls), served_name=served, max_model_len=max_model_len)]
+    if adapters:
+        routes = _with_adapters(routes, base=model, adapters=adapters)
     settings.models = routes
     return settings
+
+
+def _with_adapters(routes: list[ModelRoute], *, base: str, adapters: Mapping[str, Path]) -> list[ModelRoute]:
+    names = {r.name for r in routes}
+    listed = {a.name for r in routes for a in r.adapters}
+    clash = sorted(names & set(adapters))
+    if clash:
+        raise ConfigError(f"engine.adapters: {', '.join(clash)} is also a model route name in gateway.models")
+    if base not in names:
+        raise ConfigError(f"engine.adapters need a gateway route for their base model {base!r} in gateway.models")
+    extra = [AdapterRoute(name=name, source=str(path), rank=adapter_rank(path=path))
+             for name, path in adapters.items() if name not in listed]
+    return [r.model_copy(update={"adapters": [*r.adapters, *extra]}) if r.name == base else r for r in routes]
+
+
+def adapter_rank(*, path: Path) -> int | None:
+    """The LoRA rank `r` in a PEFT directory's `adapter_config.json`; None when unreadable."""
+    try:
+        rank = json.loads((path / "adapter_config.json").read_text(encoding="utf-8")).get("r")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return rank if isinstance(rank, int) and rank > 0 else None
 
 
 def _check_ports(config: UpConfig) -> None:
@@ -95,8 +134,36 @@ def _check_ports(config: UpConfig) -> None:
                 )
 
 
+def resolve_adapters(*, engine: EngineConfig) -> dict[str, Path]:
+    """Each configured adapter's PEFT directory: packaged ones prepared (trained once, cached), others
+    checked for a PEFT config whose rank the engines accept. Simulated engines read no weights: their
+    adapters are the paths as given (a packaged one: where it would be), untrained and unchecked."""
+    from fleetgate.local.adapter_prep import adapter_dir, prepare_adapter
+
+    if engine.kind == "sim":
+        return {a.name: a.path or adapter_dir(name=a.name, cache_dir=engine.cache_dir) for a in engine.adapters}
+    out: dict[str, Path] = {}
+    for ref in engine.adapters:
+        if ref.path is None:
+            if not adapter_dir(name=ref.name, cache_dir=engine.cache_dir).is_dir():
+                _say(f"==> first run: training the packaged adapter {ref.name!r} (once, about 1-3 minutes)")
+            out[ref.name] = prepare_adapter(name=ref.name, cache_dir=engine.cache_dir, progress=_say)
+            continue
+        rank = adapter_rank(path=ref.path)
+        if rank is None:
+            raise LocalStackError(
+                f"adapter {ref.name!r}: {ref.path / 'adapter_config.json'} is not a readable PEFT config with a rank"
+            )
+        if rank > engine.max_lora_rank:
+            raise LocalStackError(
+                f"adapter {ref.name!r} has rank {rank}; engine.max_lora_rank is {engine.max_lora_rank}"
+            )
+        out[ref.name] = ref.path.resolve()
+    return out
+
+
 @contextmanager
-def _vllm_engines(engine: EngineConfig) -> Iterator[EngineFleet]:
+def _vllm_engines(engine: EngineConfig, *, adapters: Mapping[str, Path]) -> Iterator[EngineFleet]:
     from fleetgate.local.model_prep import model_dir, prepare_model
     from fleetgate.local.vllm_command import vllm_specs
 
@@ -111,7 +178,7 @@ def _vllm_engines(engine: EngineConfig) -> Iterator[EngineFleet]:
         model_path = prepare_model(
             cache_dir=engine.cache_dir, dtype=engine.dtype, progress=_say, quantization=quantization
         )
-    specs = vllm_specs(config=engine, model_path=model_path)
+    specs = vllm_specs(config=engine, model_path=model_path, adapters=adapters)
     fleet = EngineFleet(specs=specs, startup_timeout_s=engine.startup_timeout_s, stop_grace_s=engine.stop_grace_s,
                         progress=_say)
     _say(f"==> starting {engine.replicas} vLLM CPU engine(s) (about a minute); logs in {engine.log_dir}/")
@@ -130,23 +197,37 @@ def _vllm_engines(engine: EngineConfig) -> Iterator[EngineFleet]:
 
 
 @asynccontextmanager
-async def _sim_engines(engine: EngineConfig) -> AsyncIterator[tuple[list[str], str]]:
-    from fleetgate.sim.fleet import start_sim_fleet
+async def _sim_engines(
+    engine: EngineConfig, *, adapters: Mapping[str, Path]
+) -> AsyncIterator[tuple[list[str], str]]:
+    from dataclasses import replace
 
+    from fleetgate.sim.fleet import start_sim_fleet
+    from fleetgate.sim.profile import PROFILES
+
+    profile = PROFILES["vllm-cpu-gemma3-270m"]
+    if adapters:  # the simulator's vLLM LoRA flags and runtime API (`fleetgate.sim.lora`)
+        profile = replace(
+            profile, enable_lora=True, max_loras=engine.lora_slots(), max_lora_rank=engine.max_lora_rank,
+            lora_modules=tuple((name, str(path)) for name, path in adapters.items()),
+            allow_runtime_lora_updating=True,
+        )
     _say(f"==> starting {engine.replicas} simulated engine(s)")
-    fleet = await start_sim_fleet(replicas=engine.replicas, host=engine.host, base_port=engine.base_port)
+    fleet = await start_sim_fleet(replicas=engine.replicas, host=engine.host, base_port=engine.base_port,
+                                  profile=profile)
     try:
         yield fleet.urls, fleet.model
     finally:
         await fleet.aclose()
 
 
-async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: bool, prompt: str) -> int:
+async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: bool, prompt: str,
+                 adapters: Mapping[str, Path] | None = None) -> int:
     from fleetgate.gateway.serve import build_server, metrics_url
 
     engine = config.engine
     settings = route_models(gateway=config.gateway, model=engine.model, served_name=served_name, urls=urls,
-                            max_model_len=engine.max_model_len)
+                            max_model_len=engine.max_model_len, adapters=adapters)
     if not check:
         # Interactive: one structured line per request on stderr. --check keeps its output to the answer.
         configure_logging(level=settings.server.log_level)
@@ -163,24 +244,32 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
         await asyncio.sleep(0.05)
     gateway_url = f"http://{host}:{port}"
     _say(banner(gateway_url=gateway_url, settings=settings, model=engine.model, engine_urls=urls,
-                log_dir=engine.log_dir if engine.kind == "vllm" else None, metrics_url=metrics_url(server)))
+                log_dir=engine.log_dir if engine.kind == "vllm" else None, metrics_url=metrics_url(server),
+                adapters=list(adapters or {})))
     if not check:
         await task
         return 0
-    try:
-        result: CheckResult = await send_check(gateway_url=gateway_url, model=engine.model, prompt=prompt)
+    results: dict[str, CheckResult] = {}
+    try:  # the base model, then each adapter: the same greedy question shows what each adapter changes
+        for model in [engine.model, *(adapters or {})]:
+            results[model] = await send_check(gateway_url=gateway_url, model=model, prompt=prompt)
     finally:
         server.should_exit = True
         await task
-    print(f"Q: {prompt}\nA: {result.answer}")
-    _say(f"==> check passed: {result.completion_tokens} tokens in {result.seconds:.2f}s through {gateway_url}")
+    print(f"Q: {prompt}")
+    for model, result in results.items():
+        print(f"A: {result.answer}" if model == engine.model else f"A ({model}): {result.answer}")
+    tokens = sum(r.completion_tokens for r in results.values())
+    seconds = sum(r.seconds for r in results.values())
+    _say(f"==> check passed: {tokens} tokens in {seconds:.2f}s through {gateway_url}")
     return 0
 
 
-async def _run_sim(config: UpConfig, *, check: bool, prompt: str) -> int:
-    sims: AbstractAsyncContextManager[tuple[list[str], str]] = _sim_engines(config.engine)
+async def _run_sim(config: UpConfig, *, check: bool, prompt: str, adapters: Mapping[str, Path]) -> int:
+    sims: AbstractAsyncContextManager[tuple[list[str], str]] = _sim_engines(config.engine, adapters=adapters)
     async with sims as (urls, served_name):
-        return await _serve(config=config, urls=urls, served_name=served_name, check=check, prompt=prompt)
+        return await _serve(config=config, urls=urls, served_name=served_name, check=check, prompt=prompt,
+                            adapters=adapters)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -188,12 +277,13 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     try:
         _check_ports(config)
+        adapters = resolve_adapters(engine=config.engine)  # before the engines start: training takes minutes
         if config.engine.kind == "sim":
-            return asyncio.run(_run_sim(config, check=args.check, prompt=args.prompt))
-        with _vllm_engines(config.engine) as fleet:
+            return asyncio.run(_run_sim(config, check=args.check, prompt=args.prompt, adapters=adapters))
+        with _vllm_engines(config.engine, adapters=adapters) as fleet:
             return asyncio.run(
                 _serve(config=config, urls=fleet.urls, served_name=config.engine.model, check=args.check,
-                       prompt=args.prompt)
+                       prompt=args.prompt, adapters=adapters)
             )
     except LocalStackError as exc:
         print(f"fleetgate up: {exc}", file=sys.stderr)
@@ -202,4 +292,4 @@ def run(args: argparse.Namespace) -> int:
         _say(f"==> fleetgate up finished after {time.monotonic() - start:.0f}s")
 
 
-__all__ = ["add_arguments", "apply_overrides", "route_models", "run"]
+__all__ = ["adapter_rank", "add_arguments", "apply_overrides", "resolve_adapters", "route_models", "run"]

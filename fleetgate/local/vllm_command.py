@@ -7,12 +7,17 @@ minute), a small `--max-model-len`. Environment for vLLM's CPU backend:
 `OMP_NUM_THREADS` = threads per engine (`EngineConfig.threads_per_engine`: one core per engine is
 left to its API server and scheduler; vLLM's `auto` binding would pin every replica's threads to
 the same core, so placement is left to the OS), hub access off, usage statistics off.
+
+With `engine.adapters`, LoRA is on: `--enable-lora --max-loras N --max-lora-rank R --lora-modules
+name=path ...` (rendered here, after `EngineArgs`' flags) and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`, so
+adapters can also be loaded and unloaded at runtime (`fleetgate.engine.lora_api`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from fleetgate.engine.args import VLLM_MODULE, EngineArgs
@@ -39,6 +44,14 @@ def engine_args(*, config: EngineConfig, model_path: Path, port: int) -> EngineA
     )
 
 
+def lora_argv(*, config: EngineConfig, adapters: Mapping[str, Path]) -> list[str]:
+    """vLLM's LoRA flags for the adapters (name -> PEFT directory); none without adapters."""
+    if not adapters:
+        return []
+    argv = ["--enable-lora", "--max-loras", str(config.lora_slots()), "--max-lora-rank", str(config.max_lora_rank)]
+    return [*argv, "--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
+
+
 def engine_env(*, config: EngineConfig, base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     threads = str(config.threads_per_engine())
@@ -56,12 +69,22 @@ def engine_env(*, config: EngineConfig, base: dict[str, str] | None = None) -> d
             "OMP_NUM_THREADS": threads,
         }
     )
+    if config.adapters:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.update(config.env)
     return env
 
 
-def vllm_specs(*, config: EngineConfig, model_path: Path, python: str | None = None) -> list[EngineSpec]:
-    """One `EngineSpec` per replica; `base_port: 0` picks free loopback ports now."""
+def vllm_specs(
+    *, config: EngineConfig, model_path: Path, python: str | None = None, adapters: Mapping[str, Path] | None = None
+) -> list[EngineSpec]:
+    """One `EngineSpec` per replica; `base_port: 0` picks free loopback ports now. `adapters`: the
+    directories of `config.adapters` (`fleetgate.local.up.resolve_adapters`), by name."""
+    adapters = adapters or {}
+    missing = [a.name for a in config.adapters if a.name not in adapters]
+    if missing:
+        raise ValueError(f"no directory for adapter(s) {', '.join(missing)}")
+    lora = lora_argv(config=config, adapters={a.name: adapters[a.name] for a in config.adapters})
     specs = []
     env = engine_env(config=config)
     for i in range(config.replicas):
@@ -70,7 +93,7 @@ def vllm_specs(*, config: EngineConfig, model_path: Path, python: str | None = N
         specs.append(
             EngineSpec(
                 name=f"engine-{i}",
-                argv=[python or sys.executable, "-m", VLLM_MODULE, *args.to_argv()],
+                argv=[python or sys.executable, "-m", VLLM_MODULE, *args.to_argv(), *lora],
                 env=env,
                 url=f"http://{config.host}:{port}",
                 log_path=config.log_dir / f"engine-{i}.log",
