@@ -1,15 +1,19 @@
 """`fleetgate cache-eval`: precision/recall of the response cache on labelled data, and lookup latency.
 
-Three columns, for pairs and for conversations, at the shipped settings:
+Columns, for pairs and for conversations, at the shipped settings:
 - `dev`: `cache_pairs.dev.jsonl` / `cache_conversations.dev.jsonl` (`--data`, default ../shared/data/eval);
-- `frozen`: the repository's frozen test set (`--frozen`, default tests/data/eval/*.frozen.jsonl), written
-  apart and never tuned on (shown as n/a where it is absent);
-- `cv`: out-of-fold results of the pair model on dev + the hand-written training rows (cache/data), with
-  the shipped threshold: each row is judged by a model that did not see it.
+- one column per frozen set in `--frozen` (default tests/data/eval): `cache_pairs.NAME.jsonl` with
+  `cache_conversations.NAME.jsonl` for every NAME starting with `frozen` (`frozen`, `frozen2`, ...), so a
+  set added later shows up by itself. The sets named in `DEVELOPMENT_FROZEN` (`frozen`, the first one,
+  reported once in issue 12) have since been used for development and training: they are marked
+  in-sample; any other is a held-out set nobody tuned on;
+- `cv`: out-of-fold results of the pair model on dev + the development frozen sets + the hand-written
+  training rows (cache/data), folds grouped by shared prompt, with the shipped threshold: each row is judged
+  by a model that saw neither it nor any row sharing a prompt with it.
 Each column gives precision, recall of the same=true rows, false hits and false-hit rate by kind, and
 cross-tenant hits (dev and frozen run through the real `TwoLayerCache`, a fresh one per row). Then two
-sweeps on dev and frozen: the similarity threshold with the verifier on and off, and the pair model's
-`min_confidence`. `--fit` first refits the pair model on dev + training rows and writes pair_model.json.
+sweeps on dev and each frozen set: the similarity threshold with the verifier on and off, and the pair model's
+`min_confidence`. `--fit` first refits the pair model on the cv sets and writes pair_model.json.
 Last, lookup latency p50/p99 with `--entries` stored entries and where the time goes.
 """
 
@@ -30,6 +34,7 @@ DEFAULT_THRESHOLDS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9)
 DEFAULT_CONFIDENCES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
 _REPO = Path(__file__).resolve().parent.parent
 KINDS = ("pairs", "conversations")
+DEVELOPMENT_FROZEN = ("frozen",)  # frozen sets since used to develop and train (in-sample columns)
 
 
 def default_data_dir() -> Path:
@@ -43,11 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=None, help="folder with cache_*.dev.jsonl (default: "
                         "$FLEETGATE_EVAL_DATA or ../shared/data/eval next to the repository)")
     parser.add_argument("--frozen", type=Path, default=_REPO / "tests" / "data" / "eval",
-                        help="folder with cache_*.frozen.jsonl (default: the repository's tests/data/eval)")
+                        help="folder with cache_*.frozen*.jsonl, one column per set (default: the repository's "
+                        "tests/data/eval)")
     parser.add_argument("--train", type=Path, default=_REPO / "cache" / "data",
                         help="folder with train_pairs.jsonl and train_conversations.jsonl (cross-validation, --fit)")
-    parser.add_argument("--fit", action="store_true", help="refit the pair model on dev + training rows and "
-                        "write it to the package's pair_model.json before evaluating")
+    parser.add_argument("--fit", action="store_true", help="refit the pair model on dev + the development "
+                        "frozen set + training rows and write it to the package's pair_model.json before evaluating")
     parser.add_argument("--threshold", type=float, default=None, help="override the shipped similarity threshold")
     parser.add_argument("--min-confidence", type=float, default=None,
                         help="override the pair model's acceptance probability")
@@ -84,18 +90,36 @@ def _load(folder: Path, pattern: str) -> dict[str, list[dict[str, Any]]] | None:
     return {kind: load_rows(p) for kind, p in paths.items()}
 
 
+def frozen_sets(folder: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Every frozen set in `folder` by name (`frozen`, `frozen2`, ...): both files must be present."""
+    names = sorted(p.name[len("cache_pairs."):-len(".jsonl")] for p in folder.glob("cache_pairs.frozen*.jsonl"))
+    found = {name: _load(folder, "cache_{kind}." + name + ".jsonl") for name in names}
+    return {name: rows for name, rows in found.items() if rows is not None}
+
+
+def training_sets(names: list[str]) -> list[str]:
+    """The sets the pair model is fitted and cross-validated on."""
+    return ["dev", "train", *(n for n in names if n in DEVELOPMENT_FROZEN)]
+
+
 def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: MemoEmbedder, config: CacheConfig,
                     *, refit: bool) -> dict[str, Score]:
-    """Out-of-fold scores on dev + train per kind (refitting and writing the model first with `refit`)."""
+    """Out-of-fold scores on the training sets per kind (refitting and writing the model first with `refit`)."""
     import numpy as np
 
     from fleetgate.cache import pairmodel, training
+    from fleetgate.cache.tokenalign import align_features
+    from fleetgate.cache.verifier import default_states
 
-    items = [ex for name in ("dev", "train") for kind in KINDS
+    used = training_sets(list(sets))
+    items = [ex for name in used for kind in KINDS
              for ex in training.examples(sets[name][kind], source=f"{name} {kind}")]
     texts = sorted({e.a for e in items} | {e.b for e in items})
     vectors = dict(zip(texts, embedder.embed(texts), strict=True))
-    data = training.featurize(items, vectors, threshold=config.semantic.threshold)
+    states = None if config.semantic.embedder == "hashing" else default_states()  # hashing: tests, no model
+    data = training.featurize(items, vectors, threshold=config.semantic.threshold,
+                              align=None if states is None else lambda a, b: align_features(states.words(a),
+                                                                                            states.words(b)))
     if refit:
         model, probs = training.fit(data)
         pairmodel.MODEL_PATH.write_text(model.to_json(), encoding="utf-8")
@@ -109,7 +133,8 @@ def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: 
     bar = pairmodel.load_model().threshold if bar is None else bar
     hit = training.hits(data, probs, bar)
     sources = np.array([e.source for e in items])
-    scores = {kind: training.score(data, hit, np.isin(sources, [f"dev {kind}", f"train {kind}"])) for kind in KINDS}
+    scores = {kind: training.score(data, hit, np.isin(sources, [f"{name} {kind}" for name in used]))
+              for kind in KINDS}
     return scores
 
 
@@ -123,7 +148,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
         print(f"fleetgate cache-eval: dev or training rows not found (--data {args.data or default_data_dir()}, "
               f"--train {args.train})", file=sys.stderr)
         return 2
-    frozen = _load(args.frozen, "cache_{kind}.frozen.jsonl")
+    frozen = frozen_sets(args.frozen)
     base = CacheConfig()
     sem = base.semantic.model_copy(update={"embedder": args.embedder})
     if args.threshold is not None:
@@ -131,7 +156,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
     if args.min_confidence is not None:
         sem = sem.model_copy(update={"min_confidence": args.min_confidence})
     shipped = base.model_copy(update={"semantic": sem})
-    sets = {"dev": dev, "train": train, **({"frozen": frozen} if frozen else {})}
+    sets = {"dev": dev, "train": train, **frozen}
 
     start = time.perf_counter()
     embedder = MemoEmbedder(build_embedder(shipped))
@@ -142,10 +167,14 @@ async def _evaluate(args: argparse.Namespace) -> int:
     print(f"settings: similarity threshold {sem.threshold}, pair model threshold "
           f"{sem.min_confidence if sem.min_confidence is not None else model.threshold}, top_k {sem.top_k}, "
           f"verify {sem.verify}")
-    print(f"frozen set: {args.frozen if frozen else 'not found at ' + str(args.frozen)}")
+    print(f"frozen sets in {args.frozen}: " + (", ".join(
+        f"{name} ({'in-sample: used for development and training' if name in DEVELOPMENT_FROZEN else 'held out'})"
+        for name in frozen) or "none found"))
+    print(f"cv: out-of-fold over {' + '.join(training_sets(list(sets)))}, folds grouped by shared prompt")
+    columns = ["dev", *(frozen or ["frozen"])]
     for kind in KINDS:
         scores: dict[str, Score | None] = {name: (await score_rows(sets[name][kind], shipped, embedder)
-                                                  if name in sets else None) for name in ("dev", "frozen")}
+                                                  if name in sets else None) for name in columns}
         scores["cv"] = cv[kind]
         print(f"\n{kind} at the shipped settings: precision / recall")
         for name, s in scores.items():
@@ -155,7 +184,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
             print(f"  {name:<7} {_kinds(s)}")
         print("  cross-tenant hits: " + ", ".join(f"{name} {s.cross_tenant_hits}/{s.rows}" for name, s in
                                                     scores.items() if s is not None and name != "cv"))
-        for name in ("dev", "frozen"):
+        for name in columns:
             if name not in sets:
                 continue
             rows = sets[name][kind]

@@ -33,6 +33,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,8 +45,9 @@ from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
+from fleetgate.cache.tokenalign import NEUTRAL
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
-from fleetgate.cache.verifier import verify, warm_up
+from fleetgate.cache.verifier import Verdict, alignment, default_states, judge, precheck, warm_up
 from fleetgate.core.kvstore import KVStore, MemoryKVStore, StoreUnavailableError
 
 log = logging.getLogger("fleetgate.cache")
@@ -74,6 +76,10 @@ class TwoLayerCache:
         self._background_warm_up = False  # set by start(): load models in a thread, answer `miss` meanwhile
         self._probe: asyncio.Task[None] | None = None
         self._replicated = not isinstance(kvstore, MemoryKVStore)
+        # MiniLM token states for the pair model's alignment features (loaded on first use, shared per process);
+        # none with the tests' hashing embedder, whose caches must not load a model (neutral alignment)
+        self.token_states = (None if sem.embedder == "hashing"
+                             else default_states(Path(sem.model_dir) if sem.model_dir else None))
 
     async def start(self) -> None:
         """Gateway lifespan hook. With `semantic.preload` the embedder and the verifier's word tables load now,
@@ -98,7 +104,8 @@ class TwoLayerCache:
         if load is not None:
             load()
         if self.config.semantic.verify:
-            warm_up()  # word frequency lists of seven languages: seconds on the first verification otherwise
+            # word frequency lists of seven languages and the token-state session: seconds otherwise
+            warm_up(states=self.token_states)
 
     async def aclose(self) -> None:
         for task in (self._warming, self._probe):
@@ -253,9 +260,9 @@ class TwoLayerCache:
             record = orjson.loads(raw)
             if not self._owned(req, keys, record):
                 continue
-            verdict = (verify(str(record.get("text", "")), keys.semantic_text, similarity=score,
-                              conversation=follows_user_turns(req.body.get("messages")),
-                              min_confidence=sem.min_confidence) if sem.verify else None)
+            verdict = (await self._verify(str(record.get("text", "")), keys.semantic_text, similarity=score,
+                                          conversation=follows_user_turns(req.body.get("messages")))
+                       if sem.verify else None)
             if verdict is not None and not verdict.ok:
                 self.metrics.rejections.labels(verdict.reason).inc()
                 result.reason = f"near miss rejected ({verdict.reason}, similarity {score:.3f})"
@@ -268,6 +275,20 @@ class TwoLayerCache:
         outcome = {CacheStatus.HIT_SEMANTIC: "hit"}.get(result.status, "rejected" if found else "miss")
         self.metrics.lookups.labels("semantic", outcome).inc()
         return result
+
+    async def _verify(self, cached: str, text: str, *, similarity: float, conversation: bool) -> Verdict:
+        """Vetoes and word match on the event loop; the pair model (token states: an encoder pass for a new
+        text) in a worker thread, only for a candidate that gets that far."""
+        step = precheck(cached, text)
+        if isinstance(step, Verdict):
+            return step
+        align = NEUTRAL
+        if self.token_states is not None:
+            t = time.perf_counter()
+            align = await asyncio.to_thread(alignment, step, self.token_states)
+            self.metrics.stage_seconds.labels("align").observe(time.perf_counter() - t)
+        return judge(step, similarity=similarity, align=align, conversation=conversation,
+                      min_confidence=self.config.semantic.min_confidence)
 
     # -- store ----------------------------------------------------------------------------------------
     async def store(self, req: CacheRequest, lookup: CacheLookup, response: Mapping[str, Any]) -> None:
