@@ -54,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder with train_pairs.jsonl and train_conversations.jsonl (cross-validation, --fit)")
     parser.add_argument("--fit", action="store_true", help="refit the pair model on dev + the development "
                         "frozen set + training rows and write it to the package's pair_model.json before evaluating")
+    parser.add_argument("--align", action="store_true", help="with --fit: give the model the token-alignment "
+                        "features (MiniLM token states; off by default: no gain in grouped cross-validation)")
     parser.add_argument("--threshold", type=float, default=None, help="override the shipped similarity threshold")
     parser.add_argument("--min-confidence", type=float, default=None,
                         help="override the pair model's acceptance probability")
@@ -61,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidences", type=float, nargs="*", default=list(DEFAULT_CONFIDENCES))
     parser.add_argument("--entries", type=int, default=100_000, help="stored entries for the latency run (0: skip)")
     parser.add_argument("--queries", type=int, default=200, help="lookups timed in the latency run")
+    parser.add_argument("--verify-cost", action="store_true", help="time the verification of real candidate "
+                        "pairs even with --entries 0 (cheap stages vs. the pair model with token states)")
     parser.add_argument("--embedder", choices=["minilm-onnx-int8", "minilm-onnx", "minilm", "hashing"],
                         default="minilm-onnx-int8")
     parser.add_argument("--redis", action="store_true", help="also time the fetch (MGET) from a real redis-server "
@@ -103,7 +107,7 @@ def training_sets(names: list[str]) -> list[str]:
 
 
 def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: MemoEmbedder, config: CacheConfig,
-                    *, refit: bool) -> dict[str, Score]:
+                    *, refit: bool, align: bool = False) -> dict[str, Score]:
     """Out-of-fold scores on the training sets per kind (refitting and writing the model first with `refit`)."""
     import numpy as np
 
@@ -116,7 +120,9 @@ def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: 
              for ex in training.examples(sets[name][kind], source=f"{name} {kind}")]
     texts = sorted({e.a for e in items} | {e.b for e in items})
     vectors = dict(zip(texts, embedder.embed(texts), strict=True))
-    states = None if config.semantic.embedder == "hashing" else default_states()  # hashing: tests, no model
+    # token alignment: when refitting with --align, or when the shipped model uses it (hashing: tests, no model)
+    use = align if refit else pairmodel.load_model().uses_alignment
+    states = default_states() if use and config.semantic.embedder != "hashing" else None
     data = training.featurize(items, vectors, threshold=config.semantic.threshold,
                               align=None if states is None else lambda a, b: align_features(states.words(a),
                                                                                             states.words(b)))
@@ -162,7 +168,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
     embedder = MemoEmbedder(build_embedder(shipped))
     embedder.prime([t for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])], progress=_progress)
     print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt")
-    cv = _cross_validate(sets, embedder, shipped, refit=args.fit)
+    cv = _cross_validate(sets, embedder, shipped, refit=args.fit, align=args.align)
     model = load_model()
     print(f"settings: similarity threshold {sem.threshold}, pair model threshold "
           f"{sem.min_confidence if sem.min_confidence is not None else model.threshold}, top_k {sem.top_k}, "
@@ -215,6 +221,21 @@ async def _evaluate(args: argparse.Namespace) -> int:
             kind = "HNSW" if facts["hnsw"] else "flat"
             ratio = f"  ({kind}; {t.pct(50) / flat.pct(50):.3f}x the flat scan's p50)" if t.name == "search" else ""
             print(f"  {t.name:<12} p50 {t.pct(50):8.3f} ms   p99 {t.pct(99):8.3f} ms{ratio}")
+    if args.entries > 0 or args.verify_cost:
+        import numpy as np
+
+        from fleetgate.cache.latency import verification_cost
+        from fleetgate.cache.verifier import default_states
+
+        rows = sets["dev"]["pairs"]
+        pairs = [(str(r["a"]), str(r["b"])) for r in rows if r["a"] != r["b"]]
+        close = [(a, b) for a, b in pairs if float(np.dot(*embedder.embed([a, b]))) >= sem.threshold]
+        cheap, model_t = verification_cost(close, states=default_states())
+        print(f"\nverification per candidate ({len(close)} dev pairs above the similarity threshold; "
+              f"{len(model_t.seconds)} reach the pair model):")
+        for t in (cheap, model_t):
+            if t.seconds:
+                print(f"  {t.name:<12} p50 {t.pct(50):8.3f} ms   p99 {t.pct(99):8.3f} ms")
     if args.redis:
         from fleetgate.cache.latency import redis_fetch
         from fleetgate.core.localredis import LocalRedis

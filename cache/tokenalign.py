@@ -112,6 +112,10 @@ class TokenStates:
                 self._memo.popitem(last=False)
         return words
 
+    def compute(self, text: str) -> Words:
+        """The words of `text`, always by a fresh encoder pass (not cached: for timing)."""
+        return self._compute(text)
+
     def _compute(self, text: str) -> Words:
         if self._session is None:
             self.load()

@@ -44,6 +44,7 @@ from fleetgate.cache.config import CacheConfig
 from fleetgate.cache.embedding import Embedder
 from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns
 from fleetgate.cache.metrics import CacheMetrics
+from fleetgate.cache.pairmodel import load_model
 from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
 from fleetgate.cache.tokenalign import NEUTRAL
@@ -287,13 +288,14 @@ class TwoLayerCache:
         return result
 
     async def _verify(self, cached: str, text: str, *, similarity: float, conversation: bool) -> Verdict:
-        """Vetoes and word match on the event loop; the pair model (token states: an encoder pass for a new
-        text) in a worker thread, only for a candidate that gets that far."""
+        """Vetoes, word match and the pair model on the event loop; when the shipped model uses token
+        alignment, its token states (an encoder pass for a new text) in a worker thread, only for a candidate
+        that gets that far."""
         step = precheck(cached, text)
         if isinstance(step, Verdict):
             return step
         align = NEUTRAL
-        if self.token_states is not None:
+        if self.token_states is not None and load_model().uses_alignment:
             t = time.perf_counter()
             align = await asyncio.to_thread(alignment, step, self.token_states)
             self.metrics.stage_seconds.labels("align").observe(time.perf_counter() - t)

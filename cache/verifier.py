@@ -116,7 +116,8 @@ def warm_up(*, states: TokenStates | None) -> None:
     a, b = "How do I warm up the verifier?", "Comment préchauffer le vérificateur, s'il vous plaît ?"
     step = precheck(a, b)
     if isinstance(step, Pending):
-        judge(step, similarity=0.9, align=NEUTRAL if states is None else alignment(step, states))
+        use = states is not None and load_model().uses_alignment
+        judge(step, similarity=0.9, align=alignment(step, states) if use and states is not None else NEUTRAL)
 
 
 def verify(a: str, b: str, *, similarity: float, conversation: bool = False, min_confidence: float | None = None,
@@ -127,5 +128,7 @@ def verify(a: str, b: str, *, similarity: float, conversation: bool = False, min
     step = precheck(a, b)
     if isinstance(step, Verdict):
         return step
-    return judge(step, similarity=similarity, align=alignment(step, states or default_states()),
-                  conversation=conversation, model=model, min_confidence=min_confidence)
+    model = model or load_model()
+    align = alignment(step, states or default_states()) if model.uses_alignment else NEUTRAL
+    return judge(step, similarity=similarity, align=align, conversation=conversation, model=model,
+                 min_confidence=min_confidence)
