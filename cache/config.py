@@ -12,6 +12,23 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class AnswerCheckConfig(BaseModel):
+    """Answer-level verification of semantic hits (`fleetgate.cache.answercheck`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sample_rate: float = Field(default=0.05, ge=0.0, le=1.0)  # share of greedy semantic hits checked
+    max_false_hit_rate: float = Field(default=0.02, gt=0.0, lt=1.0)  # the bound the similarity floor keeps
+    # fresh vs cached answer: equal text, or cosine of their MiniLM embeddings >= this
+    answer_similarity: float = Field(default=0.9, ge=-1.0, le=1.0)
+    margin: float = Field(default=0.01, ge=0.0, le=0.5)  # an entry's bar: this far above a false hit
+    evict_after: int = Field(default=2, ge=1)  # false hits on one entry before it is evicted
+    max_in_flight: int = Field(default=2, ge=1)  # concurrent checks; more are skipped, never queued
+    window: int = Field(default=1000, ge=10)  # recent checks behind the floor and the estimate
+    max_tracked: int = Field(default=10_000, ge=1)  # entries with a raised bar kept in memory
+    timeout_s: float = Field(default=60.0, gt=0)
+
+
 class SemanticConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -42,6 +59,7 @@ class SemanticConfig(BaseModel):
     hnsw_ef_search: int = Field(default=64, ge=8)
     sync_interval_s: float = Field(default=0.25, ge=0.0)  # max staleness of a replica's index (shared store)
     max_text_chars: int = Field(default=2_000, ge=16)  # longer last messages are exact-only (slots, code)
+    answer_check: AnswerCheckConfig | None = None  # vCache-style verification of sampled hits; None: off
 
 
 class CacheConfig(BaseModel):

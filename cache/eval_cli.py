@@ -1,15 +1,19 @@
 """`fleetgate cache-eval`: precision/recall of the response cache on labelled data, and lookup latency.
 
-Three columns, for pairs and for conversations, at the shipped settings:
+Columns, for pairs and for conversations, at the shipped settings:
 - `dev`: `cache_pairs.dev.jsonl` / `cache_conversations.dev.jsonl` (`--data`, default ../shared/data/eval);
-- `frozen`: the repository's frozen test set (`--frozen`, default tests/data/eval/*.frozen.jsonl), written
-  apart and never tuned on (shown as n/a where it is absent);
-- `cv`: out-of-fold results of the pair model on dev + the hand-written training rows (cache/data), with
-  the shipped threshold: each row is judged by a model that did not see it.
+- one column per frozen set in `--frozen` (default tests/data/eval): `cache_pairs.NAME.jsonl` with
+  `cache_conversations.NAME.jsonl` for every NAME starting with `frozen` (`frozen`, `frozen2`, ...), so a
+  set added later shows up by itself. The sets named in `DEVELOPMENT_FROZEN` (`frozen`, the first one,
+  reported once in issue 12) have since been used for development and training: they are marked
+  in-sample; any other is a held-out set nobody tuned on;
+- `cv`: out-of-fold results of the pair model on dev + the development frozen sets + the hand-written
+  training rows (cache/data), folds grouped by shared prompt, with the shipped threshold: each row is judged
+  by a model that saw neither it nor any row sharing a prompt with it.
 Each column gives precision, recall of the same=true rows, false hits and false-hit rate by kind, and
 cross-tenant hits (dev and frozen run through the real `TwoLayerCache`, a fresh one per row). Then two
-sweeps on dev and frozen: the similarity threshold with the verifier on and off, and the pair model's
-`min_confidence`. `--fit` first refits the pair model on dev + training rows and writes pair_model.json.
+sweeps on dev and each frozen set: the similarity threshold with the verifier on and off, and the pair model's
+`min_confidence`. `--fit` first refits the pair model on the cv sets and writes pair_model.json.
 Last, lookup latency p50/p99 with `--entries` stored entries and where the time goes.
 """
 
@@ -30,6 +34,7 @@ DEFAULT_THRESHOLDS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9)
 DEFAULT_CONFIDENCES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
 _REPO = Path(__file__).resolve().parent.parent
 KINDS = ("pairs", "conversations")
+DEVELOPMENT_FROZEN = ("frozen",)  # frozen sets since used to develop and train (in-sample columns)
 
 
 def default_data_dir() -> Path:
@@ -43,11 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=None, help="folder with cache_*.dev.jsonl (default: "
                         "$FLEETGATE_EVAL_DATA or ../shared/data/eval next to the repository)")
     parser.add_argument("--frozen", type=Path, default=_REPO / "tests" / "data" / "eval",
-                        help="folder with cache_*.frozen.jsonl (default: the repository's tests/data/eval)")
+                        help="folder with cache_*.frozen*.jsonl, one column per set (default: the repository's "
+                        "tests/data/eval)")
     parser.add_argument("--train", type=Path, default=_REPO / "cache" / "data",
                         help="folder with train_pairs.jsonl and train_conversations.jsonl (cross-validation, --fit)")
-    parser.add_argument("--fit", action="store_true", help="refit the pair model on dev + training rows and "
-                        "write it to the package's pair_model.json before evaluating")
+    parser.add_argument("--fit", action="store_true", help="refit the pair model on dev + the development "
+                        "frozen set + training rows and write it to the package's pair_model.json before evaluating")
+    parser.add_argument("--align", action="store_true", help="with --fit: give the model the token-alignment "
+                        "features (MiniLM token states; off by default: no gain in grouped cross-validation)")
     parser.add_argument("--threshold", type=float, default=None, help="override the shipped similarity threshold")
     parser.add_argument("--min-confidence", type=float, default=None,
                         help="override the pair model's acceptance probability")
@@ -55,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidences", type=float, nargs="*", default=list(DEFAULT_CONFIDENCES))
     parser.add_argument("--entries", type=int, default=100_000, help="stored entries for the latency run (0: skip)")
     parser.add_argument("--queries", type=int, default=200, help="lookups timed in the latency run")
+    parser.add_argument("--verify-cost", action="store_true", help="time the verification of real candidate "
+                        "pairs even with --entries 0 (cheap stages vs. the pair model with token states)")
     parser.add_argument("--embedder", choices=["minilm-onnx-int8", "minilm-onnx", "minilm", "hashing"],
                         default="minilm-onnx-int8")
     parser.add_argument("--redis", action="store_true", help="also time the fetch (MGET) from a real redis-server "
@@ -84,18 +94,38 @@ def _load(folder: Path, pattern: str) -> dict[str, list[dict[str, Any]]] | None:
     return {kind: load_rows(p) for kind, p in paths.items()}
 
 
+def frozen_sets(folder: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Every frozen set in `folder` by name (`frozen`, `frozen2`, ...): both files must be present."""
+    names = sorted(p.name[len("cache_pairs."):-len(".jsonl")] for p in folder.glob("cache_pairs.frozen*.jsonl"))
+    found = {name: _load(folder, "cache_{kind}." + name + ".jsonl") for name in names}
+    return {name: rows for name, rows in found.items() if rows is not None}
+
+
+def training_sets(names: list[str]) -> list[str]:
+    """The sets the pair model is fitted and cross-validated on."""
+    return ["dev", "train", *(n for n in names if n in DEVELOPMENT_FROZEN)]
+
+
 def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: MemoEmbedder, config: CacheConfig,
-                    *, refit: bool) -> dict[str, Score]:
-    """Out-of-fold scores on dev + train per kind (refitting and writing the model first with `refit`)."""
+                    *, refit: bool, align: bool = False) -> dict[str, Score]:
+    """Out-of-fold scores on the training sets per kind (refitting and writing the model first with `refit`)."""
     import numpy as np
 
     from fleetgate.cache import pairmodel, training
+    from fleetgate.cache.tokenalign import align_features
+    from fleetgate.cache.verifier import default_states
 
-    items = [ex for name in ("dev", "train") for kind in KINDS
+    used = training_sets(list(sets))
+    items = [ex for name in used for kind in KINDS
              for ex in training.examples(sets[name][kind], source=f"{name} {kind}")]
     texts = sorted({e.a for e in items} | {e.b for e in items})
     vectors = dict(zip(texts, embedder.embed(texts), strict=True))
-    data = training.featurize(items, vectors, threshold=config.semantic.threshold)
+    # token alignment: when refitting with --align, or when the shipped model uses it (hashing: tests, no model)
+    use = align if refit else pairmodel.load_model().uses_alignment
+    states = default_states() if use and config.semantic.embedder != "hashing" else None
+    data = training.featurize(items, vectors, threshold=config.semantic.threshold,
+                              align=None if states is None else lambda a, b: align_features(states.words(a),
+                                                                                            states.words(b)))
     if refit:
         model, probs = training.fit(data)
         pairmodel.MODEL_PATH.write_text(model.to_json(), encoding="utf-8")
@@ -109,7 +139,8 @@ def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: 
     bar = pairmodel.load_model().threshold if bar is None else bar
     hit = training.hits(data, probs, bar)
     sources = np.array([e.source for e in items])
-    scores = {kind: training.score(data, hit, np.isin(sources, [f"dev {kind}", f"train {kind}"])) for kind in KINDS}
+    scores = {kind: training.score(data, hit, np.isin(sources, [f"{name} {kind}" for name in used]))
+              for kind in KINDS}
     return scores
 
 
@@ -123,7 +154,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
         print(f"fleetgate cache-eval: dev or training rows not found (--data {args.data or default_data_dir()}, "
               f"--train {args.train})", file=sys.stderr)
         return 2
-    frozen = _load(args.frozen, "cache_{kind}.frozen.jsonl")
+    frozen = frozen_sets(args.frozen)
     base = CacheConfig()
     sem = base.semantic.model_copy(update={"embedder": args.embedder})
     if args.threshold is not None:
@@ -131,21 +162,25 @@ async def _evaluate(args: argparse.Namespace) -> int:
     if args.min_confidence is not None:
         sem = sem.model_copy(update={"min_confidence": args.min_confidence})
     shipped = base.model_copy(update={"semantic": sem})
-    sets = {"dev": dev, "train": train, **({"frozen": frozen} if frozen else {})}
+    sets = {"dev": dev, "train": train, **frozen}
 
     start = time.perf_counter()
     embedder = MemoEmbedder(build_embedder(shipped))
     embedder.prime([t for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])], progress=_progress)
     print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt")
-    cv = _cross_validate(sets, embedder, shipped, refit=args.fit)
+    cv = _cross_validate(sets, embedder, shipped, refit=args.fit, align=args.align)
     model = load_model()
     print(f"settings: similarity threshold {sem.threshold}, pair model threshold "
           f"{sem.min_confidence if sem.min_confidence is not None else model.threshold}, top_k {sem.top_k}, "
           f"verify {sem.verify}")
-    print(f"frozen set: {args.frozen if frozen else 'not found at ' + str(args.frozen)}")
+    print(f"frozen sets in {args.frozen}: " + (", ".join(
+        f"{name} ({'in-sample: used for development and training' if name in DEVELOPMENT_FROZEN else 'held out'})"
+        for name in frozen) or "none found"))
+    print(f"cv: out-of-fold over {' + '.join(training_sets(list(sets)))}, folds grouped by shared prompt")
+    columns = ["dev", *(frozen or ["frozen"])]
     for kind in KINDS:
         scores: dict[str, Score | None] = {name: (await score_rows(sets[name][kind], shipped, embedder)
-                                                  if name in sets else None) for name in ("dev", "frozen")}
+                                                  if name in sets else None) for name in columns}
         scores["cv"] = cv[kind]
         print(f"\n{kind} at the shipped settings: precision / recall")
         for name, s in scores.items():
@@ -155,7 +190,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
             print(f"  {name:<7} {_kinds(s)}")
         print("  cross-tenant hits: " + ", ".join(f"{name} {s.cross_tenant_hits}/{s.rows}" for name, s in
                                                     scores.items() if s is not None and name != "cv"))
-        for name in ("dev", "frozen"):
+        for name in columns:
             if name not in sets:
                 continue
             rows = sets[name][kind]
@@ -186,6 +221,21 @@ async def _evaluate(args: argparse.Namespace) -> int:
             kind = "HNSW" if facts["hnsw"] else "flat"
             ratio = f"  ({kind}; {t.pct(50) / flat.pct(50):.3f}x the flat scan's p50)" if t.name == "search" else ""
             print(f"  {t.name:<12} p50 {t.pct(50):8.3f} ms   p99 {t.pct(99):8.3f} ms{ratio}")
+    if args.entries > 0 or args.verify_cost:
+        import numpy as np
+
+        from fleetgate.cache.latency import verification_cost
+        from fleetgate.cache.verifier import default_states
+
+        rows = sets["dev"]["pairs"]
+        pairs = [(str(r["a"]), str(r["b"])) for r in rows if r["a"] != r["b"]]
+        close = [(a, b) for a, b in pairs if float(np.dot(*embedder.embed([a, b]))) >= sem.threshold]
+        cheap, model_t = verification_cost(close, states=default_states())
+        print(f"\nverification per candidate ({len(close)} dev pairs above the similarity threshold; "
+              f"{len(model_t.seconds)} reach the pair model):")
+        for t in (cheap, model_t):
+            if t.seconds:
+                print(f"  {t.name:<12} p50 {t.pct(50):8.3f} ms   p99 {t.pct(99):8.3f} ms")
     if args.redis:
         from fleetgate.cache.latency import redis_fetch
         from fleetgate.core.localredis import LocalRedis

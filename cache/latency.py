@@ -25,10 +25,12 @@ from fleetgate.cache.config import CacheConfig
 from fleetgate.cache.embedding import Embedder
 from fleetgate.cache.keys import cache_keys
 from fleetgate.cache.metrics import CacheMetrics
+from fleetgate.cache.pairmodel import load_model
 from fleetgate.cache.sharedindex import LogEntry
+from fleetgate.cache.tokenalign import NEUTRAL, TokenStates, align_features
 from fleetgate.cache.twolayer import TwoLayerCache
 from fleetgate.cache.types import CacheRequest
-from fleetgate.cache.verifier import verify
+from fleetgate.cache.verifier import Pending, alignment, judge, precheck, verify
 from fleetgate.core.kvstore import MemoryKVStore
 
 
@@ -128,3 +130,27 @@ async def redis_fetch(*, url: str, records: int = 2000, size: int = 2048, k: int
         return out
     finally:
         await kv.close()
+
+
+def verification_cost(pairs: Sequence[tuple[str, str]], *, states: TokenStates) -> tuple[Timings, Timings]:
+    """CPU time of verifying real candidate pairs as a lookup does: (the cheap stages alone, for pairs they
+    settle; the whole verification, token states included, for pairs that reach the pair model). The stored
+    text's token states are computed beforehand (a stored entry's are kept); the query's are not."""
+    cheap, model = Timings("verify-cheap", []), Timings("verify-model", [])
+    uses = load_model().uses_alignment
+    for stored, _ in pairs:
+        step = precheck(stored, stored)
+        if isinstance(step, Pending):
+            alignment(step, states)
+        states.words(stored)
+    for stored, query in pairs:
+        s0 = time.perf_counter()
+        step = precheck(stored, query)
+        if not isinstance(step, Pending):
+            cheap.seconds.append(time.perf_counter() - s0)
+            continue
+        align = (align_features(states.words(stored), states.compute(query))  # the query's: a fresh pass
+                 if uses else NEUTRAL)
+        judge(step, similarity=0.9, align=align)
+        model.seconds.append(time.perf_counter() - s0)
+    return cheap, model

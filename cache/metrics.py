@@ -7,6 +7,37 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from fleetgate.core.telemetry import LATENCY_BUCKETS
 
 
+class AnswerCheckMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.checks = Counter(
+            "fleetgate_cache_answer_checks_total",
+            "Semantic hits checked against a fresh engine answer, by result (agree, false_hit, skipped_busy, "
+            "skipped_budget, skipped_concurrency, error).",
+            ["result"],
+            registry=registry,
+        )
+        self.false_hit_rate = Gauge(
+            "fleetgate_cache_false_hit_rate_estimate",
+            "Estimated false-hit rate of semantic hits over the recent answer checks (Beta(1,1) posterior mean).",
+            registry=registry,
+        )
+        self.floor = Gauge(
+            "fleetgate_cache_semantic_similarity_floor",
+            "Similarity below which semantic hits are refused, adapted from answer checks (0: no floor).",
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "fleetgate_cache_answer_check_tokens_total",
+            "Engine tokens spent on answer checks: the gateway's own cost, not billed to a tenant.",
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "fleetgate_cache_answer_check_evictions_total",
+            "Entries evicted after repeated false hits.",
+            registry=registry,
+        )
+
+
 class CacheMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.lookups = Counter(
@@ -63,3 +94,4 @@ class CacheMetrics:
             registry=registry,
         )
         self.backend_up.set(1)
+        self.answer_check = AnswerCheckMetrics(registry)

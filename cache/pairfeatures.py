@@ -31,18 +31,27 @@ whatever the wording around it; these are exact structural checks, not word list
 - `rewrite_distance`: the share of unmatched words times (1 - similarity): a large rewrite is a paraphrase
   only when the embedding still finds the two close (two different questions on one topic are not);
 - `question_mismatch`: both prompts ask a wh-question and share no question word ("how long" / "how much");
+- `inversions`: matched word pairs in another order on the two sides (a moved clause, or swapped
+  arguments: the token alignment's same-word feature tells them apart);
+- `language_mismatch`: the two prompts' majority word language differs (`wordfreq`);
 - `conversation`: the two messages follow the same earlier turns (the partition holds the whole history),
   where short follow-ups lean on that shared context ("How do I stop it?" / "How can I prevent that?");
 - the gap in the share of words more frequent in another major language than in English (`wordfreq`):
-  a question asked in French against the same question in English.
+  a question asked in French against the same question in English;
+- token alignment (`fleetgate.cache.tokenalign.ALIGN_FEATURES`): how well every content word of one prompt
+  aligns with a word of the other by MiniLM's contextual token states, a representation that is not a word
+  list (the worst-aligned words, the weighted mean, the share left unaligned, capitalised names).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
+from collections.abc import Sequence
 from functools import lru_cache
 
 from fleetgate.cache.textnorm import NEGATION, Analysis, critical_kind, polarity
+from fleetgate.cache.tokenalign import ALIGN_FEATURES, NEUTRAL
 from fleetgate.cache.wordmatch import WordMatch, zipf
 
 _KINDS = ("negation", "format", "language", "unit", "date", "scope", "comparative", "constraint")
@@ -55,7 +64,7 @@ FEATURES: tuple[str, ...] = (
     "diff_share", "typos", "acronyms", "diff_generic", "diff_content", "one_sided_content", "diff_attached",
     "one_sided_attached", "diff_unknown", "diff_proper",
     *(f"kind_{k}" for k in _KINDS), "char_ratio", "length_ratio", "foreign_gap", "rewrite_distance",
-    "question_mismatch", "conversation",
+    "question_mismatch", "conversation", "inversions", "language_mismatch", *ALIGN_FEATURES,
 )
 
 
@@ -80,7 +89,7 @@ def veto(a: Analysis, b: Analysis, *, match: WordMatch) -> str:
         return "slot"
     if a.numbers != b.numbers:
         return "number"
-    if set(a.idents) != set(b.idents):
+    if a.idents != b.idents:  # in order too: "2^n faster than n!" / "n! faster than 2^n"
         return "identifier"
     if _particle_flip(a, b):
         return "negation"
@@ -171,6 +180,28 @@ def _foreign(word: str) -> bool:
 _foreign_cached = lru_cache(maxsize=65536)(_foreign)
 
 
+def _language(word: str) -> str:
+    from wordfreq import zipf_frequency
+
+    scores = {lang: zipf_frequency(word, lang) for lang in ("en", *_OTHER_LANGUAGES)}
+    return max(scores, key=scores.__getitem__) if max(scores.values()) > 0 else ""
+
+
+_language_cached = lru_cache(maxsize=65536)(_language)
+
+
+def language_mismatch(a: Analysis, b: Analysis) -> float:
+    """1 when the two prompts' most common word language (by `wordfreq`, each word voting for the language
+    where it is most frequent) differs: Spanish against Portuguese, where `foreign_gap` sees two foreign
+    prompts alike."""
+    def top(x: Analysis) -> str:
+        votes = Counter(filter(None, map(_language_cached, x.surface or x.words)))
+        return votes.most_common(1)[0][0] if votes else ""
+
+    la, lb = top(a), top(b)
+    return float(bool(la) and bool(lb) and la != lb)
+
+
 def foreign_share(x: Analysis) -> float:
     """Share of a prompt's content words more frequent in another major language than in English."""
     words = x.surface or x.words
@@ -178,7 +209,9 @@ def foreign_share(x: Analysis) -> float:
 
 
 def features(a: Analysis, b: Analysis, *, similarity: float, match: WordMatch, text_a: str, text_b: str,
-             conversation: bool = False) -> list[float]:
+             conversation: bool = False, align: Sequence[float] = NEUTRAL) -> list[float]:
+    """The pair model's inputs, in `FEATURES` order; `align`: `fleetgate.cache.tokenalign.align_features` of
+    the two prompts (`NEUTRAL` when token states are not available: tests, `verify` without a `TokenStates`)."""
     from rapidfuzz.distance import Indel
 
     diff = [(a, i) for i in match.left] + [(b, j) for j in match.right]
@@ -211,5 +244,6 @@ def features(a: Analysis, b: Analysis, *, similarity: float, match: WordMatch, t
         *(float(kinds[k]) for k in _KINDS),
         float(Indel.normalized_similarity(la, lb)), min(len(la), len(lb)) / max(len(la), len(lb), 1),
         abs(foreign_share(a) - foreign_share(b)), (left + right) / max(total, 1) * (1.0 - similarity),
-        _question_mismatch(la, lb), float(conversation),
+        _question_mismatch(la, lb), float(conversation), float(match.inversions), language_mismatch(a, b),
+        *map(float, align),
     ]

@@ -34,6 +34,11 @@ class PairModel:
     threshold: float
     info: dict[str, Any]  # how it was fitted (rows, cross-validated precision/recall): reported, not used
 
+    @property
+    def uses_alignment(self) -> bool:
+        """Whether any token-alignment feature has a weight: if not, a lookup never computes token states."""
+        return any(c != 0.0 for f, c in zip(self.features, self.coef, strict=True) if f.startswith("align_"))
+
     def probability(self, x: Sequence[float]) -> float:
         z = self.intercept + sum(c * (v - m) / s for c, v, m, s in zip(self.coef, x, self.mean, self.scale,
                                                                           strict=True))

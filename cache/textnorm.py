@@ -60,7 +60,8 @@ _CONTRACTIONS = (
 )
 _QUOTED = re.compile(r"```.*?```|`[^`]+`|\"[^\"]+\"|“[^”]+”|(?<![\w])'(?=\S)[^'\n]*[^'\s]'(?![\w])", re.DOTALL)
 _TOKEN = re.compile(
-    r"(?<![a-z0-9])--?[a-z][a-z0-9-]*|op[-+*/^=<>]|w/o?|[a-z0-9µ]+(?:[.+#\-/'][a-z0-9]+)*(?:\+\+|#)?|%|\$|€|£"
+    r"(?<![a-z0-9])--?[a-z][a-z0-9-]*|op[-+*/^=<>]|w/o?|[a-z0-9µà-öø-ÿ]+(?:[.+#\-/'^][a-z0-9à-öø-ÿ]+)*(?:\+\+|#)?"
+    r"|%|\$|€|£"  # letters with accents belong to words ("cuánto"); "2^n" is one token
 )
 _NUMERIC = re.compile(r"^\d+(?:[.,/]\d+)*$")
 _PROPER = re.compile(r"(?<![.!?:\n]\s)(?<![.!?:\n])(?<!^)\b([A-Z][A-Za-z]+)\b")

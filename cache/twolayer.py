@@ -32,20 +32,24 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
+from fleetgate.cache.answercheck import AnswerChecker, Ask
 from fleetgate.cache.config import CacheConfig
 from fleetgate.cache.embedding import Embedder
 from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns
 from fleetgate.cache.metrics import CacheMetrics
+from fleetgate.cache.pairmodel import load_model
 from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
+from fleetgate.cache.tokenalign import NEUTRAL
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
-from fleetgate.cache.verifier import verify, warm_up
+from fleetgate.cache.verifier import Verdict, alignment, default_states, judge, precheck, warm_up
 from fleetgate.core.kvstore import KVStore, MemoryKVStore, StoreUnavailableError
 
 log = logging.getLogger("fleetgate.cache")
@@ -74,6 +78,13 @@ class TwoLayerCache:
         self._background_warm_up = False  # set by start(): load models in a thread, answer `miss` meanwhile
         self._probe: asyncio.Task[None] | None = None
         self._replicated = not isinstance(kvstore, MemoryKVStore)
+        # MiniLM token states for the pair model's alignment features (loaded on first use, shared per process);
+        # none with the tests' hashing embedder, whose caches must not load a model (neutral alignment)
+        self.answer_check = (AnswerChecker(config=sem.answer_check, metrics=metrics.answer_check,
+                                           embed=self._embed_answers, evict=self.evict)
+                             if sem.answer_check is not None and self.embedder is not None else None)
+        self.token_states = (None if sem.embedder == "hashing"
+                             else default_states(Path(sem.model_dir) if sem.model_dir else None))
 
     async def start(self) -> None:
         """Gateway lifespan hook. With `semantic.preload` the embedder and the verifier's word tables load now,
@@ -98,9 +109,12 @@ class TwoLayerCache:
         if load is not None:
             load()
         if self.config.semantic.verify:
-            warm_up()  # word frequency lists of seven languages: seconds on the first verification otherwise
+            # word frequency lists of seven languages and the token-state session: seconds otherwise
+            warm_up(states=self.token_states)
 
     async def aclose(self) -> None:
+        if self.answer_check is not None:
+            await self.answer_check.aclose()
         for task in (self._warming, self._probe):
             if task is not None and not task.done():
                 with contextlib.suppress(BaseException):
@@ -253,13 +267,17 @@ class TwoLayerCache:
             record = orjson.loads(raw)
             if not self._owned(req, keys, record):
                 continue
-            verdict = (verify(str(record.get("text", "")), keys.semantic_text, similarity=score,
-                              conversation=follows_user_turns(req.body.get("messages")),
-                              min_confidence=sem.min_confidence) if sem.verify else None)
+            if self.answer_check is not None and score < self.answer_check.bar(key):
+                result.reason = f"below the answer-checked bar (similarity {score:.3f})"
+                continue
+            verdict = (await self._verify(str(record.get("text", "")), keys.semantic_text, similarity=score,
+                                          conversation=follows_user_turns(req.body.get("messages")))
+                       if sem.verify else None)
             if verdict is not None and not verdict.ok:
                 self.metrics.rejections.labels(verdict.reason).inc()
                 result.reason = f"near miss rejected ({verdict.reason}, similarity {score:.3f})"
                 continue
+            state["entry"] = key
             result = CacheLookup(status=CacheStatus.HIT_SEMANTIC, response=self._served(record, req),
                                  similarity=round(score, 4), state=state, embedding=vector)
             break
@@ -268,6 +286,47 @@ class TwoLayerCache:
         outcome = {CacheStatus.HIT_SEMANTIC: "hit"}.get(result.status, "rejected" if found else "miss")
         self.metrics.lookups.labels("semantic", outcome).inc()
         return result
+
+    async def _verify(self, cached: str, text: str, *, similarity: float, conversation: bool) -> Verdict:
+        """Vetoes, word match and the pair model on the event loop; when the shipped model uses token
+        alignment, its token states (an encoder pass for a new text) in a worker thread, only for a candidate
+        that gets that far."""
+        step = precheck(cached, text)
+        if isinstance(step, Verdict):
+            return step
+        align = NEUTRAL
+        if self.token_states is not None and load_model().uses_alignment:
+            t = time.perf_counter()
+            align = await asyncio.to_thread(alignment, step, self.token_states)
+            self.metrics.stage_seconds.labels("align").observe(time.perf_counter() - t)
+        return judge(step, similarity=similarity, align=align, conversation=conversation,
+                      min_confidence=self.config.semantic.min_confidence)
+
+    # -- answer checks (vCache-style; off unless semantic.answer_check is set) --------------------------
+    def check_hit(self, req: CacheRequest, lookup: CacheLookup, *, ask: Ask, busy: Callable[[], bool] = lambda: False,
+                  budget_left: Callable[[], bool] = lambda: True) -> asyncio.Task[None] | None:
+        """After a semantic hit was served: maybe (sampled) ask the engine in the background via `ask` and
+        learn from the answer (`fleetgate.cache.answercheck`). Only greedy requests (temperature 0) qualify.
+        Returns the check's task, or None when nothing was started."""
+        if self.answer_check is None or lookup.status != CacheStatus.HIT_SEMANTIC or lookup.response is None:
+            return None
+        greedy = req.body.get("temperature") == 0
+        if not self.answer_check.sample(greedy=greedy):
+            return None
+        choices = lookup.response.get("choices") or [{}]
+        cached = choices[0].get("message", {}).get("content") or choices[0].get("text") or ""
+        return self.answer_check.start(key=str(lookup.state.get("entry")), similarity=float(lookup.similarity or 0),
+                                       cached=str(cached), ask=ask, busy=busy, budget_left=budget_left)
+
+    async def _embed_answers(self, texts: Sequence[str]) -> np.ndarray:
+        assert self.embedder is not None
+        return await asyncio.to_thread(self.embedder.embed, list(texts))
+
+    async def evict(self, key: str) -> None:
+        """Remove one entry (its record; the index forgets it here, other replicas on their next fetch)."""
+        self.index.remove(key)
+        await self.kv.delete(self._key(key))
+        self._update_gauges()
 
     # -- store ----------------------------------------------------------------------------------------
     async def store(self, req: CacheRequest, lookup: CacheLookup, response: Mapping[str, Any]) -> None:

@@ -7,28 +7,37 @@ paraphrases), so a semantic candidate must also pass, on the two last user messa
 1. the structural vetoes of `fleetgate.cache.pairfeatures.veto` (`slot`, `number`, `identifier`,
    `negation`, `order`): differences that change the answer whatever the wording around them;
 2. the word match (`fleetgate.cache.wordmatch.match`: exact stems, typos of non-words, acronyms): when
-   nothing is left over the two prompts ask the same thing in other function words, and the pair passes;
+   every word matched, in order or with one clause moved (`wordmatch.full_match`), the two prompts ask
+   the same thing in other function words, and the pair passes;
 3. otherwise the learned pair model (`fleetgate.cache.pairmodel`) scores the difference (its size, what it
-   is made of, where it sits, the embedding similarity, surface similarity) and the pair passes when the
+   is made of, where it sits, the embedding similarity, surface similarity, and the token alignment of
+   `fleetgate.cache.tokenalign`, MiniLM's contextual token states) and the pair passes when the
    probability is >= the model's cross-validated threshold (or `min_confidence` when set).
+`precheck` runs stages 1-2 (cheap, on the event loop); `alignment` + `judge` run stage 3, whose token
+states cost an encoder pass per new text (the cache runs it in a worker thread, for the few candidates
+that get there).
 
 A rejection by the model is reported by what the difference holds, for the rejection metric: the first
 critical kind among the unmatched words (`format`, `language`, ...), `entity` for a capitalised name,
 `constraint` for words added on one side only, `entity` for one word against one word, else `rewrite`.
 
 `verify` is symmetric in `a` and `b` up to floating point. Cost: two analyses (cached per text, so a stored
-entry is analysed once) and a 31-term dot product: about 0.03 ms per candidate.
+entry is analysed once) and, for a pair that reaches the model, the token states of texts not seen before
+(one MiniLM encoder pass each, a few ms; a stored entry's are kept) and a 40-term dot product.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from fleetgate.cache.pairfeatures import features, veto
 from fleetgate.cache.pairmodel import PairModel, load_model
 from fleetgate.cache.textnorm import Analysis, analyse, critical_kind
-from fleetgate.cache.wordmatch import WordMatch, match
+from fleetgate.cache.tokenalign import NEUTRAL, TokenStates, align_features
+from fleetgate.cache.wordmatch import WordMatch, full_match, match
 
 _analysis = lru_cache(maxsize=16384)(analyse)  # stored entries are compared again and again
 
@@ -54,30 +63,72 @@ def _why(a: Analysis, b: Analysis, m: WordMatch) -> str:
     return "rewrite"
 
 
-def compare(a: Analysis, b: Analysis, *, similarity: float, text_a: str, text_b: str, conversation: bool = False,
-            model: PairModel | None = None, min_confidence: float | None = None) -> Verdict:
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A pair that passed the vetoes with words left over: the pair model decides (`judge`)."""
+
+    a: Analysis
+    b: Analysis
+    match: WordMatch
+    text_a: str
+    text_b: str
+
+
+def precheck(text_a: str, text_b: str) -> Verdict | Pending:
+    """The cheap stages (vetoes, word match): a `Verdict`, or `Pending` when the pair model must decide."""
+    a, b = _analysis(text_a), _analysis(text_b)
     m = match(a, b)
     reason = veto(a, b, match=m)
     if reason:
         return Verdict(False, reason)
-    if not m.left and not m.right:
+    if full_match(a, b, m):
         return Verdict(True)
+    return Pending(a=a, b=b, match=m, text_a=text_a, text_b=text_b)
+
+
+def judge(pending: Pending, *, similarity: float, align: Sequence[float], conversation: bool = False,
+           model: PairModel | None = None, min_confidence: float | None = None) -> Verdict:
+    """The pair model's verdict; `align`: `tokenalign.align_features` of the two texts."""
     model = model or load_model()
-    p = model.probability(features(a, b, similarity=similarity, match=m, text_a=text_a, text_b=text_b,
-                                   conversation=conversation))
+    p = model.probability(features(pending.a, pending.b, similarity=similarity, match=pending.match,
+                                   text_a=pending.text_a, text_b=pending.text_b, conversation=conversation,
+                                   align=align))
     bar = model.threshold if min_confidence is None else min_confidence
-    return Verdict(True, confidence=p) if p >= bar else Verdict(False, _why(a, b, m), confidence=p)
+    return Verdict(True, confidence=p) if p >= bar else Verdict(False, _why(pending.a, pending.b, pending.match),
+                                                                confidence=p)
 
 
-def warm_up() -> None:
+def alignment(pending: Pending, states: TokenStates) -> tuple[float, ...]:
+    """The token-alignment features of a pending pair (one encoder pass per text not seen before: blocking,
+    run it off the event loop)."""
+    return align_features(states.words(pending.text_a), states.words(pending.text_b))
+
+
+@lru_cache(maxsize=4)
+def default_states(model_dir: Path | None = None) -> TokenStates:
+    """One `TokenStates` per model folder and process (the ONNX session loads on first use)."""
+    return TokenStates(model_dir=model_dir)
+
+
+def warm_up(*, states: TokenStates | None) -> None:
     """Load what the first verification would otherwise load on a request's time (stemmer, rapidfuzz, the
-    word frequency lists): about three seconds."""
-    verify("How do I warm up the verifier?", "Comment préchauffer le vérificateur, s'il vous plaît ?", similarity=0.9)
+    word frequency lists, the token-state session when `states` is given): about three seconds."""
+    a, b = "How do I warm up the verifier?", "Comment préchauffer le vérificateur, s'il vous plaît ?"
+    step = precheck(a, b)
+    if isinstance(step, Pending):
+        use = states is not None and load_model().uses_alignment
+        judge(step, similarity=0.9, align=alignment(step, states) if use and states is not None else NEUTRAL)
 
 
 def verify(a: str, b: str, *, similarity: float, conversation: bool = False, min_confidence: float | None = None,
-           model: PairModel | None = None) -> Verdict:
+           model: PairModel | None = None, states: TokenStates | None = None) -> Verdict:
     """Whether an answer cached for prompt `a` may be served for prompt `b`; `conversation`: both follow the
-    same earlier user turns (the cache's partition guarantees the history is identical)."""
-    return compare(_analysis(a), _analysis(b), similarity=similarity, text_a=a, text_b=b, conversation=conversation,
-                   model=model, min_confidence=min_confidence)
+    same earlier user turns (the cache's partition guarantees the history is identical). Blocking when the
+    pair model is asked (token states); the cache runs that part in a worker thread."""
+    step = precheck(a, b)
+    if isinstance(step, Verdict):
+        return step
+    model = model or load_model()
+    align = alignment(step, states or default_states()) if model.uses_alignment else NEUTRAL
+    return judge(step, similarity=similarity, align=align, conversation=conversation, model=model,
+                 min_confidence=min_confidence)

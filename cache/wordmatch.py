@@ -47,6 +47,48 @@ class WordMatch:
     acronyms: int
     pairs: tuple[tuple[int, int], ...] = ()  # (i, j): a.words[i] matched b.words[j] exactly or as a typo
 
+    @property
+    def inversions(self) -> int:
+        """Matched pairs whose order differs between the two sides ("X faster than Y" / "Y faster than X",
+        or a clause moved to the front): a full match in another order is not proof of the same question."""
+        js = [j for _, j in sorted(self.pairs)]
+        return sum(1 for x in range(len(js)) for y in range(x + 1, len(js)) if js[x] > js[y])
+
+
+def _moved_clause(a: Analysis, b: Analysis, pairs: list[tuple[int, int]]) -> bool:
+    """The matched words keep their order, or one whole clause moved to the other end: an increasing run of
+    at least three words cut in two where a clause ends on one side ("In Rust, how do I read a file?" /
+    "How do I read a file in Rust?"). Two words swapped, a deeper shuffle ("Go faster than Java" / "Java
+    faster than Go") or a move inside one clause ("How many euros is 250 Swiss francs?" / "How many Swiss
+    francs is 250 euros?") is not a moved clause."""
+    js = [j for _, j in pairs]
+    cut = next((k for k in range(1, len(js)) if js[k] < js[k - 1]), None)
+    if cut is None:
+        return True
+    if len(js) < 3 or js[cut:] + js[:cut] != sorted(js):
+        return False
+    i_before, i_after = pairs[cut - 1][0], pairs[cut][0]
+    j_last, j_first = js[-1], js[0]  # on b's side, the block that comes first ends at j_last
+    return bool(a.clauses and b.clauses) and (a.clauses[i_before] != a.clauses[i_after]
+                                               or b.clauses[j_last] != b.clauses[j_first])
+
+
+def full_match(a: Analysis, b: Analysis, m: WordMatch) -> bool:
+    """Every word matched, the two prompts ask the same thing in other function words, and no model is needed:
+    nothing left over, no acronym, every typo pair has a known English word on one side ("renmae" /
+    "rename"; two rare strings a letter apart, "sshd" / "sssd", may be two names), and the words keep their
+    order or one clause moved whole (`_moved_clause`). Anything else goes to the pair model."""
+    if m.left or m.right or m.acronyms:
+        return False
+    for i, j in m.pairs:
+        if a.words[i] != b.words[j] and max(zipf(_surface(a, i)), zipf(_surface(b, j))) < KNOWN_ZIPF:
+            return False
+    return _moved_clause(a, b, sorted(m.pairs))
+
+
+def _surface(x: Analysis, i: int) -> str:
+    return x.surface[i] if i < len(x.surface) else x.words[i]
+
 
 def _distance(a: str, b: str, limit: int) -> int:
     from rapidfuzz.distance import OSA

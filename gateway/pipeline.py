@@ -29,6 +29,7 @@ from fleetgate.core.errors import (
     UpstreamUnavailableError,
 )
 from fleetgate.core.types import Usage
+from fleetgate.gateway.answercheck import start_answer_check
 from fleetgate.gateway.assembly import StreamAssembler
 from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorize_model, authorized_decision, shown
 from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
@@ -227,6 +228,9 @@ class Pipeline:
         record = self._record(ctx, model=ctx.served_model, tier=None, endpoint=None,
                               usage=Usage.from_openai(response.get("usage")), status=200)
         headers = self._headers(ctx)
+        start_answer_check(cache=self._s.cache, ctx=ctx, lookup=lookup, call=self._call,
+                           finished=self._forwarder.finished, record=self._s.accountant.record,
+                           served=self._s.endpoint_source.models)
         if not parsed.stream:
             self._finish(ctx, status=200, usage=Usage(), records=[record])
             return GatewayResponse(200, headers, orjson.dumps(response))

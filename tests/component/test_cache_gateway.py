@@ -93,3 +93,28 @@ async def test_cache_control_no_store_is_honoured(
     assert again.headers["x-fleetgate-cache"] == "miss"
     assert len(engine.received) == 2
     assert await eventually(lambda: len(cache.index) == 1)  # only the second answer was stored
+
+
+async def test_a_sampled_semantic_hit_is_checked_against_the_engine_at_the_gateway_s_cost(
+    engine: FakeEngine, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    from fleetgate.cache.config import AnswerCheckConfig
+
+    settings = settings_for({"m1": [engine.url]}).model_copy(
+        update={"cache": CacheConfig(store_truncated=True, semantic=SemanticConfig(
+            embedder="hashing", threshold=0.5, answer_check=AnswerCheckConfig(sample_rate=1.0)))}
+    )
+    gw = await start_gateway(settings)
+    cache = gw.pipeline._s.cache
+    assert isinstance(cache, TwoLayerCache) and cache.answer_check is not None
+    checks = cache.metrics.answer_check
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        await client.post("/v1/chat/completions", json=chat(Q))
+        assert await eventually(lambda: len(cache.index) == 1)
+        similar = await client.post("/v1/chat/completions", json=chat(Q_REORDERED))
+    assert similar.headers["x-fleetgate-cache"].startswith("hit-semantic")
+    # the client has its answer; the check re-asks the engine in the background and is judged
+    assert await eventually(lambda: len(engine.received) == 2)
+    judged = lambda: sum(checks.checks.labels(r)._value.get() for r in ("agree", "false_hit"))  # noqa: E731
+    assert await eventually(lambda: judged() == 1)
+    assert checks.tokens._value.get() > 0  # the gateway's own cost, counted apart from the tenant's

@@ -91,3 +91,30 @@ async def test_embedding_runs_off_the_event_loop(minilm: MiniLMEmbedder) -> None
     # Were the embedding on the loop, no other coroutine could run during these lookups (the memory
     # store never suspends); off the loop, the ticker keeps running while each prompt is embedded.
     assert ticks - start_ticks >= len(prompts), (ticks - start_ticks, elapsed)
+
+
+def conv(system: str, history: str, last: str, *, tenant: str = "t", model: str = "m") -> CacheRequest:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": history},
+                {"role": "assistant", "content": "Congratulations! Rescue dogs need a few weeks to settle."},
+                {"role": "user", "content": last}]
+    return CacheRequest(tenant=tenant, model=model, kind="chat", body={"messages": messages, "temperature": 0})
+
+
+async def test_a_paraphrased_follow_up_hits_but_never_across_history_system_tenant_or_model(
+    minilm: MiniLMEmbedder,
+) -> None:
+    cache = make(minilm)
+    stored = conv("You are a vet's assistant.", "I just adopted a rescue dog.", "How do I help him feel at home?")
+    first = await cache.lookup(stored)
+    answer = {"object": "chat.completion", "model": "m", "usage": {"total_tokens": 5},
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "Give him a quiet corner."},
+                           "finish_reason": "stop"}]}
+    await cache.store(stored, first, answer)
+    follow_up = "How can I help him feel at home, please?"
+    assert (await cache.lookup(conv("You are a vet's assistant.", "I just adopted a rescue dog.",
+                                     follow_up))).status == CacheStatus.HIT_SEMANTIC
+    for other in (conv("You are a vet's assistant.", "I just adopted a rescue cat.", follow_up),
+                  conv("You are a landlord's assistant.", "I just adopted a rescue dog.", follow_up),
+                  conv("You are a vet's assistant.", "I just adopted a rescue dog.", follow_up, tenant="u"),
+                  conv("You are a vet's assistant.", "I just adopted a rescue dog.", follow_up, model="n")):
+        assert (await cache.lookup(other)).status == CacheStatus.MISS

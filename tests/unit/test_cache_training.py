@@ -55,7 +55,7 @@ def test_featurize_applies_the_lookup_gates() -> None:
 def test_the_lower_bound_needs_hits_to_vouch_for_precision() -> None:
     assert training.precision_lower_bound(Score(hits=0)) == 0.0
     perfect = Score(hits=300, true_hits=300)
-    assert training.precision_lower_bound(perfect) == pytest.approx(300 / (300 + training.Z ** 2))
+    assert training.precision_lower_bound(perfect) == pytest.approx((1 - training.CONFIDENCE) ** (1 / 300))
     assert training.precision_lower_bound(Score(hits=10, true_hits=10)) < 0.98 < training.precision_lower_bound(
         perfect)
 
@@ -88,3 +88,22 @@ def test_fit_learns_and_cross_validates_a_separable_problem() -> None:
     assert model.info["cv_precision"] == 1.0 and model.info["cv_recall"] == 1.0
     assert ((probs >= model.threshold) == y).all()
     assert model.probability(data.x[0].tolist()) > model.threshold > model.probability(data.x[1].tolist())
+
+
+def test_folds_keep_rows_that_share_a_prompt_together() -> None:
+    items = [training.Example(a=a, b=b, same=True, kind="k", source="s", shares_partition=True) for a, b in (
+        ("What is X?", "what is x"), ("What is x", "Explain X."), ("Explain X", "Define Y."), ("Unrelated?", "Other."))]
+    g = training.groups(items)
+    assert g[0] == g[1] == g[2] != g[3]  # punctuation and case do not hide a shared prompt; sharing is transitive
+
+
+def test_sign_constrained_fit_drops_an_alignment_feature_of_the_wrong_sign() -> None:
+    rng = np.random.default_rng(1)
+    n = 200
+    y = rng.random(n) < 0.5
+    x = np.zeros((n, len(FEATURES)))
+    x[:, FEATURES.index("similarity")] = np.where(y, 0.9, 0.6) + rng.normal(0, 0.05, n)
+    x[:, FEATURES.index("align_mean")] = np.where(y, 0.3, 0.8) + rng.normal(0, 0.05, n)  # backwards on purpose
+    model = training.fit_model(x, y, threshold=0.5)
+    assert model.coef[FEATURES.index("align_mean")] == 0.0
+    assert model.coef[FEATURES.index("similarity")] > 0

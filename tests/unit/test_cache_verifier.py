@@ -22,7 +22,6 @@ SAME = [
      "How do I rotate an image in GIMP?", 0.85),  # a wrapper in clauses of its own
     ("If it isn't too much to ask, how do I defrost a freezer?", "How do I defrost a freezer?", 0.9),
     ("For a toddler, what is a good bedtime?", "What is a good bedtime for a toddler?", 0.97),  # clause order
-    ("How can I switch on dark mode?", "What are the steps to enable dark mode in the app?", 0.8),  # same polarity
 ]
 
 # (a, b, similarity, reason): the verifier must reject these, for this reason.
@@ -85,6 +84,14 @@ NEAR_MISSES = [
 def test_accepts_true_paraphrases(a: str, b: str, sim: float) -> None:
     verdict = verify(a, b, similarity=sim)
     assert verdict.ok, verdict.reason
+
+
+def test_two_words_of_the_same_polarity_are_no_veto() -> None:
+    # "switch on" / "enable": no polarity veto; the pair model decides (at the shipped threshold this
+    # rewrite with an added detail, "in the app", sits at the edge: precision first)
+    verdict = verify("How can I switch on dark mode?", "What are the steps to enable dark mode in the app?",
+                     similarity=0.8, min_confidence=0.9)
+    assert verdict.ok and verdict.confidence is not None
 
 
 @pytest.mark.parametrize(("a", "b", "sim", "reason"), NEAR_MISSES)

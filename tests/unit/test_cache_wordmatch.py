@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleetgate.cache.textnorm import analyse
-from fleetgate.cache.wordmatch import KNOWN_ZIPF, is_typo, match, zipf
+from fleetgate.cache.wordmatch import KNOWN_ZIPF, full_match, is_typo, match, zipf
 
 
 @pytest.mark.parametrize(("a", "b"), [
@@ -80,3 +80,15 @@ def test_opposite_polarity_needs_a_left_over_polar_word_of_each_sign(a: str, b: 
 
     x, y = analyse(a), analyse(b)
     assert opposite_polarity(x, y, match(x, y)) is opposite
+
+
+@pytest.mark.parametrize(("a", "b", "full"), [
+    ("In Rust, how do I read a file?", "How do I read a file in Rust?", True),  # a clause moved whole
+    ("How do I rename a branch in git?", "how do i renmae a branch in git", True),  # a typo of a known word
+    ("How many euros is 250 Swiss francs?", "How many Swiss francs is 250 euros?", False),  # moved in a clause
+    ("Is Go faster than Java here?", "Is Java faster than Go here?", False),  # swapped
+    ("How do I restart the sshd service?", "How do I restart the sssd service?", False),  # two rare strings
+])
+def test_full_match_needs_the_same_order_or_a_moved_clause(a: str, b: str, full: bool) -> None:
+    x, y = analyse(a), analyse(b)
+    assert full_match(x, y, match(x, y)) is full

@@ -1,0 +1,182 @@
+"""Token-level alignment of two prompts with MiniLM's contextual token states (BERTScore-style).
+
+A second representation of a pair, not a word list: each content word of one prompt is aligned to its most
+similar word on the other side, by the cosine of MiniLM's last-layer token states (a word's state is the
+mean of its word pieces'). A paraphrase aligns every content word well ("lowest" / "reduced"); a near miss
+leaves one word badly aligned or aligned to a different word whose context is the same ("Austria" /
+"Australia", "formal" / "relaxed"). Features for the pair model (`ALIGN_FEATURES`):
+- `align_worst`: the worst best-match cosine over the content words of both sides;
+- `align_worst2`: the second worst (one odd word may be a wrapper; two are a difference);
+- `align_mean`: the rarity-weighted mean best-match cosine (BERTScore F with word-frequency weights:
+  rare words weigh more, "the" almost nothing);
+- `align_unaligned`: the share of content words whose best match is below `UNALIGNED`;
+- `align_capital_worst`: the worst best match of a capitalised word inside a sentence (names, places;
+  1.0 when there is none);
+- `align_same_word_worst`: the lowest cosine between the states of one content word present on both sides:
+  the same word in another role ("Go faster than Java" / "Java faster than Go", "noon in London, time in
+  Tokyo" / the reverse) has another context, which the contextual states carry and a bag of words does not.
+Content words are those with English Zipf frequency below `FUNCTION_ZIPF` (`wordfreq`): frequency, not a list.
+
+The states come from the same ONNX file as the cache's embedder (`fleetgate.core.minilm_export`), loaded a
+second time by `TokenStates` with the last encoder layer's output added as a graph output; it is loaded on
+first use and only runs for the few candidates that reach the pair model (one encoder pass per new text,
+about as dear as one embedding; the states of a stored entry's text are kept in a bounded LRU).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FUNCTION_ZIPF = 5.6  # at or above: a function word ("the" 7.7, "how" 6.3, "make" 5.9; "help" 5.8, "file" 5.2)
+UNALIGNED = 0.55
+ALIGN_FEATURES = (
+    "align_worst",
+    "align_worst2",
+    "align_mean",
+    "align_unaligned",
+    "align_capital_worst",
+    "align_same_word_worst",
+)
+NEUTRAL: tuple[float, ...] = (1.0, 1.0, 1.0, 0.0, 1.0, 1.0)  # two prompts with no content word to compare
+_MAX_TOKENS = 256
+_WORD = re.compile(r"[A-Za-z][A-Za-z'\-]*")
+
+
+class Words:
+    """The words of one prompt with their token states (unit vectors), lower-cased text and capitalisation."""
+
+    __slots__ = ("capital", "text", "vectors")
+
+    def __init__(self, text: Sequence[str], vectors: np.ndarray, capital: Sequence[bool]) -> None:
+        self.text = tuple(text)
+        self.vectors = vectors
+        self.capital = tuple(capital)
+
+
+class TokenStates:
+    """MiniLM's last-layer token states per word, from the cache's ONNX file. Thread-safe, lazily loaded."""
+
+    def __init__(self, *, model_dir: Path | None = None, variant: str = "int8", cache_size: int = 4096) -> None:
+        self._model_dir = model_dir
+        self._variant = variant
+        self._session: Any | None = None
+        self._tokenizer: Any | None = None
+        self._lock = threading.Lock()
+        self._memo: OrderedDict[str, Words] = OrderedDict()
+        self._cache_size = cache_size
+
+    def load(self) -> None:
+        with self._lock:
+            if self._session is not None:
+                return
+            import onnx
+            import onnxruntime
+            from tokenizers import Tokenizer
+
+            from fleetgate.core.minilm import minilm_dir
+            from fleetgate.core.minilm_export import ensure_onnx
+
+            folder = self._model_dir or minilm_dir()
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            tokenizer.enable_truncation(max_length=_MAX_TOKENS)
+            tokenizer.no_padding()
+            model = onnx.load(str(ensure_onnx(model_dir=folder, variant="int8" if self._variant == "int8" else "fp32")))
+            last = [n for n in model.graph.node if n.op_type == "LayerNormalization"][-1].output[0]
+            model.graph.output.append(onnx.helper.make_tensor_value_info(last, onnx.TensorProto.FLOAT, None))
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = 1
+            options.inter_op_num_threads = 1
+            self._session = onnxruntime.InferenceSession(
+                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
+            self._output = last
+            self._tokenizer = tokenizer
+
+    def words(self, text: str) -> Words:
+        with self._lock:
+            hit = self._memo.get(text)
+            if hit is not None:
+                self._memo.move_to_end(text)
+                return hit
+        words = self._compute(text)
+        with self._lock:
+            self._memo[text] = words
+            while len(self._memo) > self._cache_size:
+                self._memo.popitem(last=False)
+        return words
+
+    def compute(self, text: str) -> Words:
+        """The words of `text`, always by a fresh encoder pass (not cached: for timing)."""
+        return self._compute(text)
+
+    def _compute(self, text: str) -> Words:
+        if self._session is None:
+            self.load()
+        assert self._session is not None and self._tokenizer is not None
+        enc = self._tokenizer.encode(text)
+        ids = np.array([enc.ids], dtype=np.int64)
+        (states,) = self._session.run([self._output], {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        states = states[0]
+        spans = [(m.start(), m.end()) for m in _WORD.finditer(text)]
+        groups: list[list[int]] = [[] for _ in spans]
+        for t, (start, end) in enumerate(enc.offsets):
+            if end <= start:
+                continue  # [CLS], [SEP]
+            for w, (ws, we) in enumerate(spans):
+                if ws <= start < we:
+                    groups[w].append(t)
+                    break
+        keep = [w for w, g in enumerate(groups) if g]
+        if not keep:
+            return Words((), np.zeros((0, states.shape[1]), dtype=np.float32), ())
+        vectors = np.stack([states[groups[w]].mean(axis=0) for w in keep])
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
+        texts = [text[spans[w][0] : spans[w][1]] for w in keep]
+        capital = [
+            t[:1].isupper() and spans[w][0] > 0 and not re.search(r"[.!?:]\s*$", text[: spans[w][0]])
+            for t, w in zip(texts, keep, strict=True)
+        ]
+        return Words([t.lower() for t in texts], vectors, capital)
+
+
+def _weight(word: str) -> float:
+    from fleetgate.cache.wordmatch import zipf
+
+    return max(0.0, FUNCTION_ZIPF - zipf(word))
+
+
+def align_features(a: Words, b: Words) -> tuple[float, ...]:
+    """`ALIGN_FEATURES` of two prompts' words (symmetric)."""
+    if not len(a.text) or not len(b.text):
+        return NEUTRAL
+    sims = a.vectors @ b.vectors.T
+    best = [(w, c, float(s)) for w, c, s in zip(a.text, a.capital, sims.max(axis=1), strict=True)]
+    best += [(w, c, float(s)) for w, c, s in zip(b.text, b.capital, sims.max(axis=0), strict=True)]
+    weights = [_weight(w) for w, _, _ in best]
+    content = [(s, c, wt) for (_, c, s), wt in zip(best, weights, strict=True) if wt > 0]
+    if not content:
+        return NEUTRAL
+    scores = sorted(s for s, _, _ in content)
+    total = sum(wt for _, _, wt in content)
+    mean = sum(s * wt for s, _, wt in content) / total
+    capitals = [s for s, c, _ in content if c]
+    same = [
+        max(float(sims[i, j]) for j, v in enumerate(b.text) if v == w)
+        for i, w in enumerate(a.text)
+        if w in b.text and _weight(w) > 0
+    ]
+    return (
+        scores[0],
+        scores[1] if len(scores) > 1 else scores[0],
+        mean,
+        sum(s < UNALIGNED for s in scores) / len(scores),
+        min(capitals, default=1.0),
+        min(same, default=1.0),
+    )
