@@ -11,9 +11,11 @@ is tried afresh. A caller that is cancelled (client gone, timeout) drops out of 
 get their rows. One worker thread: the model's own intra-op threads are the parallelism, and a 1-core
 gateway gains nothing from two encodes competing.
 
-Memo: with `memo_entries` > 0 the vectors of the last texts embedded are kept (exact text -> vector,
-least recently used out first), so a text seen again (retries, templated prompts, a paraphrase asked
-over and over) returns at once, without queueing or encoding. Callers get a copy: a caller that changes its
+Memo: with `memo_entries` > 0 the vectors of the last texts embedded are kept ((scope, exact text) ->
+vector, least recently used out first), so a text seen again (retries, templated prompts, a paraphrase
+asked over and over) returns at once, without queueing or encoding. The caller's `scope` (the cache passes
+its partition: tenant, model, parameters) is part of the key, so how fast a text comes back never tells
+one tenant that another sent it. Callers get a copy: a caller that changes its
 vector in place cannot change what the next caller of that text gets. Only texts this process embedded
 are memoised; a failed encode stores nothing.
 
@@ -58,11 +60,11 @@ class BatchingEmbedder:
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self._preload = preload
-        self._queue: deque[tuple[str, asyncio.Future[np.ndarray]]] = deque()
+        self._queue: deque[tuple[str, str, asyncio.Future[np.ndarray]]] = deque()  # (scope, text, caller)
         self._full: asyncio.Event | None = None
         self._drain: asyncio.Task[None] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self.memo_entries = memo_entries
         self.batches = 0  # encode calls made (tests, diagnostics)
         self.memo_hits = 0
@@ -77,16 +79,17 @@ class BatchingEmbedder:
         """Blocking, unbatched: the wrapped embedder's own call."""
         return self.inner.embed(texts)
 
-    async def aembed(self, text: str) -> np.ndarray:
-        """The embedding of one text (384 floats for MiniLM), encoded together with concurrent callers'."""
-        known = self._memo.get(text) if self.memo_entries else None
+    async def aembed(self, text: str, *, scope: str = "") -> np.ndarray:
+        """The embedding of one text (384 floats for MiniLM), encoded together with concurrent callers'.
+        `scope` only separates memo entries (see the module docstring); the vector never depends on it."""
+        known = self._memo.get((scope, text)) if self.memo_entries else None
         if known is not None:
-            self._memo.move_to_end(text)
+            self._memo.move_to_end((scope, text))
             self.memo_hits += 1
             return known.copy()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[np.ndarray] = loop.create_future()
-        self._queue.append((text, future))
+        self._queue.append((scope, text, future))
         if self._full is None:
             self._full = asyncio.Event()
         if len(self._queue) >= self.max_batch:
@@ -95,11 +98,11 @@ class BatchingEmbedder:
             self._drain = loop.create_task(self._run(), name="embed-batcher")
         return await future
 
-    def _take(self) -> list[tuple[str, asyncio.Future[np.ndarray]]]:
-        batch: list[tuple[str, asyncio.Future[np.ndarray]]] = []
+    def _take(self) -> list[tuple[str, str, asyncio.Future[np.ndarray]]]:
+        batch: list[tuple[str, str, asyncio.Future[np.ndarray]]] = []
         while self._queue and len(batch) < self.max_batch:
             item = self._queue.popleft()
-            if not item[1].done():  # a cancelled caller does not cost an encode
+            if not item[2].done():  # a cancelled caller does not cost an encode
                 batch.append(item)
         return batch
 
@@ -117,22 +120,22 @@ class BatchingEmbedder:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
             try:
-                vectors = await loop.run_in_executor(self._pool, self.inner.embed, [text for text, _ in batch])
+                vectors = await loop.run_in_executor(self._pool, self.inner.embed, [text for _, text, _ in batch])
             except Exception as exc:
-                for _, future in batch:
+                for _, _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
             self.batches += 1
-            for row, (text, future) in enumerate(batch):
+            for row, (scope, text, future) in enumerate(batch):
                 if self.memo_entries:
-                    self._remember(text, vectors[row])
+                    self._remember((scope, text), vectors[row])
                 if not future.done():
                     future.set_result(vectors[row].copy() if self.memo_entries else vectors[row])
 
-    def _remember(self, text: str, vector: np.ndarray) -> None:
-        self._memo[text] = np.array(vector, dtype=np.float32)  # its own copy, not a view of the batch
-        self._memo.move_to_end(text)
+    def _remember(self, key: tuple[str, str], vector: np.ndarray) -> None:
+        self._memo[key] = np.array(vector, dtype=np.float32)  # its own copy, not a view of the batch
+        self._memo.move_to_end(key)
         while len(self._memo) > self.memo_entries:
             self._memo.popitem(last=False)
 

@@ -201,3 +201,49 @@ async def test_without_a_memo_or_after_a_failed_encode_every_call_encodes() -> N
         BatchingEmbedder(embedder=inner, memo_entries=-1)
     await batcher.aclose()
     await off.aclose()
+
+
+async def test_memo_entries_are_per_scope_so_one_tenant_cannot_time_anothers_texts() -> None:
+    inner = RecordingEmbedder()
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, memo_entries=8)
+    a = await batcher.aembed("the same prompt", scope="partition-a")
+    b = await batcher.aembed("the same prompt", scope="partition-b")  # another tenant: encoded, not remembered
+    assert len(inner.calls) == 2 and batcher.memo_hits == 0
+    assert np.array_equal(a, b)  # the scope never changes the vector
+    await batcher.aembed("the same prompt", scope="partition-a")
+    assert len(inner.calls) == 2 and batcher.memo_hits == 1
+    await batcher.aclose()
+
+
+async def test_the_cache_keys_the_memo_by_partition() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from fleetgate.cache.config import CacheConfig, SemanticConfig
+    from fleetgate.cache.metrics import CacheMetrics
+    from fleetgate.cache.twolayer import TwoLayerCache
+    from fleetgate.cache.types import CacheRequest
+    from fleetgate.core.kvstore import MemoryKVStore
+
+    def req(tenant: str) -> CacheRequest:
+        return CacheRequest(
+            tenant=tenant,
+            model="m",
+            kind="chat",
+            body={"messages": [{"role": "user", "content": "How do I sort a slice in Go?"}], "temperature": 0},
+        )
+
+    inner = RecordingEmbedder()
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, memo_entries=8)
+    cache = TwoLayerCache(
+        config=CacheConfig(semantic=SemanticConfig(embedder="hashing")),
+        kvstore=MemoryKVStore(),
+        embedder=batcher,
+        metrics=CacheMetrics(CollectorRegistry()),
+    )
+    await cache.start()
+    await cache.warm_up()
+    for tenant in ("alice", "bob", "alice"):
+        await cache.lookup(req(tenant))
+    assert len(inner.calls) == 2 and batcher.memo_hits == 1  # alice's retry is free; bob's first ask is not
+    await cache.aclose()
+    await batcher.aclose()
