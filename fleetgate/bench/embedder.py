@@ -65,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads of every backend")
     parser.add_argument("--min-cosine", type=float, default=0.99)
+    parser.add_argument("--gil-only", action="store_true", help="only the event-loop stall measurement")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     if not texts:
         print("no eval prompts found (use --data)")
         return 2
+    _loop_stalls(OnnxMiniLMEmbedder(variant="int8", intra_op_threads=args.threads), texts[: args.batch])
+    if args.gil_only:
+        return 0
     backends: dict[str, Embed] = {"sentence-transformers": MiniLMEmbedder(threads=args.threads).embed}
     for variant in ("fp32", "int8"):
         backends[f"onnx-{variant}"] = OnnxMiniLMEmbedder(variant=variant, intra_op_threads=args.threads).embed
@@ -121,3 +125,44 @@ def _tokenize_only(embedder: OnnxMiniLMEmbedder) -> Embed:
         return np.zeros((len(texts), 1), dtype=np.float32)
 
     return embed
+
+
+def _loop_stalls(embedder: OnnxMiniLMEmbedder, batch: Sequence[str], *, seconds: float = 3.0) -> None:
+    """Does an encode block the event loop's thread (the GIL), or only share the CPU with it? The longest
+    gap between iterations of a tight Python loop, alone and while a worker thread encodes `batch` over and
+    over: if the encode held the GIL, gaps would reach one encode's duration."""
+    import threading
+
+    embedder.embed(batch)
+    start = time.perf_counter()
+    embedder.embed(batch)
+    one = time.perf_counter() - start
+    stop = threading.Event()
+
+    def encode() -> None:
+        while not stop.is_set():
+            embedder.embed(batch)
+
+    stalls: dict[str, tuple[int, float]] = {}  # gaps of at least 80% of one encode: count, seconds in them
+    for label in ("alone", "beside encodes"):
+        worker = threading.Thread(target=encode) if label != "alone" else None
+        stop.clear()
+        if worker is not None:
+            worker.start()
+        last = time.perf_counter()
+        end, count, stalled = last + seconds, 0, 0.0
+        while last < end:
+            now = time.perf_counter()
+            if now - last >= 0.8 * one:
+                count, stalled = count + 1, stalled + now - last
+            last = now
+        stop.set()
+        if worker is not None:
+            worker.join()
+        stalls[label] = (count, stalled)
+    (n_alone, s_alone), (n_beside, s_beside) = stalls["alone"], stalls["beside encodes"]
+    print(
+        f"event-loop thread beside int8 encodes of {len(batch)} texts ({one * 1e3:.0f} ms each), {seconds:g} s: "
+        f"{n_beside} stalls as long as an encode ({s_beside:.2f} s), alone {n_alone} ({s_alone:.2f} s); an encode "
+        f"holding the GIL would add ~{seconds / one:.0f}; load average {os.getloadavg()[0]:.1f}\n"
+    )
