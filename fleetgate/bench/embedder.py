@@ -10,6 +10,9 @@ time) for one text per call and for batches of `--batch`, all backends alternati
 best round kept; the ratios are against the reference and the fp32 ONNX graph from the same run, with
 the load average (the box is shared: compare ratios, not raw figures, across runs). Tokenisation (the
 `tokenizers` batch encode) is timed on its own as well.
+
+Event-loop stalls (first, and alone with `--gil-only`): whether an int8 encode in a worker thread holds the
+GIL and so stalls the gateway's event loop, or only shares the CPU with it.
 """
 
 from __future__ import annotations
