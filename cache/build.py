@@ -28,7 +28,7 @@ def build_embedder(config: CacheConfig) -> Embedder:
         variant: OnnxVariant = "int8" if sem.embedder == "minilm-onnx-int8" else "fp32"
         inner = OnnxMiniLMEmbedder(model_dir=model_dir, variant=variant, intra_op_threads=sem.embed_threads)
     return BatchingEmbedder(embedder=inner, max_batch=sem.batch_max, max_wait_s=sem.batch_wait_ms / 1000,
-                            preload=sem.preload)
+                            preload=sem.preload, memo_entries=sem.embed_memo)
 
 
 def build_cache(

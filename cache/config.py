@@ -48,6 +48,9 @@ class SemanticConfig(BaseModel):
     # nothing at 64 (batches were full either way), hence 0.
     batch_max: int = Field(default=32, ge=1, le=512)
     batch_wait_ms: float = Field(default=0.0, ge=0.0, le=50.0)
+    # Exact-text memo of the last embedded texts (per cache partition, text -> vector, LRU; 1.5 kB + the text
+    # each): a repeated text (retries, templated prompts, a paraphrase asked again) skips the encoder. 0: off.
+    embed_memo: int = Field(default=4096, ge=0, le=1_000_000)
     preload: bool = False  # load the model at start-up; default: on the first semantic lookup (stays small)
     threshold: float = Field(default=0.5, ge=-1.0, le=1.0)  # cosine similarity, before the verifier
     verify: bool = True  # the near-miss verifier; turning it off is unsafe (see cache-eval)

@@ -156,7 +156,8 @@ async def _evaluate(args: argparse.Namespace) -> int:
         return 2
     frozen = frozen_sets(args.frozen)
     base = CacheConfig()
-    sem = base.semantic.model_copy(update={"embedder": args.embedder})
+    # embed_memo 0: the latency run times real encodes (the scores memoise through MemoEmbedder)
+    sem = base.semantic.model_copy(update={"embedder": args.embedder, "embed_memo": 0})
     if args.threshold is not None:
         sem = sem.model_copy(update={"threshold": args.threshold})
     if args.min_confidence is not None:

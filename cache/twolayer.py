@@ -234,11 +234,13 @@ class TwoLayerCache:
         self.metrics.lookups.labels("exact", "hit").inc()
         return CacheLookup(status=CacheStatus.HIT_EXACT, response=self._served(record, req))
 
-    async def embed(self, text: str) -> np.ndarray:
+    async def embed(self, text: str, *, scope: str = "") -> np.ndarray:
+        """`scope`: the partition, which keeps the batcher's embedding memo per tenant (no timing side channel)."""
         assert self.embedder is not None
         start = time.perf_counter()
         aembed = getattr(self.embedder, "aembed", None)  # a BatchingEmbedder batches concurrent lookups
-        vector = await aembed(text) if aembed is not None else (await asyncio.to_thread(self.embedder.embed, [text]))[0]
+        vector = (await aembed(text, scope=scope) if aembed is not None
+                  else (await asyncio.to_thread(self.embedder.embed, [text]))[0])
         self.metrics.stage_seconds.labels("embed").observe(time.perf_counter() - start)
         return vector
 
@@ -246,7 +248,7 @@ class TwoLayerCache:
         sem = self.config.semantic
         assert keys.semantic_text is not None
         start = time.perf_counter()
-        vector = await self.embed(keys.semantic_text)
+        vector = await self.embed(keys.semantic_text, scope=keys.partition)
         state["vector"] = vector
         t = time.perf_counter()
         await self.sync()
@@ -351,7 +353,7 @@ class TwoLayerCache:
                 if vector is None:
                     if self._warming is not None:
                         await asyncio.shield(self._warming)  # stores run after the response: waiting is fine
-                    vector = await self.embed(keys.semantic_text)
+                    vector = await self.embed(keys.semantic_text, scope=keys.partition)
             entry = LogEntry(key=keys.exact, partition=keys.partition,
                              expires_at=time.time() + self.config.ttl_s, vector=vector)
             await self.kv.set(self._key(keys.exact), record, ttl_s=self.config.ttl_s)

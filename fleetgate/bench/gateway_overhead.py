@@ -8,7 +8,10 @@ One run measures, side by side (processes: `fleetgate.bench.gateway_stack`):
 - `full, cache on`, four workloads: `bypass` (sampled requests, `temperature: 0.8`: the cache steps
   aside), `lookup miss` (`temperature: 0`, a new prompt every request: exact + semantic lookup, embed,
   search, store), `exact hit` (one stored prompt repeated) and `semantic hit` (a paraphrase of a stored
-  prompt: exact miss, embed, search, verify, served from the cache).
+  prompt: exact miss, embed, search, verify, served from the cache). These gateways run with the
+  embedding memo off, so every lookup encodes; `--embedder NAME+memo` adds one with it on (as shipped):
+  its `semantic hit` repeats one paraphrase, which the memo answers without encoding, and its `lookup
+  miss` shows what the memo costs when nothing repeats.
 
 Per phase: latency at concurrency 1 (blocks alternating with direct; added p50/p99 = gateway minus direct),
 throughput at `--concurrency` (wrk, or the Python load generator) with CPU per request from the gateway
@@ -46,6 +49,9 @@ from fleetgate.bench.loadgen import (
     streaming_ttft,
 )
 
+_MODELS = ("minilm-onnx-int8", "minilm-onnx", "minilm")
+# `NAME+memo`: the gateway with the exact-text embedding memo on (plain names run with it off)
+EMBEDDERS = [*_MODELS, "hashing", *(f"{name}+memo" for name in _MODELS)]
 PROMPT = "How do I reverse a list in Python without copying it?"
 PARAPHRASE = "How do I reverse a Python list without copying it?"  # the verifier accepts it
 WORKLOADS: dict[str, tuple[str, float, str | None]] = {
@@ -232,9 +238,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loadgen", choices=["python", "wrk"], default="wrk" if shutil.which("wrk") else "python",
                         help="throughput load generator (default: wrk when it is on PATH)")
     parser.add_argument("--no-gateway-log", action="store_true", help="turn the per-request log line off")
-    parser.add_argument("--embedder", choices=["minilm-onnx-int8", "minilm-onnx", "minilm", "hashing"], nargs="+",
+    parser.add_argument("--embedder", choices=EMBEDDERS, nargs="+",
                         default=["minilm-onnx-int8"], help="the semantic layer's embedder(s): one `full, cache on` "
-                        "gateway each, in this order (e.g. minilm-onnx minilm: fast path and reference)")
+                        "gateway each, in this order (e.g. minilm-onnx-int8 minilm: fast path and reference; "
+                        "NAME+memo: with the embedding memo on, which answers the "
+                        "repeated paraphrase of `semantic hit` without encoding)")
     parser.add_argument("--gateway-cpu", type=int, default=0,
                         help="pin gateways to this CPU, the rest elsewhere (-1: no pinning)")
 

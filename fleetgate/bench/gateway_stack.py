@@ -74,7 +74,10 @@ def gateway_settings(*, kind: str, port: int, engine_url: str, key_hash: str, em
     }
     if kind == "full, cache on":
         # The fake engine always stops at max_tokens ("length"): store those answers so hits can happen.
-        settings["cache"] = {"enabled": True, "store_truncated": True, "semantic": {"embedder": embedder}}
+        # `NAME+memo`: the shipped exact-text embedding memo on; plain NAME: off, so that every lookup encodes
+        name, memo = embedder.removesuffix("+memo"), embedder.endswith("+memo")
+        semantic: dict[str, Any] = {"embedder": name} if memo else {"embedder": name, "embed_memo": 0}
+        settings["cache"] = {"enabled": True, "store_truncated": True, "semantic": semantic}
     return settings
 
 

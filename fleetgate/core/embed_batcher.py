@@ -11,6 +11,14 @@ is tried afresh. A caller that is cancelled (client gone, timeout) drops out of 
 get their rows. One worker thread: the model's own intra-op threads are the parallelism, and a 1-core
 gateway gains nothing from two encodes competing.
 
+Memo: with `memo_entries` > 0 the vectors of the last texts embedded are kept ((scope, exact text) ->
+vector, least recently used out first), so a text seen again (retries, templated prompts, a paraphrase
+asked over and over) returns at once, without queueing or encoding. The caller's `scope` (the cache passes
+its partition: tenant, model, parameters) is part of the key, so how fast a text comes back never tells
+one tenant that another sent it. Callers get a copy: a caller that changes its
+vector in place cannot change what the next caller of that text gets. Only texts this process embedded
+are memoised; a failed encode stores nothing.
+
 The wrapped embedder stays reachable through the blocking `embed(texts)` (same contract as any embedder,
 for offline callers and the tier router's own thread). `load()` loads the model only when `preload` is set:
 otherwise the model loads on the first embedding, in the worker thread, so a gateway whose traffic never
@@ -22,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -37,20 +45,29 @@ class BlockingEmbedder(Protocol):
 
 class BatchingEmbedder:
     def __init__(
-        self, *, embedder: BlockingEmbedder, max_batch: int = 32, max_wait_s: float = 0.0, preload: bool = False
+        self,
+        *,
+        embedder: BlockingEmbedder,
+        max_batch: int = 32,
+        max_wait_s: float = 0.0,
+        preload: bool = False,
+        memo_entries: int = 0,
     ) -> None:
-        if max_batch < 1 or max_wait_s < 0:
-            raise ValueError("max_batch must be >= 1 and max_wait_s >= 0")
+        if max_batch < 1 or max_wait_s < 0 or memo_entries < 0:
+            raise ValueError("max_batch must be >= 1, max_wait_s >= 0 and memo_entries >= 0")
         self.inner = embedder
         self.dim = embedder.dim
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self._preload = preload
-        self._queue: deque[tuple[str, asyncio.Future[np.ndarray]]] = deque()
+        self._queue: deque[tuple[str, str, asyncio.Future[np.ndarray]]] = deque()  # (scope, text, caller)
         self._full: asyncio.Event | None = None
         self._drain: asyncio.Task[None] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self.memo_entries = memo_entries
         self.batches = 0  # encode calls made (tests, diagnostics)
+        self.memo_hits = 0
 
     def load(self) -> None:
         """Start-up hook (blocking): load the model now only when configured to preload."""
@@ -62,11 +79,17 @@ class BatchingEmbedder:
         """Blocking, unbatched: the wrapped embedder's own call."""
         return self.inner.embed(texts)
 
-    async def aembed(self, text: str) -> np.ndarray:
-        """The embedding of one text (384 floats for MiniLM), encoded together with concurrent callers'."""
+    async def aembed(self, text: str, *, scope: str = "") -> np.ndarray:
+        """The embedding of one text (384 floats for MiniLM), encoded together with concurrent callers'.
+        `scope` only separates memo entries (see the module docstring); the vector never depends on it."""
+        known = self._memo.get((scope, text)) if self.memo_entries else None
+        if known is not None:
+            self._memo.move_to_end((scope, text))
+            self.memo_hits += 1
+            return known.copy()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[np.ndarray] = loop.create_future()
-        self._queue.append((text, future))
+        self._queue.append((scope, text, future))
         if self._full is None:
             self._full = asyncio.Event()
         if len(self._queue) >= self.max_batch:
@@ -75,11 +98,11 @@ class BatchingEmbedder:
             self._drain = loop.create_task(self._run(), name="embed-batcher")
         return await future
 
-    def _take(self) -> list[tuple[str, asyncio.Future[np.ndarray]]]:
-        batch: list[tuple[str, asyncio.Future[np.ndarray]]] = []
+    def _take(self) -> list[tuple[str, str, asyncio.Future[np.ndarray]]]:
+        batch: list[tuple[str, str, asyncio.Future[np.ndarray]]] = []
         while self._queue and len(batch) < self.max_batch:
             item = self._queue.popleft()
-            if not item[1].done():  # a cancelled caller does not cost an encode
+            if not item[2].done():  # a cancelled caller does not cost an encode
                 batch.append(item)
         return batch
 
@@ -97,16 +120,24 @@ class BatchingEmbedder:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
             try:
-                vectors = await loop.run_in_executor(self._pool, self.inner.embed, [text for text, _ in batch])
+                vectors = await loop.run_in_executor(self._pool, self.inner.embed, [text for _, text, _ in batch])
             except Exception as exc:
-                for _, future in batch:
+                for _, _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
             self.batches += 1
-            for row, (_, future) in enumerate(batch):
+            for row, (scope, text, future) in enumerate(batch):
+                if self.memo_entries:
+                    self._remember((scope, text), vectors[row])
                 if not future.done():
-                    future.set_result(vectors[row])
+                    future.set_result(vectors[row].copy() if self.memo_entries else vectors[row])
+
+    def _remember(self, key: tuple[str, str], vector: np.ndarray) -> None:
+        self._memo[key] = np.array(vector, dtype=np.float32)  # its own copy, not a view of the batch
+        self._memo.move_to_end(key)
+        while len(self._memo) > self.memo_entries:
+            self._memo.popitem(last=False)
 
     async def aclose(self) -> None:
         """Finish queued work and stop the worker thread."""

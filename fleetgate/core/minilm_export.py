@@ -13,6 +13,15 @@ Variants (measured against sentence-transformers on the eval prompts, README "Re
   but drops the cosine to 0.86-0.97 on some prompts: the feed-forward activations have outliers that one
   scale per tensor cannot hold; 4-bit weights fall to 0.87.
 
+Measured and not taken (issue 13, `/tmp`-built variants against this int8 on the eval prompts): dynamic
+int8 with one weight scale per tensor puts every prompt under 0.99 (worst 0.86); per-channel weights
+still leave 36-65 under it (worst 0.97), with or without the feed-forward output MatMuls excluded. ONNX
+Runtime's offline BERT fusion (eager-attention export, `optimize_model(model_type="bert")`: one
+`EmbedLayerNormalization`, six `MultiHeadAttention`, twelve `SkipLayerNormalization`, six `BiasGelu`)
+saved nothing measurable with blocks of 32 (0.93-1.00x): the session's default `ORT_ENABLE_ALL` already
+fuses at load time. Blocks of 64 were 1.03-1.14x faster (cosine >= 0.996) but moved one frozen-set cache
+decision; 128 and 256 fell to 0.993 / 0.988.
+
 The export needs torch and transformers (the `semantic` extra has both) and runs in a child process
 (`python -m fleetgate.core.minilm_export --variant fp32`), so a gateway never imports torch for it. The file is
 written next to the extracted model (`minilm_dir()`) under a temporary name and renamed into place, so
@@ -56,28 +65,39 @@ def _export_fp32(*, model_dir: Path, out: Path) -> None:
             self.encoder = encoder
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                  token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
+            hidden = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=torch.zeros_like(input_ids)
+            ).last_hidden_state
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
 
     model = Pipeline(AutoModel.from_pretrained(str(model_dir)).eval())
     sample = torch.ones((2, 8), dtype=torch.long)
-    axes = {"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
-            "embedding": {0: "batch"}}
+    axes = {
+        "input_ids": {0: "batch", 1: "tokens"},
+        "attention_mask": {0: "batch", 1: "tokens"},
+        "embedding": {0: "batch"},
+    }
     with torch.no_grad():
         # dynamo=False: the TorchScript exporter handles this small graph without onnxscript.
-        torch.onnx.export(model, (sample, sample), str(out), input_names=["input_ids", "attention_mask"],
-                          output_names=["embedding"], dynamic_axes=axes, opset_version=_OPSET, dynamo=False)
+        torch.onnx.export(
+            model,
+            (sample, sample),
+            str(out),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["embedding"],
+            dynamic_axes=axes,
+            opset_version=_OPSET,
+            dynamo=False,
+        )
 
 
 def _quantize_blockwise_int8(*, source: Path, out: Path) -> None:
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), bits=8, block_size=32, is_symmetric=True,
-                                     accuracy_level=4)
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), bits=8, block_size=32, is_symmetric=True, accuracy_level=4)
     quantizer.process()
     quantizer.model.save_model_to_file(str(out), False)
 
@@ -110,11 +130,16 @@ def ensure_onnx(*, model_dir: Path | None = None, variant: OnnxVariant) -> Path:
         return target
     done = subprocess.run(
         [sys.executable, "-m", "fleetgate.core.minilm_export", "--variant", variant, "--model-dir", str(folder)],
-        env={**os.environ, "PYTHONSAFEPATH": "1"}, capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0 or not target.is_file():
-        raise ConfigError(f"exporting MiniLM to ONNX ({variant}) failed (torch and transformers are needed once; "
-                          f"or run `python -m fleetgate.core.minilm_export`): {done.stderr.strip()[-800:]}")
+        raise ConfigError(
+            f"exporting MiniLM to ONNX ({variant}) failed (torch and transformers are needed once; "
+            f"or run `python -m fleetgate.core.minilm_export`): {done.stderr.strip()[-800:]}"
+        )
     return target
 
 

@@ -7,7 +7,7 @@ truncated at the model's 256 tokens. A batch is sorted by token count and run in
 (padding at most `_MAX_PADDING` of a group's tokens): padded positions cost as much as real ones, and
 with mixed lengths one padded run cost more per text than running the texts one by one. onnxruntime is imported on
 first load; `intra_op_threads` is ORT's thread count for this session only (1 suits a gateway where
-requests are the parallelism; more helps large offline batches).
+requests are the parallelism; more helps large offline batches); idle pool threads never spin.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ _MAX_PADDING = 0.2  # share of a group's token positions that may be padding
 _MAX_GROUP = 32
 
 
-def length_groups(lengths: Sequence[int], *, max_padding: float = _MAX_PADDING, max_group: int = _MAX_GROUP
-                  ) -> list[list[int]]:
+def length_groups(
+    lengths: Sequence[int], *, max_padding: float = _MAX_PADDING, max_group: int = _MAX_GROUP
+) -> list[list[int]]:
     """Indices of `lengths` in groups of similar length: sorted by length, a group grows while padding every
     member to its longest stays within `max_padding` of its positions and it has at most `max_group` members."""
     groups: list[list[int]] = []
@@ -74,6 +75,10 @@ class OnnxMiniLMEmbedder:
             tokenizer.enable_truncation(max_length=_MAX_TOKENS)
             tokenizer.no_padding()  # `embed` pads per group of similar length
             options = onnxruntime.SessionOptions()
+            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+            # a spinning idle pool thread would burn the gateway's core between batches
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options.add_session_config_entry("session.inter_op.allow_spinning", "0")
             if self._threads:
                 options.intra_op_num_threads = self._threads
                 options.inter_op_num_threads = 1
@@ -81,22 +86,27 @@ class OnnxMiniLMEmbedder:
             self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             self._tokenizer = tokenizer
 
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """The model's token ids of each text, truncated at 256, unpadded (loads the model when needed)."""
+        if self._tokenizer is None:
+            self.load()
+        assert self._tokenizer is not None
+        return [e.ids for e in self._tokenizer.encode_batch(list(texts))]
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """float32 array of shape (len(texts), 384), each row L2-normalised."""
         if not texts:
             return np.zeros((0, MINILM_DIM), dtype=np.float32)
-        if self._session is None:
-            self.load()
-        assert self._session is not None and self._tokenizer is not None
-        encoded = [e.ids for e in self._tokenizer.encode_batch(list(texts))]
+        encoded = self.token_ids(texts)
+        assert self._session is not None
         out = np.empty((len(texts), MINILM_DIM), dtype=np.float32)
         for group in length_groups([len(ids) for ids in encoded]):
             longest = max(len(encoded[i]) for i in group)
             ids = np.zeros((len(group), longest), dtype=np.int64)  # 0 = [PAD]
             mask = np.zeros((len(group), longest), dtype=np.int64)
             for row, i in enumerate(group):
-                ids[row, :len(encoded[i])] = encoded[i]
-                mask[row, :len(encoded[i])] = 1
+                ids[row, : len(encoded[i])] = encoded[i]
+                mask[row, : len(encoded[i])] = 1
             (vectors,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask})
             out[group] = vectors
         return out

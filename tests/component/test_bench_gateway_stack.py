@@ -32,3 +32,18 @@ def test_bodies_number_each_request_only_when_asked() -> None:
     assert [unique.next(), unique.next()] == [b'{"q": "question 42"}', b'{"q": "question 43"}']
     fixed = Bodies(b'{"q": "same"}')
     assert fixed.next() == fixed.next() == b'{"q": "same"}'
+
+
+def test_cache_on_gateways_encode_every_lookup_unless_the_memo_is_asked_for() -> None:
+    from fleetgate.bench.gateway_stack import gateway_settings
+    from fleetgate.cache.config import CacheConfig
+
+    def cache(embedder: str) -> CacheConfig:
+        settings = gateway_settings(kind="full, cache on", port=1, engine_url="http://127.0.0.1:2", key_hash="h",
+                                    embedder=embedder, log_requests=False)
+        return CacheConfig.model_validate(settings["cache"])
+
+    plain, memo = cache("minilm-onnx-int8"), cache("minilm-onnx-int8+memo")
+    assert plain.semantic.embedder == memo.semantic.embedder == "minilm-onnx-int8"
+    assert plain.semantic.embed_memo == 0
+    assert memo.semantic.embed_memo == CacheConfig().semantic.embed_memo > 0  # as shipped

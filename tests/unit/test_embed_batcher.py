@@ -154,3 +154,96 @@ def test_length_groups_cover_every_text_once_with_bounded_padding() -> None:
         assert len(g) == 1 or sum(lengths[i] for i in g) >= 0.8 * longest * len(g) - 1e-9
     assert [len(g) for g in length_groups([10] * 40)] == [32, 8]
     assert length_groups([]) == []
+
+
+async def test_the_memo_answers_a_repeated_text_without_an_encode_and_hands_out_copies() -> None:
+    inner = RecordingEmbedder()
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, memo_entries=8)
+    first = await batcher.aembed("What is the capital of France?")
+    first[:] = 0.0  # a caller scribbling on its vector must not poison the memo
+    again = await batcher.aembed("What is the capital of France?")
+    assert inner.calls == [["What is the capital of France?"]]
+    assert batcher.memo_hits == 1
+    assert np.array_equal(again, HashingEmbedder(dim=32).embed(["What is the capital of France?"])[0])
+    # exact text only: any other string is encoded
+    await batcher.aembed("What is the capital of France? ")
+    assert len(inner.calls) == 2
+    await batcher.aclose()
+
+
+async def test_the_memo_is_bounded_least_recently_used_out_first() -> None:
+    inner = RecordingEmbedder()
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, memo_entries=2)
+    for text in ("a", "b", "a", "c"):  # "a" used again before "c" arrives: "b" is the one dropped
+        await batcher.aembed(text)
+    assert inner.calls == [["a"], ["b"], ["c"]]
+    await batcher.aembed("a")
+    assert len(inner.calls) == 3
+    await batcher.aembed("b")
+    assert inner.calls[-1] == ["b"]
+    assert len(batcher._memo) == 2
+    await batcher.aclose()
+
+
+async def test_without_a_memo_or_after_a_failed_encode_every_call_encodes() -> None:
+    inner = RecordingEmbedder(fail=RuntimeError("model exploded"))
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, memo_entries=8)
+    with pytest.raises(RuntimeError):
+        await batcher.aembed("x")
+    inner.fail = None
+    await batcher.aembed("x")  # the failure stored nothing
+    assert len(inner.calls) == 2
+    off = BatchingEmbedder(embedder=inner, max_batch=32)
+    await off.aembed("x")
+    await off.aembed("x")
+    assert len(inner.calls) == 4 and off.memo_hits == 0
+    with pytest.raises(ValueError, match="memo_entries"):
+        BatchingEmbedder(embedder=inner, memo_entries=-1)
+    await batcher.aclose()
+    await off.aclose()
+
+
+async def test_memo_entries_are_per_scope_so_one_tenant_cannot_time_anothers_texts() -> None:
+    inner = RecordingEmbedder()
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, memo_entries=8)
+    a = await batcher.aembed("the same prompt", scope="partition-a")
+    b = await batcher.aembed("the same prompt", scope="partition-b")  # another tenant: encoded, not remembered
+    assert len(inner.calls) == 2 and batcher.memo_hits == 0
+    assert np.array_equal(a, b)  # the scope never changes the vector
+    await batcher.aembed("the same prompt", scope="partition-a")
+    assert len(inner.calls) == 2 and batcher.memo_hits == 1
+    await batcher.aclose()
+
+
+async def test_the_cache_keys_the_memo_by_partition() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from fleetgate.cache.config import CacheConfig, SemanticConfig
+    from fleetgate.cache.metrics import CacheMetrics
+    from fleetgate.cache.twolayer import TwoLayerCache
+    from fleetgate.cache.types import CacheRequest
+    from fleetgate.core.kvstore import MemoryKVStore
+
+    def req(tenant: str) -> CacheRequest:
+        return CacheRequest(
+            tenant=tenant,
+            model="m",
+            kind="chat",
+            body={"messages": [{"role": "user", "content": "How do I sort a slice in Go?"}], "temperature": 0},
+        )
+
+    inner = RecordingEmbedder()
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, memo_entries=8)
+    cache = TwoLayerCache(
+        config=CacheConfig(semantic=SemanticConfig(embedder="hashing")),
+        kvstore=MemoryKVStore(),
+        embedder=batcher,
+        metrics=CacheMetrics(CollectorRegistry()),
+    )
+    await cache.start()
+    await cache.warm_up()
+    for tenant in ("alice", "bob", "alice"):
+        await cache.lookup(req(tenant))
+    assert len(inner.calls) == 2 and batcher.memo_hits == 1  # alice's retry is free; bob's first ask is not
+    await cache.aclose()
+    await batcher.aclose()
