@@ -4,10 +4,11 @@ Schemes (keys of `GGUF_SCHEMES`), all compressed-tensors checkpoints served with
 fleetgate-ct` (`fleetgate.local.vllm_plugin`: vLLM CPU keeps tied embeddings in 16 bits otherwise):
 - `w4a16-gguf`: every linear layer and the tied embedding in 4 bits, symmetric, groups of 32 aligned with
   the GGUF blocks, scales searched for the least squared error against the exact GGUF values.
-- `w4a16-gguf-e8`: the same linear layers; the embedding is the GGUF's Q8_0 itself (int8, groups of 32,
-  fp16 scales: exact).
-- `gguf-e8`: linear layers in bf16 (the base directory's), the exact int8 embedding: the faithful reference,
-  whose only difference from bf16 is that the embedding's rounding to bf16 is gone.
+- `gguf-e4`: linear layers in bf16 (the base directory's), the tied embedding in 4 bits as above. On CPU,
+  vLLM holds a bf16 tied embedding twice (the lookup table and oneDNN's packed copy for the logits), so
+  this is where most weight memory goes; the linear layers are the part 4 bits damage (greedy agreement).
+- `gguf-e8`: linear layers in bf16, the embedding the GGUF's Q8_0 itself (int8, groups of 32, fp16
+  scales: exact): the faithful reference.
 Norms and everything not quantized come from the bfloat16 directory, whose tensors each GGUF weight is
 checked against (a wrong name or layout fails the build instead of serving a scrambled model).
 """
@@ -33,7 +34,7 @@ class GgufScheme:
 GGUF_SCHEMES: MappingProxyType[str, GgufScheme] = MappingProxyType(
     {
         "w4a16-gguf": GgufScheme(linear_bits=4, embedding_bits=4),
-        "w4a16-gguf-e8": GgufScheme(linear_bits=4, embedding_bits=8),
+        "gguf-e4": GgufScheme(linear_bits=None, embedding_bits=4),
         "gguf-e8": GgufScheme(linear_bits=None, embedding_bits=8),
     }
 )
@@ -74,8 +75,13 @@ def quantization_config(scheme: GgufScheme) -> dict[str, Any]:
         }
     }
     if scheme.linear_bits is not None:
-        groups["linear"] = {"targets": ["Linear"], "weights": weights_args(scheme.linear_bits),
-                            "input_activations": None, "output_activations": None, "format": "pack-quantized"}
+        groups["linear"] = {
+            "targets": ["Linear"],
+            "weights": weights_args(scheme.linear_bits),
+            "input_activations": None,
+            "output_activations": None,
+            "format": "pack-quantized",
+        }
     return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
             "config_groups": groups, "ignore": ["lm_head"], "kv_cache_scheme": None, "sparsity_config": {}}  # fmt: skip
 

@@ -10,7 +10,7 @@ or whose files are missing or truncated (corrupt) is prepared again.
 `--quantization SCHEME` prepares `<cache>/models/gemma-3-270m-<scheme>` from the bfloat16 directory
 (prepared first if needed): `w4a16|w8a8`, the bf16 weights quantized by `fleetgate.local.quantize` (round
 to nearest); `w4a16-gptq`, by `gptq_recipe.py` run with the Python of a separate environment that has
-llmcompressor (`--quantizer-python` or `$FLEETGATE_QUANTIZER_PYTHON`); `w4a16-gguf|w4a16-gguf-e8|gguf-e8`,
+llmcompressor (`--quantizer-python` or `$FLEETGATE_QUANTIZER_PYTHON`); `w4a16-gguf|gguf-e4|gguf-e8`,
 built from the GGUF's own blocks, embedding included, by `fleetgate.local.gguf_quantize` (the GGUF is
 assembled again). The tokenizer files are copied. The manifest also records the scheme, so the same
 staleness rules apply.
@@ -45,7 +45,7 @@ DEFAULT_MAX_MODEL_LEN = 32768
 # this process by `fleetgate.local.quantize`, and GPTQ made by `gptq_recipe.py` in a quantizer environment.
 GPTQ_SCHEME: Final = "w4a16-gptq"
 # Built from the GGUF's own blocks by `fleetgate.local.gguf_quantize` (keys of its GGUF_SCHEMES).
-GGUF_QUANTIZATIONS: Final = ("w4a16-gguf", "w4a16-gguf-e8", "gguf-e8")
+GGUF_QUANTIZATIONS: Final = ("w4a16-gguf", "gguf-e4", "gguf-e8")
 QUANTIZATIONS: Final = ("w4a16", "w8a8", GPTQ_SCHEME, *GGUF_QUANTIZATIONS)
 QUANTIZER_PYTHON_ENV: Final = "FLEETGATE_QUANTIZER_PYTHON"
 TOKENIZER_FILES: Final = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
@@ -218,9 +218,7 @@ def _build(
             if scheme in GGUF_QUANTIZATIONS:
                 how = f"from the GGUF's blocks, embedding included; ~3 min on 2 cores, {base.name} for the rest"
             step(1, f"quantizing to {scheme} ({how})")
-            _quantize(
-                base=base, out=out, scheme=scheme, quantizer_python=quantizer_python, source=source, work=work
-            )
+            _quantize(base=base, out=out, scheme=scheme, quantizer_python=quantizer_python, source=source, work=work)
         else:
             _convert(source=source, identity=identity, work=work, out=out, step=step)
         files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}

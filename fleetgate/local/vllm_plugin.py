@@ -65,15 +65,18 @@ def _log_weight_bytes_after_load() -> None:
     original = CPUModelRunner.load_model
 
     def load_model(self: Any, *args: Any, **kwargs: Any) -> None:
-        before = _rss_bytes()
+        rss, anon = _resident_bytes()
         original(self, *args, **kwargs)
         # Tensor bytes miss weights that a kernel moved into its own buffers (oneDNN's bf16 and int8
         # GEMMs keep prepacked copies); the worker's RSS growth over the load counts those too.
-        print(weight_bytes_line(tensor_bytes=model_tensor_bytes(self.model), rss_bytes=_rss_bytes() - before),
-              flush=True)  # fmt: skip
+        rss_after, anon_after = _resident_bytes()
+        line = weight_bytes_line(
+            tensor_bytes=model_tensor_bytes(self.model), rss_bytes=rss_after - rss, anon_bytes=anon_after - anon
+        )
+        print(line, flush=True)
 
     load_model._fleetgate = True  # type: ignore[attr-defined]
-    CPUModelRunner.load_model = load_model
+    CPUModelRunner.load_model = load_model  # type: ignore[method-assign]
 
 
 def config_class() -> type:
@@ -82,14 +85,14 @@ def config_class() -> type:
     )
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
-    class FleetgateCompressedTensorsConfig(CompressedTensorsConfig):  # type: ignore[misc]
+    class FleetgateCompressedTensorsConfig(CompressedTensorsConfig):
         """compressed-tensors, with the tied embedding served by `QuantizedTiedEmbedding`."""
 
         def get_name(self) -> str:  # type: ignore[override]
             return NAME
 
         @classmethod
-        def override_quantization_method(cls, hf_quant_cfg: Any, user_quant: Any, **_: Any) -> str | None:
+        def override_quantization_method(cls, hf_quant_cfg: Any, user_quant: Any, hf_config: Any = None) -> Any:
             # The checkpoint says compressed-tensors; `--quantization fleetgate-ct` picks this reading of it.
             if user_quant == NAME and hf_quant_cfg.get("quant_method") == "compressed-tensors":
                 return NAME
@@ -100,7 +103,7 @@ def config_class() -> type:
                 return TiedHead()
             if isinstance(layer, VocabParallelEmbedding):
                 scheme = self.get_scheme_dict(layer, layer_name=prefix)
-                weights = scheme.get("weights") if scheme else None
+                weights: Any = scheme.get("weights") if scheme else None
                 if weights is None:
                     return None
                 return QuantizedTiedEmbedding(num_bits=int(weights.num_bits), group_size=int(weights.group_size))
@@ -142,7 +145,7 @@ def gather_blocked_rows(blocked: torch.Tensor, ids: torch.Tensor) -> torch.Tenso
     return (word >> shift) & 15
 
 
-class QuantizedTiedEmbedding(QuantizeMethodBase):  # type: ignore[misc]
+class QuantizedTiedEmbedding(QuantizeMethodBase):
     """A quantized embedding whose one copy also computes the logits (see the module docstring)."""
 
     def __init__(self, *, num_bits: int, group_size: int) -> None:
@@ -153,7 +156,7 @@ class QuantizedTiedEmbedding(QuantizeMethodBase):  # type: ignore[misc]
         self.dtype = torch.bfloat16
 
     def create_weights(
-        self, layer: torch.nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
+        self, layer: Any, input_size_per_partition: int, output_partition_sizes: list[int],
         input_size: int, output_size: int, params_dtype: torch.dtype, **extra: Any,
     ) -> None:  # fmt: skip
         from vllm.model_executor.parameter import BasevLLMParameter, GroupQuantScaleParameter, PackedvLLMParameter
@@ -180,7 +183,7 @@ class QuantizedTiedEmbedding(QuantizeMethodBase):  # type: ignore[misc]
         )
         layer.register_parameter("weight_scale", scale)
 
-    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+    def process_weights_after_loading(self, layer: Any) -> None:
         if self.num_bits == 4:
             layer.weight_packed.data = to_wna16_blocks(layer.weight_packed.data)
             layer.weight_scale.data = layer.weight_scale.data.t().contiguous()  # (groups, rows)
@@ -191,7 +194,7 @@ class QuantizedTiedEmbedding(QuantizeMethodBase):  # type: ignore[misc]
             layer.weight_packed.data = grouped
             layer.weight_scale.data = layer.weight_scale.data.t().contiguous()  # (groups, rows)
 
-    def embedding(self, layer: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    def embedding(self, layer: Any, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
         scales = layer.weight_scale[:, flat].t().float()  # (n, groups)
         if self.num_bits == 4:
@@ -201,7 +204,7 @@ class QuantizedTiedEmbedding(QuantizeMethodBase):  # type: ignore[misc]
         rows = values.view(flat.numel(), -1, self.group_size) * scales.unsqueeze(-1)
         return rows.reshape(*ids.shape, -1).to(self.dtype)
 
-    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.num_bits == 4:
             from vllm import _custom_ops as ops
 
@@ -219,7 +222,7 @@ class QuantizedTiedEmbedding(QuantizeMethodBase):  # type: ignore[misc]
         return out if bias is None else out + bias
 
 
-class TiedHead(QuantizeMethodBase):  # type: ignore[misc]
+class TiedHead(QuantizeMethodBase):
     """`lm_head` of a model whose quantized embedding is tied to it: it owns no weights of its own."""
 
     def create_weights(self, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
@@ -239,12 +242,22 @@ class TiedHead(QuantizeMethodBase):  # type: ignore[misc]
         raise ValueError(f"{NAME}: lm_head must be tied to a quantized embedding (tie_word_embeddings)")
 
 
-def _rss_bytes() -> int:
+def _resident_bytes() -> tuple[int, int]:
+    """(RSS, anonymous RSS) of this process once garbage and the C allocator's free pages are handed back."""
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: RSS may then include freed load buffers
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    found: dict[str, int] = {}
     with open("/proc/self/status", encoding="ascii") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon"):
+                found[key] = int(value.split()[0]) * 1024
+    return found.get("VmRSS", 0), found.get("RssAnon", 0)
 
 
 def _isa_hint() -> str:
