@@ -126,6 +126,9 @@ def build_checkpoint(*, gguf_path: Path, base: Path, out_dir: Path, scheme: str)
     from safetensors.torch import load_file, save_file
 
     chosen = GGUF_SCHEMES[scheme]
+    config = json.loads((base / "config.json").read_text(encoding="utf-8"))
+    if not config.get("tie_word_embeddings", True):
+        raise ModelPrepError("the GGUF schemes quantize a tied embedding; this model's lm_head is untied")
     tensors: dict[str, Any] = dict(load_file(str(base / "model.safetensors")))
     count = 0
     for tensor in GGUFReader(str(gguf_path)).tensors:
@@ -150,9 +153,6 @@ def build_checkpoint(*, gguf_path: Path, base: Path, out_dir: Path, scheme: str)
         count += 1
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / "model.safetensors"))
-    config = json.loads((base / "config.json").read_text(encoding="utf-8"))
-    if not config.get("tie_word_embeddings", True):
-        raise ModelPrepError("the GGUF schemes quantize a tied embedding; this model's lm_head is untied")
     config["quantization_config"] = quantization_config(chosen)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return count
