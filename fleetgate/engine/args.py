@@ -42,6 +42,9 @@ QUANTIZATIONS: tuple[str, ...] = (
     "experts_int8",
     "moe_wna16",
     "torchao",
+    # compressed-tensors with quantized tied embeddings on CPU: FleetGate's vLLM plugin
+    # (`fleetgate.local.vllm_plugin`), known to vLLM wherever fleetgate is installed beside it.
+    "fleetgate-ct",
 )
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 # Methods that read a separate draft/head model (`speculative_model` required).

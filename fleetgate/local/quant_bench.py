@@ -2,7 +2,10 @@
 
 For bf16 (the baseline) and each scheme, on the same machine in the same run (engines start one after
 the other, each stopped before the next starts):
-- weights: bytes of the checkpoint's safetensors files (what the engine loads);
+- weights: bytes of the checkpoint's safetensors files (what the engine loads), and in memory as the
+  engine's worker reports them (`fleetgate.local.vllm_plugin`, `$FLEETGATE_LOG_WEIGHT_BYTES`): the bytes
+  of the loaded model's tensors, and the worker's RSS and anonymous-RSS growth over the load (vLLM CPU logs
+  no weight memory; see `fleetgate.local.vllm_weights`);
 - memory: RSS and PSS summed over the engine's process group once it has served requests;
 - start-up: launch -> `/health` 200 with the model listed;
 - TTFT of a short prompt; decode tokens/s of one stream and aggregate tokens/s of 4 streams;
@@ -27,6 +30,7 @@ from fleetgate.local.engine_bench import MODEL, decode_rate, group_memory_mib, s
 from fleetgate.local.engines import EngineFleet
 from fleetgate.local.model_prep import prepare_model
 from fleetgate.local.vllm_command import vllm_specs
+from fleetgate.local.vllm_weights import WEIGHT_BYTES_ENV, parse_weight_bytes
 
 BASELINE = "none"
 PROMPTS: tuple[str, ...] = (
@@ -44,10 +48,17 @@ PROMPTS: tuple[str, ...] = (
 
 
 def greedy_tokens(url: str, *, prompt: str, max_tokens: int) -> list[str]:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 1,
-            "ignore_eos": True}
-    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "logprobs": 1,
+        "ignore_eos": True,
+    }
+    req = urllib.request.Request(
+        f"{url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=600) as response:
         data = json.loads(response.read())
     return [str(t) for t in data["choices"][0]["logprobs"]["tokens"]]
@@ -71,10 +82,19 @@ def measure(*, scheme: str, max_tokens: int, agreement_tokens: int) -> dict[str,
     quantization = None if scheme == BASELINE else scheme
     model_path = prepare_model(quantization=quantization)
     logs = Path(tempfile.mkdtemp(prefix=f"fleetgate-quant-bench-{scheme}-"))
-    config = EngineConfig(base_port=0, max_model_len=2048, quantization=scheme, log_dir=logs)  # type: ignore[arg-type]
+    config = EngineConfig(
+        base_port=0,
+        max_model_len=2048,
+        quantization=scheme,  # type: ignore[arg-type]  # checked against QUANTIZATIONS by the CLI
+        log_dir=logs,
+        env={WEIGHT_BYTES_ENV: "1"},
+    )
     out: dict[str, Any] = {"weights_bytes": _weights_bytes(model_path)}
     with EngineFleet(specs=vllm_specs(config=config, model_path=model_path)) as fleet:
         out["engine_start_s"] = fleet.start()
+        reported = parse_weight_bytes((logs / "engine-0.log").read_text(errors="replace"))
+        nan = float("nan")
+        out["weights_tensor_bytes"], out["weights_rss_bytes"], out["weights_anon_bytes"] = reported or (nan, nan, nan)
         url, pgid = fleet.urls[0], fleet.processes[0].pid
         out["greedy"] = [greedy_tokens(url, prompt=p, max_tokens=agreement_tokens) for p in PROMPTS]
         start, arrivals = stream_times(url, prompt="Once upon a time", max_tokens=max_tokens)
@@ -105,8 +125,18 @@ def run_compare(*, schemes: list[str], max_tokens: int, agreement_tokens: int, a
     for fig in figures.values():
         pairs = zip(base["greedy"], fig["greedy"], strict=True)
         fig["greedy_agreement"] = sum(agreement(a, b) for a, b in pairs) / len(PROMPTS)
-        for key in ("weights_bytes", "rss_mib", "pss_mib", "engine_start_s", "ttft_s", "decode_tok_s_1_stream",
-                    "decode_tok_s_4_streams"):
+        for key in (
+            "weights_bytes",
+            "weights_tensor_bytes",
+            "weights_rss_bytes",
+            "weights_anon_bytes",
+            "rss_mib",
+            "pss_mib",
+            "engine_start_s",
+            "ttft_s",
+            "decode_tok_s_1_stream",
+            "decode_tok_s_4_streams",
+        ):
             fig[f"{key}_vs_bf16"] = fig[key] / base[key] if base[key] else float("nan")
     if as_json:
         print(json.dumps({k: {f: v for f, v in fig.items() if f != "greedy"} for k, fig in figures.items()}, indent=2))

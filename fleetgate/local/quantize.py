@@ -39,6 +39,17 @@ SCHEMES: MappingProxyType[str, Scheme] = MappingProxyType(
 )
 # vLLM's `--quantization` value for checkpoints written by compressed-tensors.
 VLLM_METHOD = "compressed-tensors"
+# ... and for those whose tied embedding is quantized too (`fleetgate.local.vllm_plugin.NAME`).
+PLUGIN_METHOD = "fleetgate-ct"
+
+
+def vllm_method(scheme: str) -> str | None:
+    """vLLM's `--quantization` for a checkpoint of `prepare-model --quantization scheme` (None: bf16)."""
+    from fleetgate.local.model_prep import GGUF_QUANTIZATIONS
+
+    if scheme == "none":
+        return None
+    return PLUGIN_METHOD if scheme in GGUF_QUANTIZATIONS else VLLM_METHOD
 
 
 def _minmax(weight: object, strategy: str, group_size: int | None) -> tuple[object, object]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from fleetgate.engine.args import VLLM_MODULE, EngineArgs
 from fleetgate.local.config import EngineConfig
 from fleetgate.local.engines import EngineSpec, free_port
-from fleetgate.local.quantize import VLLM_METHOD
+from fleetgate.local.quantize import vllm_method
 
 
 def engine_args(*, config: EngineConfig, model_path: Path, port: int) -> EngineArgs:
@@ -33,8 +33,9 @@ def engine_args(*, config: EngineConfig, model_path: Path, port: int) -> EngineA
         host=config.host,
         port=port,
         dtype=config.dtype,
-        # Checkpoints from `prepare-model --quantization` are compressed-tensors ones.
-        quantization=None if config.quantization == "none" else VLLM_METHOD,
+        # Checkpoints from `prepare-model --quantization` are compressed-tensors ones (GGUF-built ones with a
+        # quantized tied embedding: `fleetgate-ct`, the plugin in `fleetgate.local.vllm_plugin`).
+        quantization=vllm_method(config.quantization),
         max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs,
         kv_cache_dtype=config.kv_cache_dtype,

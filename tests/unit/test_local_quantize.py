@@ -38,7 +38,10 @@ def _tensors(path: Path) -> dict[str, object]:
 
 
 def test_scheme_keys_match_the_cli_choices() -> None:
-    assert (*SCHEMES, model_prep.GPTQ_SCHEME) == model_prep.QUANTIZATIONS
+    from fleetgate.local.gguf_quantize import GGUF_SCHEMES
+
+    assert (*SCHEMES, model_prep.GPTQ_SCHEME, *GGUF_SCHEMES) == model_prep.QUANTIZATIONS
+    assert tuple(GGUF_SCHEMES) == model_prep.GGUF_QUANTIZATIONS
 
 
 def test_gptq_without_a_quantizer_python_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -101,6 +104,9 @@ def test_quantized_dir_is_named_for_the_scheme(tmp_path: Path) -> None:
 def test_engine_serves_a_quantized_checkpoint_with_compressed_tensors(tmp_path: Path) -> None:
     argv = engine_args(config=EngineConfig(quantization="w8a8"), model_path=tmp_path, port=1).to_argv()
     assert argv[argv.index("--quantization") + 1] == "compressed-tensors"
+    # a quantized tied embedding needs FleetGate's plugin reading of compressed-tensors
+    argv = engine_args(config=EngineConfig(quantization="w4a16-gguf"), model_path=tmp_path, port=1).to_argv()
+    assert argv[argv.index("--quantization") + 1] == "fleetgate-ct"
     assert "--quantization" not in engine_args(config=EngineConfig(), model_path=tmp_path, port=1).to_argv()
 
 
