@@ -54,14 +54,6 @@ SAMPLED_OPT_IN = "x-fleetgate-cache-sampled"
 HITS = (CacheStatus.HIT_EXACT, CacheStatus.HIT_SEMANTIC)
 
 
-def _add(a: Usage, b: Usage) -> Usage:
-    return Usage(
-        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
-        completion_tokens=a.completion_tokens + b.completion_tokens,
-        cached_tokens=a.cached_tokens + b.cached_tokens,
-    )
-
-
 class Pipeline:
     def __init__(
         self,
@@ -275,7 +267,7 @@ class Pipeline:
         if usage is None:
             self._m.upstream_errors.labels(attempt.model, ep.id, "bad_usage").inc()
             usage = fallback_usage(prompt_estimate=ctx.prompt_estimate, output_chunks=0)
-        ctx.spent = _add(ctx.spent or Usage(), usage)
+        ctx.spent = (ctx.spent or Usage()) + usage
         self._s.scheduler.on_complete(attempt.routing, ep, ok=True, usage=usage)
         if ep.model != attempt.model:
             obj["model"] = attempt.model
@@ -292,7 +284,7 @@ class Pipeline:
 
         def on_done(out: StreamOutcome) -> None:  # also when the client left: the usage so far is charged
             usage = self._charged(ctx, attempt, out)
-            ctx.spent = _add(ctx.spent or Usage(), usage)
+            ctx.spent = (ctx.spent or Usage()) + usage
             self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok and out.assembled is not None, usage=usage)
             done.append((out, usage))
 
@@ -336,7 +328,7 @@ class Pipeline:
                 ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
             else:
                 attempt, obj, body = attempt2, obj2, body2
-                total = _add(total, usage2)
+                total = total + usage2
                 records.append(self._record(ctx, model=attempt2.model, tier=attempt2.tier,
                                             endpoint=attempt2.endpoint.id, usage=usage2, status=200))
                 records[-1].extra["cascade"] = f"escalation of {records[0].model}: {reason}"
