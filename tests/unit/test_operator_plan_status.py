@@ -168,3 +168,25 @@ def test_a_child_the_api_server_refused_is_degraded_and_not_ready() -> None:
     assert status["phase"] == "Degraded"
     assert _conds(status)["Degraded"] == ("True", "ApplyFailed") and _conds(status)["Ready"] == ("False", "ApplyFailed")
     assert "Service/m" in next(c["message"] for c in status["conditions"] if c["type"] == "Degraded")
+
+
+def test_70b_awq_on_two_l40s_fits_and_bf16_does_not_with_numbers() -> None:
+    """Issue 15: weight bytes per GPU follow the quantization scheme. Llama 3.3 70B as 4-bit AWQ (~0.27 of
+    bf16 with its 16-bit embeddings, lm_head and scales) fits 2 x L40S (48 GB) at TP 2; in bf16 it needs
+    ~70 GB of weights per GPU and is DoesNotFit, saying how much."""
+    base = {
+        "resources": {"accelerator": "nvidia-l40s", "gpus": 2},
+        "engine": {"tensorParallelSize": 2, "maxModelLen": 8192},
+    }
+    # The catalog's architecture facts for the model; the checkpoint's quantization sets bytes per weight.
+    awq = _status(spec={**base, "model": {"source": "hf://meta-llama/Llama-3.3-70B-Instruct"},
+                        "engine": {**base["engine"], "quantization": "awq_marlin"}})
+    assert awq["phase"] != "DoesNotFit", awq
+    plan = awq["capacityPlan"]
+    assert plan["fits"] is True
+    assert 17e9 < plan["weightBytesPerGpu"] < 22e9, plan  # ~40 GB of AWQ weights over 2 GPUs
+    assert plan["maxConcurrentSequences"] >= 8  # room for the KV cache of several 8K sequences
+    bf16 = _status(spec={**base, "model": {"source": "hf://meta-llama/Llama-3.3-70B-Instruct"}})
+    assert bf16["phase"] == "DoesNotFit"
+    message = next(c["message"] for c in bf16["conditions"] if c["type"] == "CapacityPlanned")
+    assert "weights do not fit" in message and "70.55 GB weights" in message  # 141 GB / 2, with the numbers
