@@ -142,7 +142,8 @@
     const labels = { daily_budget: "today", monthly_budget: "this month", rpm: "requests/min", tpm: "tokens/min" };
     for (const t of shown) {
       for (const [name, w] of Object.entries(t.windows)) {
-        const money = name.endsWith("budget");
+        const money = name.includes("budget");  // also a model's cap: `model_daily_budget:<model>`
+        const cap = /^model_(daily|monthly)_budget:(.+)$/.exec(name);
         const used = money ? w.used / 1e6 : w.used;
         const limit = money ? w.limit / 1e6 : w.limit;
         const share = limit > 0 ? used / limit : 1;
@@ -151,7 +152,8 @@
         row.dataset.tenant = t.tenant;
         row.dataset.window = name;
         const title = document.createElement("div");
-        title.textContent = `${t.name} · ${labels[name] || name}`;
+        const what = cap ? `${cap[2]} ${cap[1] === "daily" ? "today" : "this month"}` : labels[name] || name;
+        title.textContent = `${t.name} · ${what}`;
         const bar = document.createElement("div");
         bar.className = "bar";
         const fill = document.createElement("div");

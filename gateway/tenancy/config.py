@@ -79,6 +79,13 @@ Price = Annotated[
 ]
 
 
+class ModelBudget(_Strict):
+    """A tenant's spend cap on one model name (a LoRA adapter, typically), inside its overall budgets."""
+
+    daily_budget_usd: Decimal | None = Field(default=None, ge=0)
+    monthly_budget_usd: Decimal | None = Field(default=None, ge=0)
+
+
 class TenantConfig(_Strict):
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
     name: str = ""
@@ -89,6 +96,8 @@ class TenantConfig(_Strict):
     tpm: int | None = Field(default=None, ge=1)
     daily_budget_usd: Decimal | None = Field(default=None, ge=0)
     monthly_budget_usd: Decimal | None = Field(default=None, ge=0)
+    # Per requested model name (an adapter, a model; not a tier alias, which names no one model).
+    model_budgets: dict[str, ModelBudget] = Field(default_factory=dict)
 
     @field_validator("key_hashes")
     @classmethod

@@ -45,6 +45,7 @@ from fleetgate.gateway.tenancy.config import TenancyConfig
 from fleetgate.gateway.tenancy.limiter_circuit import Move, StoreCircuit
 from fleetgate.gateway.tenancy.limiter_windows import (
     Check,
+    ModelLimits,
     TenantLimits,
     describe,
     plan_checks,
@@ -65,13 +66,22 @@ class CounterBackend(Protocol):
     async def read(self, keys: Sequence[str]) -> list[int]: ...
 
 
+def _micros(usd: Any) -> int | None:
+    return usd_to_micros(usd) if usd is not None else None
+
+
 def limits_from_config(config: TenancyConfig) -> dict[str, TenantLimits]:
     return {
         t.id: TenantLimits(
             rpm=t.rpm,
             tpm=t.tpm,
-            daily_micros=usd_to_micros(t.daily_budget_usd) if t.daily_budget_usd is not None else None,
-            monthly_micros=usd_to_micros(t.monthly_budget_usd) if t.monthly_budget_usd is not None else None,
+            daily_micros=_micros(t.daily_budget_usd),
+            monthly_micros=_micros(t.monthly_budget_usd),
+            models=tuple(
+                (model, ModelLimits(daily_micros=_micros(b.daily_budget_usd),
+                                    monthly_micros=_micros(b.monthly_budget_usd)))
+                for model, b in t.model_budgets.items()
+            ),
         )
         for t in config.tenants
     }
@@ -117,7 +127,7 @@ class TenancyLimiter:
     def _checks(self, tenant: Tenant, reservation: Reservation, limits: TenantLimits, now: float) -> list[Check]:
         return plan_checks(prefix=self._prefix, tenant_id=tenant.id, limits=limits, now_s=now,
                            tokens=reservation.estimated_tokens, micros=reservation.estimated_micros,
-                           sliding=self._sliding)
+                           sliding=self._sliding, model=reservation.model)
 
     async def reserve(
         self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int | None,
@@ -135,6 +145,8 @@ class TenancyLimiter:
         now = self._clock()
         now_ms = int(now * 1000)
         checks = self._checks(tenant, reservation, limits, now)
+        if not checks:  # only caps on other models
+            return reservation
         answer = await self._try_reserve(checks, now_ms=now_ms)
         if answer is not None and answer[0] and fit_max_tokens and limits.bounds_spend:
             fitted = self._fit(checks[answer[0] - 1], answer, now_ms=now_ms, prompt=prompt, sequences=sequences,
@@ -158,7 +170,7 @@ class TenancyLimiter:
             load = window_load(check=check, cur=cur, prev=prev, now_ms=now_ms)
             code = "insufficient_quota" if check.name.endswith("budget") else "rate_limit_exceeded"
             raise RateLimitError(
-                describe(check, tenant_id=tenant.id, load=load),
+                describe(check, tenant_id=tenant.id, load=load, model=model),
                 retry_after_s=retry_after_s(check=check, cur=cur, prev=prev, now_ms=now_ms),
                 code=code,
             )
@@ -279,13 +291,17 @@ class TenancyLimiter:
             return {}
         now = self._clock()
         now_ms = int(now * 1000)
-        checks = plan_checks(prefix=self._prefix, tenant_id=tenant_id, limits=limits, now_s=now,
-                             tokens=0, micros=0, sliding=self._sliding)
-        keys = [k for c in checks for k in (c.key, c.prev_key or c.key)]
+        checks = [(c.name, c) for c in plan_checks(prefix=self._prefix, tenant_id=tenant_id, limits=limits,
+                                                    now_s=now, tokens=0, micros=0, sliding=self._sliding)]
+        for model, _ in limits.models:  # each model's caps, named `model_daily_budget:<model>`
+            checks += [(f"{c.name}:{model}", c) for c in plan_checks(
+                prefix=self._prefix, tenant_id=tenant_id, limits=TenantLimits(models=limits.models), now_s=now,
+                tokens=0, micros=0, sliding=self._sliding, model=model)]
+        keys = [k for _, c in checks for k in (c.key, c.prev_key or c.key)]
         values = await self._counters.read(keys)
         out: dict[str, dict[str, float | int]] = {}
-        for i, c in enumerate(checks):
+        for i, (name, c) in enumerate(checks):
             load = window_load(check=c, cur=values[2 * i], prev=values[2 * i + 1], now_ms=now_ms)
-            out[c.name] = {"limit": c.limit, "used": round(load, 3),
-                           "resets_in_s": round((c.start_ms + c.window_ms - now_ms) / 1000, 3)}
+            out[name] = {"limit": c.limit, "used": round(load, 3),
+                         "resets_in_s": round((c.start_ms + c.window_ms - now_ms) / 1000, 3)}
         return out

@@ -32,25 +32,38 @@ MINUTE_MS = 60_000
 
 
 @dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """Dollar caps on one requested model name (daily, monthly), in micro-dollars."""
+
+    daily_micros: int | None = None
+    monthly_micros: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TenantLimits:
     rpm: int | None = None
     tpm: int | None = None
     daily_micros: int | None = None
     monthly_micros: int | None = None
+    models: tuple[tuple[str, ModelLimits], ...] = ()  # per requested model name
+
+    def model(self, name: str) -> ModelLimits | None:
+        return next((limits for model, limits in self.models if model == name), None)
 
     @property
     def any(self) -> bool:
-        return any(v is not None for v in (self.rpm, self.tpm, self.daily_micros, self.monthly_micros))
+        tenant = (self.rpm, self.tpm, self.daily_micros, self.monthly_micros)
+        return bool(self.models) or any(v is not None for v in tenant)
 
     @property
     def bounds_spend(self) -> bool:
         """A token or dollar limit: one whose overrun the gateway bounds by setting `max_tokens` upstream."""
-        return any(v is not None for v in (self.tpm, self.daily_micros, self.monthly_micros))
+        return bool(self.models) or any(v is not None for v in (self.tpm, self.daily_micros, self.monthly_micros))
 
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    name: str  # rpm | tpm | daily_budget | monthly_budget
+    name: str  # rpm | tpm | daily_budget | monthly_budget | model_daily_budget | model_monthly_budget
     key: str
     prev_key: str  # previous minute for sliding windows; "" for fixed ones
     limit: int
@@ -99,8 +112,10 @@ def plan_checks(
     tokens: int,
     micros: int,
     sliding: bool,
+    model: str | None = None,
 ) -> list[Check]:
-    """The counters one request reserves against, in the order they are checked."""
+    """The counters one request reserves against, in the order they are checked: the tenant's windows,
+    then the caps of the requested `model` if the tenant has any (same hash tag, so one atomic step)."""
     base = f"{prefix}lim:{{{tenant_id}}}"  # hash tag: one cluster slot per tenant, so scripts may touch all
     now_ms = int(now_s * 1000)
     minute = now_ms // MINUTE_MS
@@ -133,6 +148,21 @@ def plan_checks(
             Check("monthly_budget", f"{base}:usd_m:{month}", "", limits.monthly_micros, micros,
                   mo_start, mo_end - mo_start, mo_end - now_ms + 86_400_000)
         )
+    capped = limits.model(model) if model is not None else None
+    if capped is not None:
+        # The model name is configured (never a client's arbitrary string), so it may stand in a key.
+        if capped.daily_micros is not None:
+            d_start, d_end = _day_bounds_ms(now_s)
+            checks.append(
+                Check("model_daily_budget", f"{base}:usd_d:m:{model}:{day_id(now_s)}", "", capped.daily_micros,
+                      micros, d_start, d_end - d_start, d_end - now_ms + 86_400_000)
+            )
+        if capped.monthly_micros is not None:
+            month, mo_start, mo_end = _month_bounds_ms(now_s)
+            checks.append(
+                Check("model_monthly_budget", f"{base}:usd_m:m:{model}:{month}", "", capped.monthly_micros,
+                      micros, mo_start, mo_end - mo_start, mo_end - now_ms + 86_400_000)
+            )
     return checks
 
 
@@ -165,7 +195,7 @@ def retry_after_s(*, check: Check, cur: int, prev: int, now_ms: int) -> float:
     return max(to_end + into_next_ms / 1000, 0.001)
 
 
-def describe(check: Check, *, tenant_id: str, load: float) -> str:
+def describe(check: Check, *, tenant_id: str, load: float, model: str | None = None) -> str:
     used = math.ceil(load)
     if check.name == "rpm":
         what = f"requests-per-minute limit (rpm={check.limit}): {used} requests in the last minute"
@@ -173,9 +203,10 @@ def describe(check: Check, *, tenant_id: str, load: float) -> str:
         what = (f"tokens-per-minute limit (tpm={check.limit}): {used} tokens used or reserved in the last "
                 f"minute, this request reserves up to {check.amount}")
     else:
-        period = "daily" if check.name == "daily_budget" else "monthly"
-        what = (f"{period} budget (${check.limit / 1e6:.6f}): ${used / 1e6:.6f} spent or reserved, this request "
-                f"may cost up to ${check.amount / 1e6:.6f}")
+        period = "daily" if "daily" in check.name else "monthly"
+        scope = f" for model {model!r}" if check.name.startswith("model_") and model else ""
+        what = (f"{period} budget{scope} (${check.limit / 1e6:.6f}): ${used / 1e6:.6f} spent or reserved, this "
+                f"request may cost up to ${check.amount / 1e6:.6f}")
     if check.amount > check.limit:
         return f"tenant {tenant_id!r}: this request alone exceeds its {what.split(':')[0]}"
     return f"tenant {tenant_id!r} is over its {what}"

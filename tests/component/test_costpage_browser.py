@@ -42,7 +42,7 @@ def settings(engine_url: str) -> GatewaySettings:
             "admin_key_hashes": [KEYS["admin"][1]],
             "tenants": [
                 {"id": "acme", "name": "Acme", "key_hashes": [KEYS["acme"][1]], "daily_budget_usd": "0.05",
-                 "monthly_budget_usd": "1", "rpm": 600},
+                 "monthly_budget_usd": "1", "rpm": 600, "model_budgets": {"small": {"daily_budget_usd": "1"}}},
                 {"id": "globex", "name": "Globex", "key_hashes": [KEYS["globex"][1]], "daily_budget_usd": "0.02"},
                 {"id": "initech", "key_hashes": [KEYS["initech"][1]]},
             ],
@@ -148,6 +148,7 @@ async def test_cost_page_renders_real_usage_without_console_errors(loaded_gatewa
     top = {b["series"]: float(b["value"]) for b in page["top"]}
     assert top == pytest.approx({g["tenant"]: g["cost_usd"] for g in report["by_tenant"]})
     assert ("acme", "daily_budget") in page["budgets"] and ("globex", "daily_budget") in page["budgets"]
+    assert ("acme", "model_daily_budget:small") in page["budgets"]  # a per-model (per-adapter) cap has its bar
     assert page["table_rows"] == 2  # small and large (no tier set)
     assert (ARTIFACTS / "costpage.png").stat().st_size > 10_000
 

@@ -363,3 +363,28 @@ async def test_an_adapter_request_is_reserved_at_its_bases_context_length(
     assert r.status_code == 200, r.text
     # a context-sized reservation is left to the engine; without the base's context it would be the default 16
     assert e1.received[-1].body.get("max_tokens") is None and e1.received[-1].body["model"] == "legal"
+
+
+async def test_a_per_adapter_budget_refuses_that_adapter_only(
+    start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    """A tenant's cap on one adapter (`model_budgets`): once spent, that adapter gets an OpenAI-shaped 429
+    `insufficient_quota` naming it, while the base and the tenant's other adapters still answer."""
+    e1 = await start_lora()
+    data = lora_settings([e1.url], auth=True).model_dump()
+    data["tenancy"]["tenants"][0]["model_budgets"] = {"legal": {"daily_budget_usd": "0.00005"}}  # 50 µ$
+    data["tenancy"]["prices"] = {"base": {"input_usd_per_1m": "1", "output_usd_per_1m": "2"}}
+    gw = await start_gateway(GatewaySettings.model_validate(data))
+    async with httpx.AsyncClient(base_url=gw.url) as c:
+        statuses = []
+        for _ in range(20):  # each request reserves a few µ$ at the base's price: the cap is reached well before
+            r = await c.post("/v1/chat/completions", json=chat("legal"), headers=key("acme"))
+            statuses.append(r.status_code)
+            if r.status_code != 200:
+                break
+        assert statuses[0] == 200 and statuses[-1] == 429, statuses
+        error = r.json()["error"]
+        assert error["code"] == "insufficient_quota" and "model 'legal'" in error["message"], error
+        for model in ("base", "pirate"):
+            ok = await c.post("/v1/chat/completions", json=chat(model), headers=key("acme"))
+            assert ok.status_code == 200, ok.text

@@ -318,3 +318,46 @@ def test_circuit_queue_is_bounded_counted_and_merged_per_key() -> None:
                                                            Move("c", 7, 10, 7)]
     circuit.queue([Move("a", 5, 10, 5), Move("a", -3, 20, 2)])
     assert circuit.take() == [Move("a", 2, 20, 7)]
+
+
+def make_with_adapter(counters: CounterBackend, clock: Clock, **tenant: object) -> TenancyLimiter:
+    price = {"input_usd_per_1m": "10", "output_usd_per_1m": "30"}
+    config = TenancyConfig.model_validate({
+        "tenants": [{"id": "acme", **tenant}], "prices": {"m": price, "pirate": price},
+    })
+    return TenancyLimiter(config, counters=counters, prices=PriceBook(config, meter=TokenMeter(MemoryKVStore())),
+                          clock=clock)
+
+
+async def test_a_model_budget_caps_that_model_only_and_settles_like_the_tenant_budget(
+    counters: CounterBackend,
+) -> None:
+    """A per-model (per-adapter) cap: `pirate` stops at $0.10 a day while the base model `m` and the tenant's own
+    budget go on; the cap's window settles to real usage like the tenant's windows do."""
+    lim = make_with_adapter(counters, Clock(T0), daily_budget_usd=Decimal("1"),
+                            model_budgets={"pirate": {"daily_budget_usd": "0.10"}})
+    held = [await lim.reserve(ACME, "pirate", prompt_tokens=1000, max_tokens=1000) for _ in range(2)]  # 2 x $0.04
+    with pytest.raises(RateLimitError) as err:
+        await lim.reserve(ACME, "pirate", prompt_tokens=1000, max_tokens=1000)
+    assert err.value.code == "insufficient_quota"
+    assert "daily budget for model 'pirate'" in err.value.message
+    assert err.value.headers["Retry-After"] == str(23 * 3600)
+    for _ in range(3):  # the base model is not capped by the adapter's budget
+        await lim.reserve(ACME, "m", prompt_tokens=1000, max_tokens=1000)
+    for r in held:
+        await lim.settle(r, Usage(prompt_tokens=1000, completion_tokens=100))  # 13_000 µ$ each
+    status = await lim.status("acme")
+    assert status["model_daily_budget:pirate"]["used"] == 26_000
+    assert status["daily_budget"]["used"] == 26_000 + 3 * 40_000  # the tenant's budget counts every model
+    await lim.reserve(ACME, "pirate", prompt_tokens=1000, max_tokens=1000)  # fits again after the refunds
+
+
+async def test_a_model_budget_alone_leaves_other_models_unmetered(counters: CounterBackend) -> None:
+    lim = make_with_adapter(counters, Clock(T0), model_budgets={"pirate": {"monthly_budget_usd": "0.05"}})
+    for _ in range(5):  # no tenant-wide limit: `m` reserves nothing anywhere
+        r = await lim.reserve(ACME, "m", prompt_tokens=1000, max_tokens=1000)
+        assert r.token == ""
+    await lim.reserve(ACME, "pirate", prompt_tokens=1000, max_tokens=1000)
+    with pytest.raises(RateLimitError) as err:
+        await lim.reserve(ACME, "pirate", prompt_tokens=1000, max_tokens=1000)
+    assert "monthly budget for model 'pirate'" in err.value.message
