@@ -178,17 +178,9 @@ class Reconciler:
             elif action.kind == "Deployment" and stored is not None:
                 deployment = stored
         conflicts = tuple(f"{a.kind}/{a.name}" for a in actions if a.verb == "conflict")
-        adapters = await self._sync_adapters(owner, spec=spec, resolved=resolved)
-        status = await self._write_status(
-            owner,
-            spec=spec,
-            resolved=resolved,
-            invalid=None,
-            deployment=deployment,
-            previous=previous,
+        status, adapters = await self._sync_and_write(
+            owner, spec=spec, resolved=resolved, deployment=deployment, previous=previous, failed=tuple(failed),
             conflicts=conflicts,
-            failed=tuple(failed),
-            adapters=adapters,
         )
         await self._announce(body, previous, status)
         await self._announce_adapters(body, previous, adapters)
@@ -199,6 +191,26 @@ class Reconciler:
             failed=tuple(failed),
             adapter_failures=tuple(failures(results=adapters or [])),
         )
+
+    async def _sync_and_write(
+        self,
+        owner: Owner,
+        *,
+        spec: InferenceServiceSpec,
+        resolved: Resolved,
+        deployment: dict[str, Any] | None,
+        previous: dict[str, Any] | None,
+        failed: tuple[str, ...],
+        conflicts: tuple[str, ...] = (),
+    ) -> tuple[dict[str, Any], list[PodAdapters] | None]:
+        """Bring the ready pods' adapters in line with the spec, then write the status that says so (both
+        reconcile and status refresh end this way)."""
+        adapters = await self._sync_adapters(owner, spec=spec, resolved=resolved)
+        status = await self._write_status(
+            owner, spec=spec, resolved=resolved, invalid=None, deployment=deployment, previous=previous,
+            conflicts=conflicts, failed=failed, adapters=adapters,
+        )
+        return status, adapters
 
     async def _write_status(
         self,
@@ -261,16 +273,8 @@ class Reconciler:
         # A child refused by the last pass is still missing: only a pass that applies it clears the verdict.
         degraded = _condition(previous, "Degraded")
         failed = (str(degraded.get("message", "")),) if degraded.get("reason") == "ApplyFailed" else ()
-        adapters = await self._sync_adapters(owner, spec=spec, resolved=resolved)
-        status = await self._write_status(
-            owner,
-            spec=spec,
-            resolved=resolved,
-            invalid=None,
-            deployment=deployment,
-            previous=previous,
-            failed=failed,
-            adapters=adapters,
+        status, adapters = await self._sync_and_write(
+            owner, spec=spec, resolved=resolved, deployment=deployment, previous=previous, failed=failed
         )
         await self._announce_adapters(body, previous, adapters)
         return status
