@@ -9,6 +9,7 @@ next to its engine management.
 from __future__ import annotations
 
 import argparse
+import asyncio
 from typing import Any
 
 import uvicorn
@@ -51,6 +52,25 @@ def build_server(
         backlog=2048,
     )
     return uvicorn.Server(config)
+
+
+async def start_in_background(server: uvicorn.Server, *, poll_s: float = 0.02) -> asyncio.Task[None]:
+    """Start `server.serve()` as a task and return it once the server listens; a server that stops before
+    listening (a port taken, a bad setting) raises its error here instead of leaving the caller polling."""
+
+    async def serve() -> None:
+        try:
+            await server.serve()
+        except SystemExit as exc:  # uvicorn exits the process when it cannot bind: make it this task's error
+            raise RuntimeError(f"the gateway could not start listening (uvicorn exit {exc.code})") from None
+
+    task = asyncio.create_task(serve())
+    while not server.started:
+        if task.done():
+            task.result()  # its exception, if any
+            raise RuntimeError("the gateway stopped before it started listening")
+        await asyncio.sleep(poll_s)
+    return task
 
 
 def metrics_url(server: uvicorn.Server) -> str | None:

@@ -82,7 +82,7 @@ def gateway_settings(
 async def run_lora_config(
     config: LoraConfig, workload: Workload, setup: LoraSetup, *, time_scale: float, progress: Any = None
 ) -> LoraResult:
-    from fleetgate.gateway.serve import build_server
+    from fleetgate.gateway.serve import build_server, start_in_background
 
     tenants = sorted({item.tenant for item in workload.items})
     fine_tunes = sorted({item.adapter for item in workload.items if item.adapter is not None})
@@ -99,11 +99,7 @@ async def run_lora_config(
             port=(port := free_port()),
             metrics_port=0,
         )
-        serve_task = asyncio.create_task(server.serve())
-        while not server.started:
-            if serve_task.done():
-                serve_task.result()
-            await asyncio.sleep(0.02)
+        serve_task = await start_in_background(server)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:

@@ -157,7 +157,7 @@ async def run_config(
     time_scale: float,
     progress: Any = None,
 ) -> ConfigResult:
-    from fleetgate.gateway.serve import build_server, metrics_url
+    from fleetgate.gateway.serve import build_server, metrics_url, start_in_background
     from fleetgate.router.roundrobin import RoundRobinScheduler
 
     tenants = sorted({item.tenant for item in workload.items})
@@ -170,11 +170,7 @@ async def run_config(
         overrides: dict[str, Any] = {} if config.prefix_routing else {"scheduler": RoundRobinScheduler()}
         port = free_port()
         server = build_server(settings, host="127.0.0.1", port=port, metrics_port=0, **overrides)
-        serve_task = asyncio.create_task(server.serve())
-        while not server.started:
-            if serve_task.done():
-                serve_task.result()
-            await asyncio.sleep(0.02)
+        serve_task = await start_in_background(server)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         large = next(d for d in deployments if d.tier == "large").model
         model = "auto" if config.tiers else large
