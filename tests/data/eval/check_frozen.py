@@ -2,12 +2,12 @@
 
 Usage (from the repository root):
 
-    PYTHONSAFEPATH=1 .venv/bin/python tests/data/eval/check_frozen.py [--set frozen|frozen2] [--dev DEV_DIR]
+    PYTHONSAFEPATH=1 .venv/bin/python tests/data/eval/check_frozen.py [--set frozen|frozen2|frozen3] [--dev DEV_DIR]
 
 Checks every row of `cache_pairs.<set>.jsonl` and `cache_conversations.<set>.jsonl` (set `frozen`, the default,
-ids `cp-frz-`/`cc-frz-`; or `frozen2`, ids `cp-fz2-`/`cc-fz2-`) against the schema of
-the shared README (keys, id format, kind/label consistency, message shape, the structural rule of each
-conversation kind), that ids and pairs are unique, and, with `--dev`, that no prompt or message text equals
+ids `cp-frz-`/`cc-frz-`; `frozen2`, ids `cp-fz2-`/`cc-fz2-`; or `frozen3`, ids `cp-fz3-`/`cc-fz3-`)
+against the schema of the shared README (keys, id format, kind/label consistency, message shape, the structural
+rule of each conversation kind), that ids and pairs are unique, and, with `--dev`, that no prompt or message text equals
 (case-insensitively) one in the dev files. Prints the count tables used in this folder's README.
 Exits 1 on the first list of problems found.
 """
@@ -50,12 +50,29 @@ DOMAINS = (
     "math",
     "writing",
 )
+# `frozen3` (issue 12, third round) was written with a wider list of domains; the older sets keep `DOMAINS`.
+DOMAINS_V3 = (
+    "coding",
+    "math",
+    "general_knowledge",
+    "health_finance",
+    "writing",
+    "travel",
+    "science",
+    "devops",
+    "cooking",
+    "legal_admin",
+    "shopping",
+    "education",
+)
 CONV_KINDS = ("paraphrase", "context", "system", "followup")
 PAIR_KEYS = {"id", "a", "b", "same", "kind", "domain"}
 CONV_KEYS = {"id", "conv_a", "conv_b", "same", "kind"}
 ROLES = {"system", "user", "assistant"}
 # Each frozen set: its file-name suffix and the id prefixes of its pair and conversation rows.
-SETS = {"frozen": ("cp-frz", "cc-frz"), "frozen2": ("cp-fz2", "cc-fz2")}
+SETS = {"frozen": ("cp-frz", "cc-frz"), "frozen2": ("cp-fz2", "cc-fz2"), "frozen3": ("cp-fz3", "cc-fz3")}
+# The domains a set's pair rows may use, by pair id prefix; a prefix not listed uses `DOMAINS`.
+PAIR_DOMAINS = {"cp-fz3": DOMAINS_V3}
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
@@ -80,6 +97,7 @@ def check_pairs(*, rows: list[dict[str, Any]], id_prefix: str = "cp-frz") -> lis
     problems: list[str] = []
     seen_ids: set[str] = set()
     seen_pairs: set[tuple[str, str]] = set()
+    domains = PAIR_DOMAINS.get(id_prefix, DOMAINS)
     for row in rows:
         rid = str(row.get("id"))
         id_pattern = re.escape(id_prefix) + r"-\d{4}"
@@ -97,7 +115,7 @@ def check_pairs(*, rows: list[dict[str, Any]], id_prefix: str = "cp-frz") -> lis
             problems.append(f"{rid}: unknown kind {row['kind']}")
         elif row["same"] is not (row["kind"] in TRUE_KINDS):
             problems.append(f"{rid}: same={row['same']} contradicts kind {row['kind']}")
-        if row["domain"] not in DOMAINS:
+        if row["domain"] not in domains:
             problems.append(f"{rid}: unknown domain {row['domain']}")
     return problems
 
@@ -162,7 +180,7 @@ def _table(*, title: str, counts: Counter[str], order: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def report(*, pairs: list[dict[str, Any]], convs: list[dict[str, Any]]) -> str:
+def report(*, pairs: list[dict[str, Any]], convs: list[dict[str, Any]], domains: tuple[str, ...] = DOMAINS) -> str:
     """The count tables, as Markdown."""
     n_true = sum(1 for r in pairs if r["same"])
     kinds = Counter(r["kind"] for r in pairs)
@@ -171,7 +189,7 @@ def report(*, pairs: list[dict[str, Any]], convs: list[dict[str, Any]]) -> str:
         f"{len(pairs) - n_true} `same=false`.",
         _table(title="kind (same=true)", counts=kinds, order=TRUE_KINDS),
         _table(title="kind (same=false)", counts=kinds, order=FALSE_KINDS),
-        _table(title="domain", counts=Counter(r["domain"] for r in pairs), order=DOMAINS),
+        _table(title="domain", counts=Counter(r["domain"] for r in pairs), order=domains),
         f"Conversations: {len(convs)} rows, {sum(1 for r in convs if r['same'])} `same=true`.",
         _table(title="kind", counts=Counter(r["kind"] for r in convs), order=CONV_KINDS),
     ]
@@ -192,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
-    print(report(pairs=pairs, convs=convs))
+    print(report(pairs=pairs, convs=convs, domains=PAIR_DOMAINS.get(pair_prefix, DOMAINS)))
     return 0
 
 
