@@ -36,7 +36,7 @@ from fleetgate.local.vllm_command import vllm_specs
 MODEL = "gemma-3-270m"
 
 
-def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as response:
         return dict(json.loads(response.read()))
@@ -144,7 +144,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated quantization schemes (w4a16,w8a8) to compare with bf16 in this run "
         "(fleetgate.local.quant_bench)",
     )
-    parser.add_argument("--agreement-tokens", type=int, default=16, help="greedy tokens per prompt (--compare)")
+    parser.add_argument(
+        "--agreement-tokens", type=int, default=16, help="bf16 greedy tokens per prompt, agreement figures (--compare)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -186,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
         figures.update({k: v for k, v in metrics.items() if k.startswith("cache_config.")})
         t = time.monotonic()
         question = [{"role": "user", "content": "What is the capital of France?"}]
-        _post(f"{url}/v1/chat/completions", {"model": MODEL, "max_tokens": 16, "temperature": 0, "messages": question})
+        body = {"model": MODEL, "max_tokens": 16, "temperature": 0, "messages": question}
+        post_json(f"{url}/v1/chat/completions", body)
         figures["first_request_s"] = time.monotonic() - t
         start, arrivals = stream_times(url, prompt="Once upon a time", max_tokens=args.max_tokens)
         figures["ttft_short_s"] = arrivals[0] - start
