@@ -7,7 +7,14 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from fleetgate.cache.config import CacheConfig
-from fleetgate.cache.embedding import BatchingEmbedder, Embedder, HashingEmbedder, MiniLMEmbedder, OnnxMiniLMEmbedder
+from fleetgate.cache.embedding import (
+    BatchingEmbedder,
+    Embedder,
+    HashingEmbedder,
+    MiniLMEmbedder,
+    OnnxMiniLMEmbedder,
+    is_minilm,
+)
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.twolayer import TwoLayerCache
 from fleetgate.cache.types import NoCache, ResponseCache
@@ -46,4 +53,16 @@ def build_cache(
     if embedder is None and config.semantic.enabled:
         embedder = build_embedder(config)
     metrics = CacheMetrics(registry if registry is not None else CollectorRegistry())
-    return TwoLayerCache(config=config, kvstore=kvstore, metrics=metrics, embedder=embedder)
+    return TwoLayerCache(config=config, kvstore=kvstore, metrics=metrics, embedder=embedder,
+                         prefilter=build_prefilter(config, embedder))
+
+
+def build_prefilter(config: CacheConfig, embedder: Embedder | None) -> Embedder | None:
+    """The static prefilter's embedder: MiniLM's static token table, for a MiniLM encoder (its table is
+    distilled from that model); None when off or with another encoder (the hashing one of the tests)."""
+    if config.semantic.prefilter != "static" or embedder is None or not is_minilm(embedder):
+        return None
+    from fleetgate.core.minilm_static import StaticMiniLM
+
+    sem = config.semantic
+    return StaticMiniLM(model_dir=Path(sem.model_dir) if sem.model_dir else None)

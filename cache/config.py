@@ -53,6 +53,16 @@ class SemanticConfig(BaseModel):
     embed_memo: int = Field(default=4096, ge=0, le=1_000_000)
     preload: bool = False  # load the model at start-up; default: on the first semantic lookup (stays small)
     threshold: float = Field(default=0.5, ge=-1.0, le=1.0)  # cosine similarity, before the verifier
+    # The static prefilter (MiniLM embedders only): a lookup first searches static token vectors distilled from
+    # MiniLM (`fleetgate.core.minilm_static`, microseconds) for the `prefilter_k` nearest entries with static
+    # cosine >= `prefilter_threshold`, and runs the verifier's text checks (vetoes) on them. When none survives,
+    # the prompt is not encoded: the lookup is a miss, as it would be with the encoder (every candidate vetoed).
+    # Otherwise the encoder runs and its own `top_k` join the survivors, so hits are decided as without the
+    # prefilter. "off": encode every lookup. The threshold sits under every pair the cache accepts on the
+    # development sets (lowest 0.24).
+    prefilter: Literal["static", "off"] = "static"
+    prefilter_k: int = Field(default=8, ge=1, le=64)
+    prefilter_threshold: float = Field(default=0.2, ge=-1.0, le=1.0)
     verify: bool = True  # the near-miss verifier; turning it off is unsafe (see cache-eval)
     # the pair model's acceptance probability; None: the threshold cross-validated with the shipped model
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgate.cache.config import CacheConfig
-from fleetgate.cache.evaluation import MemoEmbedder, Score, load_rows, score_rows, sweep, texts_of
+from fleetgate.cache.evaluation import MemoEmbedder, Score, crowded_rows, load_rows, score_rows, sweep, texts_of
 
 DEFAULT_THRESHOLDS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9)
 DEFAULT_CONFIDENCES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
@@ -145,7 +145,7 @@ def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: 
 
 
 async def _evaluate(args: argparse.Namespace) -> int:
-    from fleetgate.cache.build import build_embedder
+    from fleetgate.cache.build import build_embedder, build_prefilter
     from fleetgate.cache.pairmodel import load_model
 
     dev = _load(args.data or default_data_dir(), "cache_{kind}.dev.jsonl")
@@ -167,8 +167,14 @@ async def _evaluate(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     embedder = MemoEmbedder(build_embedder(shipped))
-    embedder.prime([t for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])], progress=_progress)
-    print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt")
+    every = [t for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])]
+    embedder.prime(every, progress=_progress)
+    static = build_prefilter(shipped, embedder.inner)
+    prefilter = MemoEmbedder(static) if static is not None else None
+    if prefilter is not None:
+        prefilter.prime(every)
+    print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt; "
+          f"static prefilter {'on' if prefilter is not None else 'off'}")
     cv = _cross_validate(sets, embedder, shipped, refit=args.fit, align=args.align)
     model = load_model()
     print(f"settings: similarity threshold {sem.threshold}, pair model threshold "
@@ -180,7 +186,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
     print(f"cv: out-of-fold over {' + '.join(training_sets(list(sets)))}, folds grouped by shared prompt")
     columns = ["dev", *(frozen or ["frozen"])]
     for kind in KINDS:
-        scores: dict[str, Score | None] = {name: (await score_rows(sets[name][kind], shipped, embedder)
+        scores: dict[str, Score | None] = {name: (await score_rows(sets[name][kind], shipped, embedder, prefilter)
                                                   if name in sets else None) for name in columns}
         scores["cv"] = cv[kind]
         print(f"\n{kind} at the shipped settings: precision / recall")
@@ -189,6 +195,19 @@ async def _evaluate(args: argparse.Namespace) -> int:
         print("  false hits by kind (false hits / rows of that kind):")
         for name, s in scores.items():
             print(f"  {name:<7} {_kinds(s)}")
+        if prefilter is not None:
+            unfiltered = {name: await score_rows(sets[name][kind], shipped, embedder) for name in columns
+                          if name in sets}
+            print("  the same without the static prefilter (every lookup encoded): " + ", ".join(
+                f"{name} {_cell(s)}" for name, s in unfiltered.items()))
+            if kind == "pairs":
+                print("  crowded: every row's `a` in one partition, then every `b` looked up among them "
+                      "(hits right only on the row's own `a`); prefilter on | off, and lookups encoded:")
+                for name in columns:
+                    if name in sets:
+                        (on_s, on_n), (off_s, _) = (await crowded_rows(sets[name][kind], shipped, embedder, prefilter),
+                                                    await crowded_rows(sets[name][kind], shipped, embedder))
+                        print(f"    {name:<7} {_cell(on_s)} | {_cell(off_s)}; encoded {on_n}/{on_s.rows}")
         print("  cross-tenant hits: " + ", ".join(f"{name} {s.cross_tenant_hits}/{s.rows}" for name, s in
                                                     scores.items() if s is not None and name != "cv"))
         for name in columns:
@@ -198,13 +217,14 @@ async def _evaluate(args: argparse.Namespace) -> int:
             print(f"  {name} sweep, similarity threshold: precision / recall, verifier on | verifier off")
             on = [shipped.model_copy(update={"semantic": sem.model_copy(update={"threshold": t})}) for t in args.sweep]
             off = [c.model_copy(update={"semantic": c.semantic.model_copy(update={"verify": False})}) for c in on]
-            for t, a, b in zip(args.sweep, await sweep(rows, on, embedder), await sweep(rows, off, embedder),
-                               strict=True):
+            swept_on = await sweep(rows, on, embedder, prefilter)
+            swept_off = await sweep(rows, off, embedder, prefilter)
+            for t, a, b in zip(args.sweep, swept_on, swept_off, strict=True):
                 print(f"    {t:4.2f}: {_cell(a)}   |   {_cell(b)}")
             print(f"  {name} sweep, pair model min_confidence: precision / recall")
             confs = [shipped.model_copy(update={"semantic": sem.model_copy(update={"min_confidence": c})})
                      for c in args.confidences]
-            for c, a in zip(args.confidences, await sweep(rows, confs, embedder), strict=True):
+            for c, a in zip(args.confidences, await sweep(rows, confs, embedder, prefilter), strict=True):
                 print(f"    {c:4.2f}: {_cell(a)}")
     if args.entries > 0:
         from fleetgate.cache.latency import measure

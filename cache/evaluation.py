@@ -110,10 +110,11 @@ def _answer(row_id: str) -> dict[str, Any]:
             "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
 
 
-async def _row_hits(row: dict[str, Any], config: CacheConfig, embedder: Embedder) -> tuple[bool, bool]:
+async def _row_hits(row: dict[str, Any], config: CacheConfig, embedder: Embedder,
+                    prefilter: Embedder | None) -> tuple[bool, bool]:
     """(b hits a's entry for the same tenant, b hits it for another tenant)."""
     cache = TwoLayerCache(config=config, kvstore=MemoryKVStore(), embedder=embedder,
-                          metrics=CacheMetrics(CollectorRegistry()))
+                          metrics=CacheMetrics(CollectorRegistry()), prefilter=prefilter)
     a, b = conversations(row)
     first = await cache.lookup(_request(a, tenant="tenant-a"))
     await cache.store(_request(a, tenant="tenant-a"), first, _answer(str(row["id"])))
@@ -123,10 +124,12 @@ async def _row_hits(row: dict[str, Any], config: CacheConfig, embedder: Embedder
     return mine.status in hit_statuses, foreign.status in hit_statuses
 
 
-async def score_rows(rows: Sequence[dict[str, Any]], config: CacheConfig, embedder: Embedder) -> Score:
+async def score_rows(rows: Sequence[dict[str, Any]], config: CacheConfig, embedder: Embedder,
+                     prefilter: Embedder | None = None) -> Score:
+    """Each row through a fresh cache; `prefilter`: the static embedder of `semantic.prefilter` (None: off)."""
     s = Score()
     for row in rows:
-        hit, foreign = await _row_hits(row, config, embedder)
+        hit, foreign = await _row_hits(row, config, embedder, prefilter)
         s.rows += 1
         s.positives += bool(row["same"])
         s.hits += hit
@@ -138,5 +141,38 @@ async def score_rows(rows: Sequence[dict[str, Any]], config: CacheConfig, embedd
     return s
 
 
-async def sweep(rows: Sequence[dict[str, Any]], configs: Sequence[CacheConfig], embedder: Embedder) -> list[Score]:
-    return [await score_rows(rows, c, embedder) for c in configs]
+async def sweep(rows: Sequence[dict[str, Any]], configs: Sequence[CacheConfig], embedder: Embedder,
+                prefilter: Embedder | None = None) -> list[Score]:
+    return [await score_rows(rows, c, embedder, prefilter) for c in configs]
+
+
+async def crowded_rows(rows: Sequence[dict[str, Any]], config: CacheConfig, embedder: Embedder,
+                       prefilter: Embedder | None = None) -> tuple[Score, int]:
+    """Pairs in one crowded partition: every row's `a` stored in one cache (one tenant, model and system
+    prompt), then every `b` looked up among them all. A hit counts as right only when it serves an entry
+    whose prompt is the row's own `a` on a `same` row. Returns the score and how many lookups encoded (with
+    the prefilter; every lookup without it). What per-row scoring cannot show: candidate search among many
+    near neighbours (the encoder's `top_k`, the prefilter's `prefilter_k`)."""
+    metrics = CacheMetrics(CollectorRegistry())
+    cache = TwoLayerCache(config=config.model_copy(update={"max_entries": max(config.max_entries, 2 * len(rows))}),
+                          kvstore=MemoryKVStore(), embedder=embedder, metrics=metrics, prefilter=prefilter)
+    for row in rows:
+        a = [SYSTEM, {"role": "user", "content": str(row["a"])}]
+        first = await cache.lookup(_request(a, tenant="tenant-a"))
+        if first.status == CacheStatus.MISS:
+            await cache.store(_request(a, tenant="tenant-a"), first, _answer(str(row["a"])))
+    s, encoded = Score(), 0
+    for row in rows:
+        found = await cache.lookup(_request([SYSTEM, {"role": "user", "content": str(row["b"])}], tenant="tenant-a"))
+        hit = found.status in (CacheStatus.HIT_EXACT, CacheStatus.HIT_SEMANTIC)
+        encoded += found.state.get("vector") is not None
+        served = (found.response or {}).get("choices", [{}])[0].get("message", {}).get("content", "")
+        right = hit and bool(row["same"]) and served == f"answer to {row['a']}"
+        s.rows += 1
+        s.positives += bool(row["same"])
+        s.hits += hit
+        s.true_hits += right
+        s.rows_by_kind[str(row["kind"])] += 1
+        if hit and not right:
+            s.false_by_kind[str(row["kind"])] += 1
+    return s, encoded

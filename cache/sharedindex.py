@@ -1,9 +1,16 @@
 """The replica-local view of the shared cache: entry order, vectors and the sync from the store's log.
 
 Every stored entry is one KV key (`{prefix}x:{exact key}`, holding the record with a TTL) and one line in
-the append-only log `{prefix}log`: `LogEntry(key, partition, expires_at, vector)`. Each gateway replica
-replays the log into its own `VectorIndex` and FIFO `order`, so all replicas converge on the same entries
-in the same order, whoever stored them.
+the append-only log `{prefix}log`: `LogEntry(key, partition, expires_at, vector, static)`. Each gateway
+replica replays the log into its own `VectorIndex`es and FIFO `order`, so all replicas converge on the same
+entries in the same order, whoever stored them.
+
+Two vector spaces: `vector`, the encoder's (MiniLM: what decides a hit), and `static`, the static token
+table's (`fleetgate.core.minilm_static`: the prefilter's candidate search). An entry has either or both:
+with the prefilter on, a lookup that no candidate survived skips the encoder, so its entry is stored with
+the static vector alone; the encoder's vector of such an entry is computed when a later lookup needs it
+(`add_vector`, this replica only). A vector whose length is not its index's dimension (a replica with other
+settings sharing the store) is not indexed.
 
 Staleness: a replica replays the log before a semantic lookup when its last replay is older than
 `sync_interval_s` (default 0.25 s), so an entry stored by another replica is found by exact lookups at
@@ -35,31 +42,42 @@ class LogEntry:
     key: str  # the exact key; the record lives at {prefix}x:{key}
     partition: str
     expires_at: float  # wall-clock seconds
-    vector: np.ndarray | None  # float32 unit vector; None for exact-only entries
+    vector: np.ndarray | None  # the encoder's float32 unit vector; None: exact-only, or not computed
+    static: np.ndarray | None = None  # the static table's unit vector (prefilter on)
 
     def encode(self) -> bytes:
         head = orjson.dumps({"k": self.key, "p": self.partition, "e": self.expires_at,
-                             "d": 0 if self.vector is None else len(self.vector)})
-        body = b"" if self.vector is None else np.asarray(self.vector, dtype=np.float16).tobytes()
+                             "d": 0 if self.vector is None else len(self.vector),
+                             "s": 0 if self.static is None else len(self.static)})
+        body = b"".join(np.asarray(v, dtype=np.float16).tobytes() for v in (self.vector, self.static) if v is not None)
         return head + b"\n" + body
 
     @classmethod
     def decode(cls, raw: bytes) -> LogEntry:
         head, _, body = raw.partition(b"\n")
         meta = orjson.loads(head)
-        vector = np.frombuffer(body, dtype=np.float16).astype(np.float32) if meta["d"] else None
-        if vector is not None:
-            norm = float(np.linalg.norm(vector))
-            vector = vector / norm if norm > 0 else vector
-        return cls(key=meta["k"], partition=meta["p"], expires_at=float(meta["e"]), vector=vector)
+        values = np.frombuffer(body, dtype=np.float16).astype(np.float32)
+        dense, static = int(meta["d"]), int(meta.get("s", 0))  # "s": absent in lines of older versions
+        return cls(key=meta["k"], partition=meta["p"], expires_at=float(meta["e"]),
+                   vector=_unit(values[:dense]) if dense else None,
+                   static=_unit(values[dense : dense + static]) if static else None)
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
 
 
 class SharedIndex:
     """Order + vectors of the live entries as this replica knows them. Event-loop only (not thread-safe)."""
 
-    def __init__(self, *, dim: int, max_entries: int, hnsw_above: int, hnsw_m: int, hnsw_ef_search: int) -> None:
+    def __init__(self, *, dim: int, max_entries: int, hnsw_above: int, hnsw_m: int, hnsw_ef_search: int,
+                 static_dim: int | None = None) -> None:
         self.max_entries = max_entries
         self.vectors = VectorIndex(dim=dim, hnsw_above=hnsw_above, hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search)
+        self.static = (VectorIndex(dim=static_dim, hnsw_above=hnsw_above, hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search)
+                       if static_dim else None)
+        self._partition: dict[str, str] = {}  # key -> partition, for vectors added after the entry
         self.order: OrderedDict[str, float] = OrderedDict()  # key -> expires_at, oldest first
         self.cursor = "0"
         self.last_sync = 0.0
@@ -69,6 +87,9 @@ class SharedIndex:
 
     def reset(self) -> None:
         self.vectors.clear()
+        if self.static is not None:
+            self.static.clear()
+        self._partition.clear()
         self.order.clear()
         self.cursor = "0"
         self.last_sync = 0.0
@@ -83,8 +104,10 @@ class SharedIndex:
         if entry.expires_at <= now:
             return []
         self.order[entry.key] = entry.expires_at
-        if entry.vector is not None:
-            self.vectors.add(entry_id=entry.key, partition=entry.partition, vector=entry.vector)
+        self._partition[entry.key] = entry.partition
+        self.add_vector(entry.key, entry.vector)
+        if self.static is not None and entry.static is not None and len(entry.static) == self.static.dim:
+            self.static.add(entry_id=entry.key, partition=entry.partition, vector=entry.static)
         evicted: list[str] = []
         while len(self.order) > self.max_entries:
             oldest, expires = next(iter(self.order.items()))
@@ -93,9 +116,18 @@ class SharedIndex:
                 evicted.append(oldest)
         return evicted
 
+    def add_vector(self, key: str, vector: np.ndarray | None) -> None:
+        """Index the encoder's vector of a live entry (at store, or computed later for a static-only one)."""
+        partition = self._partition.get(key)
+        if vector is not None and partition is not None and len(vector) == self.vectors.dim:
+            self.vectors.add(entry_id=key, partition=partition, vector=vector)
+
     def remove(self, key: str) -> None:
         self.order.pop(key, None)
+        self._partition.pop(key, None)
         self.vectors.remove(key)
+        if self.static is not None:
+            self.static.remove(key)
 
     def drop_expired(self, *, now: float | None = None) -> None:
         now = time.time() if now is None else now

@@ -161,6 +161,7 @@ def tokens(frame: str) -> list[str]:
     return out
 
 
+@lru_cache(maxsize=65536)  # a word's answer never changes; the typo scan below costs ~10 µs a word
 def _is_stop(tok: str, stops: frozenset[str]) -> bool:
     if tok in stops or stem(tok) in stops:
         return True

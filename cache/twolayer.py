@@ -7,6 +7,12 @@ lookup(req):
    shared log if the index is older than `sync_interval_s`, search the request's partition for `top_k`
    neighbours with cosine >= `threshold`, fetch them in one MGET and serve the first (most similar) one
    whose record matches tenant and partition and that the near-miss verifier accepts.
+   With the static prefilter (`semantic.prefilter`, on with MiniLM) the encoder comes last: the static
+   vector (microseconds) finds the `prefilter_k` nearest entries, their records are fetched and the
+   verifier's text checks run on them; when every one is vetoed (or there is none) the lookup is a miss
+   without encoding, which the encoder could not have changed (a vetoed pair is rejected at any
+   similarity). Otherwise the prompt is encoded, the encoder's own `top_k` neighbours join the survivors
+   (a survivor stored without the encoder's vector gets it now) and step 3 goes on as above.
 A hit returns the stored response with a fresh `id` and `created`; its `usage` is the original one (the
 tokens the cache saved).
 
@@ -49,7 +55,7 @@ from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
 from fleetgate.cache.tokenalign import NEUTRAL
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
-from fleetgate.cache.verifier import Verdict, alignment, default_states, judge, precheck, warm_up
+from fleetgate.cache.verifier import Pending, Verdict, alignment, default_states, judge, precheck, warm_up
 from fleetgate.core.kvstore import KVStore, MemoryKVStore, StoreUnavailableError
 
 log = logging.getLogger("fleetgate.cache")
@@ -58,16 +64,20 @@ _DOWN = "cache backend unavailable"
 
 class TwoLayerCache:
     def __init__(
-        self, *, config: CacheConfig, kvstore: KVStore, metrics: CacheMetrics, embedder: Embedder | None
+        self, *, config: CacheConfig, kvstore: KVStore, metrics: CacheMetrics, embedder: Embedder | None,
+        prefilter: Embedder | None = None,
     ) -> None:
         self.config = config
         self.kv = kvstore
         self.metrics = metrics
         self.embedder = embedder if config.semantic.enabled else None
         sem = config.semantic
+        # the static embedder of the prefilter (`fleetgate.core.minilm_static` for MiniLM; None: encode always)
+        self.prefilter = prefilter if self.embedder is not None and sem.prefilter == "static" else None
         self.index = SharedIndex(
             dim=embedder.dim if embedder else 1, max_entries=config.max_entries, hnsw_above=sem.hnsw_above,
             hnsw_m=sem.hnsw_m, hnsw_ef_search=sem.hnsw_ef_search,
+            static_dim=self.prefilter.dim if self.prefilter is not None else None,
         )
         self._log = f"{config.key_prefix}log"
         self._log_max_len = config.log_max_len or 2 * config.max_entries
@@ -105,9 +115,10 @@ class TwoLayerCache:
             self._warming = asyncio.create_task(asyncio.to_thread(self._load_models), name="cache-models-load")
 
     def _load_models(self) -> None:
-        load = getattr(self.embedder, "load", None)
-        if load is not None:
-            load()
+        for model in (self.prefilter, self.embedder):
+            load = getattr(model, "load", None)
+            if load is not None:
+                load()
         if self.config.semantic.verify:
             # word frequency lists of seven languages and the token-state session: seconds otherwise
             warm_up(states=self.token_states)
@@ -181,7 +192,8 @@ class TwoLayerCache:
 
     def _update_gauges(self) -> None:
         self.metrics.entries.labels("all").set(len(self.index))
-        self.metrics.entries.labels("semantic").set(len(self.index.vectors))
+        vectors = self.index.static if self.index.static is not None else self.index.vectors
+        self.metrics.entries.labels("semantic").set(len(vectors))
 
     # -- lookup ---------------------------------------------------------------------------------------
     async def lookup(self, req: CacheRequest) -> CacheLookup:
@@ -189,14 +201,14 @@ class TwoLayerCache:
         decision = decide(req, self.config, semantic_text=keys.semantic_text)
         state: dict[str, Any] = {"keys": keys, "decision": decision}
         if not decision.serve and not decision.store:
-            self.metrics.lookups.labels("none", "bypass").inc()
+            self.metrics.at(self.metrics.lookups, "none", "bypass").inc()
             return CacheLookup(status=CacheStatus.BYPASS, reason=decision.reason, state=state)
         try:
             if not await self._available():
-                self.metrics.lookups.labels("none", "bypass").inc()
+                self.metrics.at(self.metrics.lookups, "none", "bypass").inc()
                 return CacheLookup(status=CacheStatus.BYPASS, reason=_DOWN)
             if not decision.serve:
-                self.metrics.lookups.labels("none", "bypass").inc()
+                self.metrics.at(self.metrics.lookups, "none", "bypass").inc()
                 return CacheLookup(status=CacheStatus.BYPASS, reason=decision.reason, state=state)
             hit = await self._exact(req, keys)
             if hit is not None:
@@ -205,13 +217,13 @@ class TwoLayerCache:
                 if self._background_warm_up:  # a started (serving) cache; offline users load on first use
                     self._warm()
                 if self._still_warming():  # the models load in the background (about a second)
-                    self.metrics.lookups.labels("semantic", "bypass").inc()
+                    self.metrics.at(self.metrics.lookups, "semantic", "bypass").inc()
                     return CacheLookup(status=CacheStatus.MISS, reason="semantic layer warming up", state=state)
                 return await self._semantic(req, keys, state)
             return CacheLookup(status=CacheStatus.MISS, reason="no exact match", state=state)
         except Exception as exc:
             self._failed(exc, op="lookup")
-            self.metrics.lookups.labels("none", "error").inc()
+            self.metrics.at(self.metrics.lookups, "none", "error").inc()
             return CacheLookup(status=CacheStatus.BYPASS, reason=_DOWN)
 
     def _owned(self, req: CacheRequest, keys: CacheKeys, record: Mapping[str, Any]) -> bool:
@@ -226,12 +238,12 @@ class TwoLayerCache:
     async def _exact(self, req: CacheRequest, keys: CacheKeys) -> CacheLookup | None:
         start = time.perf_counter()
         raw = await self.kv.get(self._key(keys.exact))
-        self.metrics.lookup_seconds.labels("exact").observe(time.perf_counter() - start)
+        self.metrics.at(self.metrics.lookup_seconds, "exact").observe(time.perf_counter() - start)
         record = orjson.loads(raw) if raw else None
         if record is None or not self._owned(req, keys, record):
-            self.metrics.lookups.labels("exact", "miss").inc()
+            self.metrics.at(self.metrics.lookups, "exact", "miss").inc()
             return None
-        self.metrics.lookups.labels("exact", "hit").inc()
+        self.metrics.at(self.metrics.lookups, "exact", "hit").inc()
         return CacheLookup(status=CacheStatus.HIT_EXACT, response=self._served(record, req))
 
     async def embed(self, text: str, *, scope: str = "") -> np.ndarray:
@@ -241,66 +253,141 @@ class TwoLayerCache:
         aembed = getattr(self.embedder, "aembed", None)  # a BatchingEmbedder batches concurrent lookups
         vector = (await aembed(text, scope=scope) if aembed is not None
                   else (await asyncio.to_thread(self.embedder.embed, [text]))[0])
-        self.metrics.stage_seconds.labels("embed").observe(time.perf_counter() - start)
+        self.metrics.at(self.metrics.stage_seconds, "embed").observe(time.perf_counter() - start)
         return vector
 
     async def _semantic(self, req: CacheRequest, keys: CacheKeys, state: dict[str, Any]) -> CacheLookup:
         sem = self.config.semantic
-        assert keys.semantic_text is not None
+        text = keys.semantic_text
+        assert text is not None
         start = time.perf_counter()
-        vector = await self.embed(keys.semantic_text, scope=keys.partition)
-        state["vector"] = vector
+        result = CacheLookup(status=CacheStatus.MISS, reason="no similar entry", state=state)
+        survivors: dict[str, tuple[dict[str, Any], Pending | Verdict | None]] = {}
+        if self.prefilter is not None:
+            state["static"] = self.prefilter.embed([text])[0]
+            self.metrics.at(self.metrics.stage_seconds, "static").observe(time.perf_counter() - start)
+            await self._timed_sync()
+            survivors = await self._prefiltered(req, keys, state["static"], result)
+            if not survivors:
+                self.metrics.at(self.metrics.prefilter, "skipped").inc()
+                return self._done(result, start, found=result.reason != "no similar entry")
+            self.metrics.at(self.metrics.prefilter, "encoded").inc()
+        vector = await self.embed(text, scope=keys.partition)
+        state["vector"] = result.embedding = vector
+        if self.prefilter is None:
+            await self._timed_sync()
         t = time.perf_counter()
-        await self.sync()
-        t, t_prev = time.perf_counter(), t
-        self.metrics.stage_seconds.labels("sync").observe(t - t_prev)
         found = [c for c in self.index.vectors.search(partition=keys.partition, vector=vector, k=sem.top_k)
                  if c[1] >= sem.threshold]
+        if survivors:
+            found = await self._with_survivors(found, survivors, vector, keys)
         t, t_prev = time.perf_counter(), t
-        self.metrics.stage_seconds.labels("search").observe(t - t_prev)
-        raws = await self.kv.mget([self._key(key) for key, _ in found]) if found else []
+        self.metrics.at(self.metrics.stage_seconds, "search").observe(t - t_prev)
+        todo = [key for key, _ in found if key not in survivors]
+        fetched = dict(zip(todo, await self.kv.mget([self._key(key) for key in todo]) if todo else [], strict=True))
         t, t_prev = time.perf_counter(), t
-        self.metrics.stage_seconds.labels("fetch").observe(t - t_prev)
-        result = CacheLookup(status=CacheStatus.MISS, reason="no similar entry", state=state, embedding=vector)
-        for (key, score), raw in zip(found, raws, strict=True):
-            if raw is None:
-                self.index.remove(key)  # expired or evicted elsewhere
-                continue
-            record = orjson.loads(raw)
-            if not self._owned(req, keys, record):
-                continue
+        self.metrics.at(self.metrics.stage_seconds, "fetch").observe(t - t_prev)
+        for key, score in found:
+            if key in survivors:
+                record, step = survivors[key]
+            else:
+                raw = fetched.get(key)
+                if raw is None:
+                    self.index.remove(key)  # expired or evicted elsewhere
+                    continue
+                record, step = orjson.loads(raw), None
+                if not self._owned(req, keys, record):
+                    continue
             if self.answer_check is not None and score < self.answer_check.bar(key):
                 result.reason = f"below the answer-checked bar (similarity {score:.3f})"
                 continue
-            verdict = (await self._verify(str(record.get("text", "")), keys.semantic_text, similarity=score,
-                                          conversation=follows_user_turns(req.body.get("messages")))
+            verdict = (await self._verify(str(record.get("text", "")), text, similarity=score,
+                                          conversation=follows_user_turns(req.body.get("messages")), step=step)
                        if sem.verify else None)
             if verdict is not None and not verdict.ok:
-                self.metrics.rejections.labels(verdict.reason).inc()
+                self.metrics.at(self.metrics.rejections, verdict.reason).inc()
                 result.reason = f"near miss rejected ({verdict.reason}, similarity {score:.3f})"
                 continue
             state["entry"] = key
             result = CacheLookup(status=CacheStatus.HIT_SEMANTIC, response=self._served(record, req),
                                  similarity=round(score, 4), state=state, embedding=vector)
             break
-        self.metrics.stage_seconds.labels("verify").observe(time.perf_counter() - t)
-        self.metrics.lookup_seconds.labels("semantic").observe(time.perf_counter() - start)
+        self.metrics.at(self.metrics.stage_seconds, "verify").observe(time.perf_counter() - t)
+        return self._done(result, start, found=bool(found))
+
+    def _done(self, result: CacheLookup, start: float, *, found: bool) -> CacheLookup:
+        self.metrics.at(self.metrics.lookup_seconds, "semantic").observe(time.perf_counter() - start)
         outcome = {CacheStatus.HIT_SEMANTIC: "hit"}.get(result.status, "rejected" if found else "miss")
-        self.metrics.lookups.labels("semantic", outcome).inc()
+        self.metrics.at(self.metrics.lookups, "semantic", outcome).inc()
         return result
 
-    async def _verify(self, cached: str, text: str, *, similarity: float, conversation: bool) -> Verdict:
+    async def _timed_sync(self) -> None:
+        t = time.perf_counter()
+        await self.sync()
+        self.metrics.at(self.metrics.stage_seconds, "sync").observe(time.perf_counter() - t)
+
+    async def _prefiltered(self, req: CacheRequest, keys: CacheKeys, static: np.ndarray,
+                           result: CacheLookup) -> dict[str, tuple[dict[str, Any], Pending | Verdict | None]]:
+        """The prefilter: the nearest entries by static vector, fetched, owned, and not vetoed by the text
+        checks (key -> (record, the checks' outcome, kept for the verifier)). A vetoed candidate's reason goes
+        into `result.reason`, as the encoder path would report it."""
+        assert self.index.static is not None and keys.semantic_text is not None
+        sem = self.config.semantic
+        t = time.perf_counter()
+        near = [key for key, score in self.index.static.search(partition=keys.partition, vector=static,
+                                                                k=sem.prefilter_k)
+                if score >= sem.prefilter_threshold]
+        raws = await self.kv.mget([self._key(key) for key in near]) if near else []
+        out: dict[str, tuple[dict[str, Any], Pending | Verdict | None]] = {}
+        for key, raw in zip(near, raws, strict=True):
+            if raw is None:
+                self.index.remove(key)  # expired or evicted elsewhere
+                continue
+            record = orjson.loads(raw)
+            if not self._owned(req, keys, record):
+                continue
+            step = precheck(str(record.get("text", "")), keys.semantic_text) if sem.verify else None
+            if isinstance(step, Verdict) and not step.ok:
+                self.metrics.at(self.metrics.rejections, step.reason).inc()
+                result.reason = f"near miss rejected ({step.reason}, before encoding)"
+                continue
+            out[key] = (record, step)
+        self.metrics.at(self.metrics.stage_seconds, "prefilter").observe(time.perf_counter() - t)
+        return out
+
+    async def _with_survivors(self, found: list[tuple[str, float]],
+                              survivors: Mapping[str, tuple[dict[str, Any], Pending | Verdict | None]],
+                              vector: np.ndarray, keys: CacheKeys) -> list[tuple[str, float]]:
+        """The encoder's candidates plus the prefilter's survivors scored by the encoder (a survivor stored
+        without the encoder's vector is encoded now and keeps it), most similar first, >= `threshold`."""
+        have = {key for key, _ in found}
+        missing = [key for key in survivors if key not in have and self.index.vectors.vector(key) is None]
+        computed = await asyncio.gather(*(self.embed(str(survivors[key][0].get("text", "")), scope=keys.partition)
+                                          for key in missing))
+        for key, encoded in zip(missing, computed, strict=True):
+            self.index.add_vector(key, encoded)
+        merged = dict(found)
+        for key in survivors:
+            if key not in merged:
+                stored = self.index.vectors.vector(key)
+                score = float(np.dot(stored, vector)) if stored is not None else -1.0
+                if score >= self.config.semantic.threshold:
+                    merged[key] = score
+        return sorted(merged.items(), key=lambda item: -item[1])
+
+    async def _verify(self, cached: str, text: str, *, similarity: float, conversation: bool,
+                      step: Pending | Verdict | None = None) -> Verdict:
         """Vetoes, word match and the pair model on the event loop; when the shipped model uses token
         alignment, its token states (an encoder pass for a new text) in a worker thread, only for a candidate
-        that gets that far."""
-        step = precheck(cached, text)
+        that gets that far. `step`: the text checks' outcome when the prefilter already ran them."""
+        step = step if step is not None else precheck(cached, text)
         if isinstance(step, Verdict):
             return step
         align = NEUTRAL
         if self.token_states is not None and load_model().uses_alignment:
             t = time.perf_counter()
             align = await asyncio.to_thread(alignment, step, self.token_states)
-            self.metrics.stage_seconds.labels("align").observe(time.perf_counter() - t)
+            self.metrics.at(self.metrics.stage_seconds, "align").observe(time.perf_counter() - t)
         return judge(step, similarity=similarity, align=align, conversation=conversation,
                       min_confidence=self.config.semantic.min_confidence)
 
@@ -335,33 +422,37 @@ class TwoLayerCache:
         keys: CacheKeys | None = lookup.state.get("keys")
         decision: Decision | None = lookup.state.get("decision")
         if keys is None or decision is None or not decision.store or not self._up:
-            self.metrics.stores.labels("not allowed").inc()
+            self.metrics.at(self.metrics.stores, "not allowed").inc()
             return
         why = storable(response, self.config)
         if why:
-            self.metrics.stores.labels(why.split(" ")[0]).inc()
+            self.metrics.at(self.metrics.stores, why.split(" ")[0]).inc()
             return
         record = orjson.dumps({"tenant": req.tenant, "partition": keys.partition, "text": keys.semantic_text,
                                "response": response, "stored_at": time.time()})
         if len(record) > self.config.max_response_bytes:
-            self.metrics.stores.labels("too large").inc()
+            self.metrics.at(self.metrics.stores, "too large").inc()
             return
         try:
             vector: np.ndarray | None = None
+            static: np.ndarray | None = None
             if decision.semantic and self.embedder is not None and keys.semantic_text is not None:
-                vector = lookup.state.get("vector")
-                if vector is None:
+                vector, static = lookup.state.get("vector"), lookup.state.get("static")
+                if vector is None and static is None:  # the lookup did not get that far (warming up)
                     if self._warming is not None:
                         await asyncio.shield(self._warming)  # stores run after the response: waiting is fine
-                    vector = await self.embed(keys.semantic_text, scope=keys.partition)
+                    if self.prefilter is not None:
+                        static = self.prefilter.embed([keys.semantic_text])[0]
+                    else:
+                        vector = await self.embed(keys.semantic_text, scope=keys.partition)
             entry = LogEntry(key=keys.exact, partition=keys.partition,
-                             expires_at=time.time() + self.config.ttl_s, vector=vector)
+                             expires_at=time.time() + self.config.ttl_s, vector=vector, static=static)
             await self.kv.set(self._key(keys.exact), record, ttl_s=self.config.ttl_s)
             await self.kv.log_append(self._log, entry.encode(), max_len=self._log_max_len)
             for key in self.index.apply(entry):
                 await self.kv.delete(self._key(key))
                 self.metrics.evictions.inc()
             self._update_gauges()
-            self.metrics.stores.labels("stored").inc()
+            self.metrics.at(self.metrics.stores, "stored").inc()
         except Exception as exc:
             self._failed(exc, op="store")

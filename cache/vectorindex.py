@@ -116,6 +116,14 @@ class VectorIndex:
             self._rebuild(part, partition)
         return True
 
+    def vector(self, entry_id: str) -> np.ndarray | None:
+        """The stored vector of a live entry (None when it has none here)."""
+        where = self._where.get(entry_id)
+        if where is None:
+            return None
+        partition, pos = where
+        return self._parts[partition].vectors[pos]
+
     def search(self, *, partition: str, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
         """Up to `k` live entries of `partition`, most similar first, as (entry id, cosine)."""
         part = self._parts.get(partition)

@@ -9,9 +9,12 @@ One run measures, side by side (processes: `fleetgate.bench.gateway_stack`):
   aside), `lookup miss` (`temperature: 0`, a new prompt every request: exact + semantic lookup, embed,
   search, store), `exact hit` (one stored prompt repeated) and `semantic hit` (a paraphrase of a stored
   prompt: exact miss, embed, search, verify, served from the cache). These gateways run with the
-  embedding memo off, so every lookup encodes; `--embedder NAME+memo` adds one with it on (as shipped):
-  its `semantic hit` repeats one paraphrase, which the memo answers without encoding, and its `lookup
-  miss` shows what the memo costs when nothing repeats.
+  embedding memo off, so no lookup skips the encoder by repeating a text; `--embedder NAME+memo` adds one
+  with it on (as shipped): its `semantic hit` repeats one paraphrase, which the memo answers without
+  encoding, and its `lookup miss` shows what the memo costs when nothing repeats. The static prefilter
+  (`semantic.prefilter`, shipped on) skips the encoder when every near entry is vetoed by the text checks:
+  `lookup miss` is its best case (each new prompt's neighbours differ in a number), `semantic hit` its worst
+  (the encoder runs, after the prefilter); `--embedder NAME+encode-all` runs a gateway with it off.
 
 Per phase: latency at concurrency 1 (blocks alternating with direct; added p50/p99 = gateway minus direct),
 throughput at `--concurrency` (wrk, or the Python load generator) with CPU per request from the gateway
@@ -51,7 +54,8 @@ from fleetgate.bench.loadgen import (
 
 _MODELS = ("minilm-onnx-int8", "minilm-onnx", "minilm")
 # `NAME+memo`: the gateway with the exact-text embedding memo on (plain names run with it off)
-EMBEDDERS = [*_MODELS, "hashing", *(f"{name}+memo" for name in _MODELS)]
+# `NAME+encode-all`: the static prefilter off (every semantic lookup encodes, as before the prefilter)
+EMBEDDERS = [*_MODELS, "hashing", *(f"{name}+{flags}" for name in _MODELS for flags in ("memo", "encode-all"))]
 PROMPT = "How do I reverse a list in Python without copying it?"
 PARAPHRASE = "How do I reverse a Python list without copying it?"  # the verifier accepts it
 WORKLOADS: dict[str, tuple[str, float, str | None]] = {
@@ -242,7 +246,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=["minilm-onnx-int8"], help="the semantic layer's embedder(s): one `full, cache on` "
                         "gateway each, in this order (e.g. minilm-onnx-int8 minilm: fast path and reference; "
                         "NAME+memo: with the embedding memo on, which answers the "
-                        "repeated paraphrase of `semantic hit` without encoding)")
+                        "repeated paraphrase of `semantic hit` without encoding; NAME+encode-all: the static "
+                        "prefilter off, every lookup encodes)")
     parser.add_argument("--gateway-cpu", type=int, default=0,
                         help="pin gateways to this CPU, the rest elsewhere (-1: no pinning)")
 

@@ -74,9 +74,12 @@ def gateway_settings(*, kind: str, port: int, engine_url: str, key_hash: str, em
     }
     if kind == "full, cache on":
         # The fake engine always stops at max_tokens ("length"): store those answers so hits can happen.
-        # `NAME+memo`: the shipped exact-text embedding memo on; plain NAME: off, so that every lookup encodes
-        name, memo = embedder.removesuffix("+memo"), embedder.endswith("+memo")
-        semantic: dict[str, Any] = {"embedder": name} if memo else {"embedder": name, "embed_memo": 0}
+        # `NAME+memo`: the shipped exact-text embedding memo on; plain NAME: off, so that no lookup skips the
+        # encoder by repeating a text. `NAME+encode-all`: the static prefilter off, so every lookup encodes.
+        name, *flags = embedder.split("+")
+        semantic: dict[str, Any] = {"embedder": name} if "memo" in flags else {"embedder": name, "embed_memo": 0}
+        if "encode-all" in flags:
+            semantic["prefilter"] = "off"
         settings["cache"] = {"enabled": True, "store_truncated": True, "semantic": semantic}
     return settings
 

@@ -107,6 +107,13 @@ class OnnxMiniLMEmbedder:
             for row, i in enumerate(group):
                 ids[row, : len(encoded[i])] = encoded[i]
                 mask[row, : len(encoded[i])] = 1
-            (vectors,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask})
-            out[group] = vectors
+            out[group] = self.run(ids, mask)
         return out
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """The graph on token ids already padded (int64, batch x tokens): (batch, 384) normalised vectors."""
+        if self._session is None:
+            self.load()
+        assert self._session is not None
+        (vectors,) = self._session.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})
+        return np.asarray(vectors, dtype=np.float32)

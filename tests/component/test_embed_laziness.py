@@ -86,8 +86,19 @@ def test_bypassed_traffic_leaves_the_onnx_embedder_unloaded() -> None:
 
 
 @pytest.mark.slow
-def test_a_semantic_lookup_loads_onnxruntime_but_not_torch() -> None:
+def test_semantic_lookups_with_nothing_near_never_load_the_encoder() -> None:
+    # max_tokens 4 ends in "length", which is not stored: the index stays empty, so the static prefilter
+    # finds no candidate and no lookup needs the encoder
     report = serve_and_report({"enabled": True, "semantic": {"embedder": "minilm-onnx"}}, temperature=0)
+    assert report["statuses"] == [[200, "miss"], [200, "miss"]]
+    assert report["heavy"] == []
+
+
+@pytest.mark.slow
+def test_a_lookup_that_needs_the_encoder_loads_onnxruntime_but_not_torch() -> None:
+    # stored answers: the second prompt paraphrases the first, a candidate the encoder must score
+    report = serve_and_report({"enabled": True, "store_truncated": True, "semantic": {"embedder": "minilm-onnx"}},
+                              temperature=0)
     assert [s[0] for s in report["statuses"]] == [200, 200]
     assert report["statuses"][0][1] == "miss"
     assert report["heavy"] == ["onnxruntime"]
