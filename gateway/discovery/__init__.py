@@ -116,11 +116,16 @@ class ContextSource(Protocol):
 
 
 def context_length(source: EndpointSource, model: str) -> int | None:
-    """What the source knows of `model`'s context length (None: unknown); an adapter has its base's."""
-    if not isinstance(source, ContextSource):
+    """What the source knows of `model`'s context length (None: unknown); an adapter has its base's.
+
+    Per request: `getattr`, not `isinstance` against the runtime-checkable protocol, which walks the
+    protocol's members each time (~2% of a cached lookup's CPU in `fleetgate bench gateway`)."""
+    lookup = getattr(source, "context_length", None)
+    if lookup is None:
         return None
     spec = adapter_named(source, model)
-    return source.context_length(spec.base if spec is not None else model)
+    known: int | None = lookup(spec.base if spec is not None else model)
+    return known
 
 
 @runtime_checkable
