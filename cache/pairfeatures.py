@@ -83,14 +83,23 @@ def _swapped(a: Analysis, b: Analysis) -> bool:
     return False
 
 
-def veto(a: Analysis, b: Analysis, *, match: WordMatch) -> str:
-    """The reason two prompts can never share an answer, or ""."""
+def slot_veto(a: Analysis, b: Analysis) -> str:
+    """The vetoes that need no word match (quoted or pasted text, numbers, identifiers), or "": the first
+    checks of `veto`, which `precheck` runs before paying for the match."""
     if a.quoted != b.quoted:
         return "slot"
     if a.numbers != b.numbers:
         return "number"
     if a.idents != b.idents:  # in order too: "2^n faster than n!" / "n! faster than 2^n"
         return "identifier"
+    return ""
+
+
+def veto(a: Analysis, b: Analysis, *, match: WordMatch) -> str:
+    """The reason two prompts can never share an answer, or ""."""
+    reason = slot_veto(a, b)
+    if reason:
+        return reason
     if _particle_flip(a, b):
         return "negation"
     if _swapped(a, b):

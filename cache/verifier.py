@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from fleetgate.cache.pairfeatures import features, veto
+from fleetgate.cache.pairfeatures import features, slot_veto, veto
 from fleetgate.cache.pairmodel import PairModel, load_model
 from fleetgate.cache.textnorm import Analysis, analyse, critical_kind
 from fleetgate.cache.tokenalign import NEUTRAL, TokenStates, align_features
@@ -77,6 +77,9 @@ class Pending:
 def precheck(text_a: str, text_b: str) -> Verdict | Pending:
     """The cheap stages (vetoes, word match): a `Verdict`, or `Pending` when the pair model must decide."""
     a, b = _analysis(text_a), _analysis(text_b)
+    reason = slot_veto(a, b)  # the same verdict `veto` would give first, without the word match
+    if reason:
+        return Verdict(False, reason)
     m = match(a, b)
     reason = veto(a, b, match=m)
     if reason:
