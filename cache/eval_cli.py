@@ -4,8 +4,8 @@ Columns, for pairs and for conversations, at the shipped settings:
 - `dev`: `cache_pairs.dev.jsonl` / `cache_conversations.dev.jsonl` (`--data`, default ../shared/data/eval);
 - one column per frozen set in `--frozen` (default tests/data/eval): `cache_pairs.NAME.jsonl` with
   `cache_conversations.NAME.jsonl` for every NAME starting with `frozen` (`frozen`, `frozen2`, ...), so a
-  set added later shows up by itself. The sets named in `DEVELOPMENT_FROZEN` (`frozen`, the first one,
-  reported once in issue 12) have since been used for development and training: they are marked
+  set added later shows up by itself. The sets named in `DEVELOPMENT_FROZEN` (`frozen` and `frozen2`,
+  each reported once in issue 12, in rounds 1 and 2) have since been used for development and training: they are marked
   in-sample; any other is a held-out set nobody tuned on;
 - `cv`: out-of-fold results of the pair model on dev + the development frozen sets + the hand-written
   training rows (cache/data), folds grouped by shared prompt, with the shipped threshold: each row is judged
@@ -34,7 +34,7 @@ DEFAULT_THRESHOLDS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9)
 DEFAULT_CONFIDENCES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
 _REPO = Path(__file__).resolve().parent.parent
 KINDS = ("pairs", "conversations")
-DEVELOPMENT_FROZEN = ("frozen",)  # frozen sets since used to develop and train (in-sample columns)
+DEVELOPMENT_FROZEN = ("frozen", "frozen2")  # frozen sets since used to develop and train (in-sample columns)
 
 
 def default_data_dir() -> Path:
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train", type=Path, default=_REPO / "cache" / "data",
                         help="folder with train_pairs.jsonl and train_conversations.jsonl (cross-validation, --fit)")
     parser.add_argument("--fit", action="store_true", help="refit the pair model on dev + the development "
-                        "frozen set + training rows and write it to the package's pair_model.json before evaluating")
+                        "frozen sets + training rows and write it to the package's pair_model.json before evaluating")
     parser.add_argument("--align", action="store_true", help="with --fit: give the model the token-alignment "
                         "features (MiniLM token states; off by default: no gain in grouped cross-validation)")
     parser.add_argument("--threshold", type=float, default=None, help="override the shipped similarity threshold")
