@@ -112,20 +112,19 @@ def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: 
     import numpy as np
 
     from fleetgate.cache import pairmodel, training
-    from fleetgate.cache.tokenalign import align_features
-    from fleetgate.cache.verifier import default_states
+    from fleetgate.cache.textnorm import embedding_text
+    from fleetgate.cache.verifier import default_states, pair_alignment
 
     used = training_sets(list(sets))
     items = [ex for name in used for kind in KINDS
              for ex in training.examples(sets[name][kind], source=f"{name} {kind}")]
     texts = sorted({e.a for e in items} | {e.b for e in items})
-    vectors = dict(zip(texts, embedder.embed(texts), strict=True))
+    vectors = dict(zip(texts, embedder.embed([embedding_text(t) for t in texts]), strict=True))  # as a lookup does
     # token alignment: when refitting with --align, or when the shipped model uses it (hashing: tests, no model)
     use = align if refit else pairmodel.load_model().uses_alignment
     states = default_states() if use and config.semantic.embedder != "hashing" else None
     data = training.featurize(items, vectors, threshold=config.semantic.threshold,
-                              align=None if states is None else lambda a, b: align_features(states.words(a),
-                                                                                            states.words(b)))
+                              align=None if states is None else lambda a, b: pair_alignment(a, b, states))
     if refit:
         model, probs = training.fit(data)
         pairmodel.MODEL_PATH.write_text(model.to_json(), encoding="utf-8")
@@ -167,7 +166,10 @@ async def _evaluate(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     embedder = MemoEmbedder(build_embedder(shipped))
-    embedder.prime([t for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])], progress=_progress)
+    from fleetgate.cache.textnorm import embedding_text
+
+    embedder.prime([embedding_text(t) for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])],
+                   progress=_progress)  # what a lookup embeds (misspellings corrected)
     print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt")
     cv = _cross_validate(sets, embedder, shipped, refit=args.fit, align=args.align)
     model = load_model()
@@ -226,11 +228,13 @@ async def _evaluate(args: argparse.Namespace) -> int:
         import numpy as np
 
         from fleetgate.cache.latency import verification_cost
+        from fleetgate.cache.textnorm import embedding_text
         from fleetgate.cache.verifier import default_states
 
         rows = sets["dev"]["pairs"]
         pairs = [(str(r["a"]), str(r["b"])) for r in rows if r["a"] != r["b"]]
-        close = [(a, b) for a, b in pairs if float(np.dot(*embedder.embed([a, b]))) >= sem.threshold]
+        close = [(a, b) for a, b in pairs
+                 if float(np.dot(*embedder.embed([embedding_text(a), embedding_text(b)]))) >= sem.threshold]
         cheap, model_t = verification_cost(close, states=default_states())
         print(f"\nverification per candidate ({len(close)} dev pairs above the similarity threshold; "
               f"{len(model_t.seconds)} reach the pair model):")
