@@ -54,8 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder with train_pairs.jsonl and train_conversations.jsonl (cross-validation, --fit)")
     parser.add_argument("--fit", action="store_true", help="refit the pair model on dev + the development "
                         "frozen sets + training rows and write it to the package's pair_model.json before evaluating")
-    parser.add_argument("--align", action="store_true", help="with --fit: give the model the token-alignment "
-                        "features (MiniLM token states; off by default: no gain in grouped cross-validation)")
+    parser.add_argument("--align", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --fit: give the model the token-alignment features (MiniLM token states; on "
+                        "by default since round 3 of issue 12, where they added recall at equal precision in "
+                        "grouped cross-validation; --no-align fits without them)")
     parser.add_argument("--threshold", type=float, default=None, help="override the shipped similarity threshold")
     parser.add_argument("--min-confidence", type=float, default=None,
                         help="override the pair model's acceptance probability")
@@ -107,7 +109,7 @@ def training_sets(names: list[str]) -> list[str]:
 
 
 def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: MemoEmbedder, config: CacheConfig,
-                    *, refit: bool, align: bool = False) -> dict[str, Score]:
+                    *, refit: bool, align: bool = True) -> dict[str, Score]:
     """Out-of-fold scores on the training sets per kind (refitting and writing the model first with `refit`)."""
     import numpy as np
 
@@ -120,7 +122,8 @@ def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: 
              for ex in training.examples(sets[name][kind], source=f"{name} {kind}")]
     texts = sorted({e.a for e in items} | {e.b for e in items})
     vectors = dict(zip(texts, embedder.embed([embedding_text(t) for t in texts]), strict=True))  # as a lookup does
-    # token alignment: when refitting with --align, or when the shipped model uses it (hashing: tests, no model)
+    # token alignment: when refitting with --align (the default), or when the shipped model uses it (hashing:
+    # tests, no model)
     use = align if refit else pairmodel.load_model().uses_alignment
     states = default_states() if use and config.semantic.embedder != "hashing" else None
     data = training.featurize(items, vectors, threshold=config.semantic.threshold,
