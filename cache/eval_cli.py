@@ -4,8 +4,8 @@ Columns, for pairs and for conversations, at the shipped settings:
 - `dev`: `cache_pairs.dev.jsonl` / `cache_conversations.dev.jsonl` (`--data`, default ../shared/data/eval);
 - one column per frozen set in `--frozen` (default tests/data/eval): `cache_pairs.NAME.jsonl` with
   `cache_conversations.NAME.jsonl` for every NAME starting with `frozen` (`frozen`, `frozen2`, ...), so a
-  set added later shows up by itself. The sets named in `DEVELOPMENT_FROZEN` (`frozen`, the first one,
-  reported once in issue 12) have since been used for development and training: they are marked
+  set added later shows up by itself. The sets named in `DEVELOPMENT_FROZEN` (`frozen` and `frozen2`,
+  each reported once in issue 12, in rounds 1 and 2) have since been used for development and training: they are marked
   in-sample; any other is a held-out set nobody tuned on;
 - `cv`: out-of-fold results of the pair model on dev + the development frozen sets + the hand-written
   training rows (cache/data), folds grouped by shared prompt, with the shipped threshold: each row is judged
@@ -34,7 +34,7 @@ DEFAULT_THRESHOLDS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9)
 DEFAULT_CONFIDENCES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
 _REPO = Path(__file__).resolve().parent.parent
 KINDS = ("pairs", "conversations")
-DEVELOPMENT_FROZEN = ("frozen",)  # frozen sets since used to develop and train (in-sample columns)
+DEVELOPMENT_FROZEN = ("frozen", "frozen2")  # frozen sets since used to develop and train (in-sample columns)
 
 
 def default_data_dir() -> Path:
@@ -53,9 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train", type=Path, default=_REPO / "cache" / "data",
                         help="folder with train_pairs.jsonl and train_conversations.jsonl (cross-validation, --fit)")
     parser.add_argument("--fit", action="store_true", help="refit the pair model on dev + the development "
-                        "frozen set + training rows and write it to the package's pair_model.json before evaluating")
-    parser.add_argument("--align", action="store_true", help="with --fit: give the model the token-alignment "
-                        "features (MiniLM token states; off by default: no gain in grouped cross-validation)")
+                        "frozen sets + training rows and write it to the package's pair_model.json before evaluating")
+    parser.add_argument("--align", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --fit: give the model the token-alignment features (MiniLM token states; on "
+                        "by default since round 3 of issue 12, where they added recall at equal precision in "
+                        "grouped cross-validation; --no-align fits without them)")
     parser.add_argument("--threshold", type=float, default=None, help="override the shipped similarity threshold")
     parser.add_argument("--min-confidence", type=float, default=None,
                         help="override the pair model's acceptance probability")
@@ -107,25 +109,25 @@ def training_sets(names: list[str]) -> list[str]:
 
 
 def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: MemoEmbedder, config: CacheConfig,
-                    *, refit: bool, align: bool = False) -> dict[str, Score]:
+                    *, refit: bool, align: bool = True) -> dict[str, Score]:
     """Out-of-fold scores on the training sets per kind (refitting and writing the model first with `refit`)."""
     import numpy as np
 
     from fleetgate.cache import pairmodel, training
-    from fleetgate.cache.tokenalign import align_features
-    from fleetgate.cache.verifier import default_states
+    from fleetgate.cache.textnorm import embedding_text
+    from fleetgate.cache.verifier import default_states, pair_alignment
 
     used = training_sets(list(sets))
     items = [ex for name in used for kind in KINDS
              for ex in training.examples(sets[name][kind], source=f"{name} {kind}")]
     texts = sorted({e.a for e in items} | {e.b for e in items})
-    vectors = dict(zip(texts, embedder.embed(texts), strict=True))
-    # token alignment: when refitting with --align, or when the shipped model uses it (hashing: tests, no model)
+    vectors = dict(zip(texts, embedder.embed([embedding_text(t) for t in texts]), strict=True))  # as a lookup does
+    # token alignment: when refitting with --align (the default), or when the shipped model uses it (hashing:
+    # tests, no model)
     use = align if refit else pairmodel.load_model().uses_alignment
     states = default_states() if use and config.semantic.embedder != "hashing" else None
     data = training.featurize(items, vectors, threshold=config.semantic.threshold,
-                              align=None if states is None else lambda a, b: align_features(states.words(a),
-                                                                                            states.words(b)))
+                              align=None if states is None else lambda a, b: pair_alignment(a, b, states))
     if refit:
         model, probs = training.fit(data)
         pairmodel.MODEL_PATH.write_text(model.to_json(), encoding="utf-8")
@@ -167,12 +169,15 @@ async def _evaluate(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     embedder = MemoEmbedder(build_embedder(shipped))
+    from fleetgate.cache.textnorm import embedding_text
+
     every = [t for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])]
-    embedder.prime(every, progress=_progress)
+    # what a lookup encodes: misspellings corrected
+    embedder.prime([embedding_text(t) for t in every], progress=_progress)
     static = build_prefilter(shipped, embedder.inner)
     prefilter = MemoEmbedder(static) if static is not None else None
     if prefilter is not None:
-        prefilter.prime(every)
+        prefilter.prime(every)  # the prefilter embeds the text as sent
     print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt; "
           f"static prefilter {'on' if prefilter is not None else 'off'}")
     cv = _cross_validate(sets, embedder, shipped, refit=args.fit, align=args.align)
@@ -246,11 +251,13 @@ async def _evaluate(args: argparse.Namespace) -> int:
         import numpy as np
 
         from fleetgate.cache.latency import verification_cost
+        from fleetgate.cache.textnorm import embedding_text
         from fleetgate.cache.verifier import default_states
 
         rows = sets["dev"]["pairs"]
         pairs = [(str(r["a"]), str(r["b"])) for r in rows if r["a"] != r["b"]]
-        close = [(a, b) for a, b in pairs if float(np.dot(*embedder.embed([a, b]))) >= sem.threshold]
+        close = [(a, b) for a, b in pairs
+                 if float(np.dot(*embedder.embed([embedding_text(a), embedding_text(b)]))) >= sem.threshold]
         cheap, model_t = verification_cost(close, states=default_states())
         print(f"\nverification per candidate ({len(close)} dev pairs above the similarity threshold; "
               f"{len(model_t.seconds)} reach the pair model):")

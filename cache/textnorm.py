@@ -61,6 +61,7 @@ _CONTRACTIONS = (  # (a substring every match contains, pattern, replacement), a
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 _NUMBER_UNIT = re.compile(r"\b(\d+(?:\.\d+)?)(?=[a-z%]+\b)")
 _HYPHEN = re.compile(r"(?<=[a-z])-(?=[a-z])")
+_NUMBER_HYPHEN = re.compile(r"\b(\d+)-(?=[a-z]{2,}\b)")
 _OPERATOR = re.compile(r"(?:(?<=[\s\d(])|^)([-+*/^=<>])(?=[\s\d(x])")
 _QUOTED = re.compile(r"```.*?```|`[^`]+`|\"[^\"]+\"|“[^”]+”|(?<![\w])'(?=\S)[^'\n]*[^'\s]'(?![\w])", re.DOTALL)
 _TOKEN = re.compile(
@@ -150,6 +151,33 @@ def _payload(text: str) -> tuple[str, list[str]]:
     return frame, [s for s in spans if s]
 
 
+_SPAN_TEXT = re.compile(r"[^\w\s]+")
+
+
+def _plain(text: str) -> str:
+    return " ".join(_SPAN_TEXT.sub(" ", text.lower()).split())
+
+
+def unquote_shared(text: str, other: str) -> str:
+    """`text` with the quote marks dropped around each short one-line span ("what does 'yield from' do")
+    whose words the `other` prompt has outside quotes ("what does yield from do"): quoting a word is a way
+    of writing it, not a different payload. Code fences, long spans and spans the other side quotes too (or
+    lacks) are left alone, so the slot veto still compares them."""
+    if not _QUOTED.search(text):
+        return text
+    free = f" {_plain(_QUOTED.sub(' ', other))} "
+
+    def keep_or_drop(m: re.Match[str]) -> str:
+        raw = m.group(0)
+        inner = raw.strip("'\"`“”")
+        plain = _plain(inner)
+        if raw.startswith("```") or "\n" in inner or not plain or len(plain.split()) > 8 or f" {plain} " not in free:
+            return raw
+        return inner
+
+    return _QUOTED.sub(keep_or_drop, text)
+
+
 def tokens(frame: str) -> list[str]:
     """Lower-cased frame text -> tokens with courtesy removed and contractions/aliases expanded."""
     # Each pattern runs only when the character it cannot match without is there (the same result: no
@@ -164,6 +192,7 @@ def tokens(frame: str) -> list[str]:
         frame = _NUMBER_UNIT.sub(r"\1 ", frame)  # 6am -> 6 am, 5km -> 5 km, 2x -> 2 x
     if "-" in frame:
         frame = _HYPHEN.sub(" ", frame)  # one-sentence -> one sentence
+        frame = _NUMBER_HYPHEN.sub(r"\1 ", frame)  # 4-line -> 4 line, as "four-line" -> four line
     if any(c in frame for c in "-+*/^=<>"):
         frame = _OPERATOR.sub(r" op\1 ", frame)  # arithmetic operators
     out: list[str] = []
@@ -251,3 +280,58 @@ def analyse(text: str) -> Analysis:
     return Analysis(quoted=tuple(spans), numbers=tuple(numbers), idents=tuple(idents), words=tuple(words),
                     pairs=frozenset(pairs), markers={k: frozenset(v) for k, v in markers.items()}, proper=proper,
                     surface=tuple(surface), clauses=tuple(clauses), positions=tuple(positions))
+
+
+# Spelling normalisation of the text the embedding sees. A prompt typed in a hurry ("how do i revrese a lsit
+# in pyhton") drifts far from its clean form in MiniLM's space (word pieces of non-words carry little
+# meaning), below the similarity gate before the verifier can judge it. Each lower-case word that is not an
+# English word (Zipf < `_RARE_ZIPF` in `wordfreq`) is replaced by the nearest common word (Zipf >=
+# `_COMMON_ZIPF`, the `_VOCABULARY` most frequent) within optimal string alignment distance 1, or 2 for words
+# of five letters or more, that starts with the same letter (or the first two swapped); ties go to the more
+# frequent word. Capitalised and mixed-case words (names, "KeyError"), words with digits and words under
+# four letters (too many neighbours: "fnd") are left as written. Only the embedding's input changes:
+# the verifier compares the texts as written (its word match knows typos), so a wrong correction can lift
+# a pair over the similarity gate but cannot make the verifier accept it.
+_RARE_ZIPF = 2.0
+_COMMON_ZIPF = 3.0
+_VOCABULARY = 40_000
+_SPELL_WORD = re.compile(r"(?<![\w'.\-/])[a-z]{4,}(?![\w'\-/]|\.\w)")
+
+
+@lru_cache(maxsize=1)
+def _vocabulary() -> dict[int, list[str]]:
+    from wordfreq import top_n_list, zipf_frequency
+
+    by_length: dict[int, list[str]] = {}
+    for word in top_n_list("en", _VOCABULARY):
+        if word.isalpha() and word.isascii() and zipf_frequency(word, "en") >= _COMMON_ZIPF:
+            by_length.setdefault(len(word), []).append(word)
+    return by_length
+
+
+@lru_cache(maxsize=65536)
+def correct_word(word: str) -> str:
+    """The common English word `word` is most likely a misspelling of, or `word` itself."""
+    from rapidfuzz.distance import OSA
+    from rapidfuzz.process import extract
+    from wordfreq import zipf_frequency
+
+    if len(word) < 4 or zipf_frequency(word, "en") >= _RARE_ZIPF:
+        return word
+    limit = 2 if len(word) >= 5 else 1
+    vocabulary = _vocabulary()
+    best: tuple[int, float, str] | None = None
+    for length in range(max(4, len(word) - limit), len(word) + limit + 1):
+        for choice, distance, _ in extract(word, vocabulary.get(length, []), scorer=OSA.distance,
+                                           score_cutoff=limit, limit=None):
+            if choice[0] != word[0] and choice[:2] != word[1::-1]:
+                continue  # a misspelling keeps its first letter, or swaps the first two
+            key = (int(distance), -zipf_frequency(choice, "en"), choice)
+            if best is None or key < best:
+                best = key
+    return word if best is None else best[2]
+
+
+def embedding_text(text: str) -> str:
+    """`text` with its lower-case misspellings corrected (`correct_word`): what the embedding sees."""
+    return _SPELL_WORD.sub(lambda m: correct_word(m.group(0)), text)

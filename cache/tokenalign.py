@@ -14,7 +14,10 @@ leaves one word badly aligned or aligned to a different word whose context is th
   1.0 when there is none);
 - `align_same_word_worst`: the lowest cosine between the states of one content word present on both sides:
   the same word in another role ("Go faster than Java" / "Java faster than Go", "noon in London, time in
-  Tokyo" / the reverse) has another context, which the contextual states carry and a bag of words does not.
+  Tokyo" / the reverse) has another context, which the contextual states carry and a bag of words does not;
+- `align_swap`: the lowest cosine between the states of two different modifiers of one shared word
+  (`pairfeatures.swapped_surfaces`): a synonym ("prior" / "previous revision", "minor" / "small burn")
+  sits close, another kind of the thing ("economy" / "priority shipping") far (1.0 when there is none).
 Content words are those with English Zipf frequency below `FUNCTION_ZIPF` (`wordfreq`): frequency, not a list.
 
 The states come from the same ONNX file as the cache's embedder (`fleetgate.core.minilm_export`), loaded a
@@ -43,8 +46,9 @@ ALIGN_FEATURES = (
     "align_unaligned",
     "align_capital_worst",
     "align_same_word_worst",
+    "align_swap",
 )
-NEUTRAL: tuple[float, ...] = (1.0, 1.0, 1.0, 0.0, 1.0, 1.0)  # two prompts with no content word to compare
+NEUTRAL: tuple[float, ...] = (1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0)  # two prompts with no content word to compare
 _MAX_TOKENS = 256
 _WORD = re.compile(r"[A-Za-z][A-Za-z'\-]*")
 
@@ -152,8 +156,9 @@ def _weight(word: str) -> float:
     return max(0.0, FUNCTION_ZIPF - zipf(word))
 
 
-def align_features(a: Words, b: Words) -> tuple[float, ...]:
-    """`ALIGN_FEATURES` of two prompts' words (symmetric)."""
+def align_features(a: Words, b: Words, swaps: Sequence[tuple[str, str]] = ()) -> tuple[float, ...]:
+    """`ALIGN_FEATURES` of two prompts' words (symmetric); `swaps`: the swapped modifiers (word in a, word
+    in b) of `fleetgate.cache.pairfeatures.swapped_surfaces`."""
     if not len(a.text) or not len(b.text):
         return NEUTRAL
     sims = a.vectors @ b.vectors.T
@@ -172,6 +177,9 @@ def align_features(a: Words, b: Words) -> tuple[float, ...]:
         for i, w in enumerate(a.text)
         if w in b.text and _weight(w) > 0
     ]
+    swapped = [
+        float(sims[a.text.index(x), b.text.index(y)]) for x, y in swaps if x in a.text and y in b.text
+    ]
     return (
         scores[0],
         scores[1] if len(scores) > 1 else scores[0],
@@ -179,4 +187,5 @@ def align_features(a: Words, b: Words) -> tuple[float, ...]:
         sum(s < UNALIGNED for s in scores) / len(scores),
         min(capitals, default=1.0),
         min(same, default=1.0),
+        min(swapped, default=1.0),
     )

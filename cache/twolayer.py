@@ -53,6 +53,7 @@ from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.pairmodel import load_model
 from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
+from fleetgate.cache.textnorm import embedding_text
 from fleetgate.cache.tokenalign import NEUTRAL
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.cache.verifier import Pending, Verdict, alignment, default_states, judge, precheck, warm_up
@@ -250,6 +251,7 @@ class TwoLayerCache:
         """`scope`: the partition, which keeps the batcher's embedding memo per tenant (no timing side channel)."""
         assert self.embedder is not None
         start = time.perf_counter()
+        text = embedding_text(text)  # misspellings corrected: "revrese a lsit" is embedded as "reverse a list"
         aembed = getattr(self.embedder, "aembed", None)  # a BatchingEmbedder batches concurrent lookups
         vector = (await aembed(text, scope=scope) if aembed is not None
                   else (await asyncio.to_thread(self.embedder.embed, [text]))[0])

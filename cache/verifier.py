@@ -5,7 +5,8 @@ paraphrases), so a semantic candidate must also pass, on the two last user messa
 (`fleetgate.cache.textnorm.analyse` gives spans, numbers, identifiers, content stems, clauses, markers):
 
 1. the structural vetoes of `fleetgate.cache.pairfeatures.veto` (`slot`, `number`, `identifier`,
-   `negation`, `order`): differences that change the answer whatever the wording around them;
+   `language`, `negation`, `order`, a critical modifier swapped): differences that change the answer
+   whatever the wording around them;
 2. the word match (`fleetgate.cache.wordmatch.match`: exact stems, typos of non-words, acronyms): when
    every word matched, in order or with one clause moved (`wordmatch.full_match`), the two prompts ask
    the same thing in other function words, and the pair passes;
@@ -17,8 +18,9 @@ paraphrases), so a semantic candidate must also pass, on the two last user messa
 states cost an encoder pass per new text (the cache runs it in a worker thread, for the few candidates
 that get there).
 
-A rejection by the model is reported by what the difference holds, for the rejection metric: the first
-critical kind among the unmatched words (`format`, `language`, ...), `entity` for a capitalised name,
+A rejection by the model is reported by what the difference holds, for the rejection metric: `entity` for
+a swapped modifier of a shared word ("overnight" / "standard delivery"), the first critical kind among the
+unmatched words (`format`, `language`, ...), `entity` for a capitalised name,
 `constraint` for words added on one side only, `entity` for one word against one word, else `rewrite`.
 
 `verify` is symmetric in `a` and `b` up to floating point. Cost: two analyses (cached per text, so a stored
@@ -33,13 +35,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from fleetgate.cache.pairfeatures import features, slot_veto, veto
+from fleetgate.cache.pairfeatures import features, slot_veto, swapped_modifiers, swapped_surfaces, veto
 from fleetgate.cache.pairmodel import PairModel, load_model
-from fleetgate.cache.textnorm import Analysis, analyse, critical_kind
+from fleetgate.cache.textnorm import Analysis, analyse, critical_kind, embedding_text, unquote_shared
 from fleetgate.cache.tokenalign import NEUTRAL, TokenStates, align_features
 from fleetgate.cache.wordmatch import WordMatch, full_match, match
 
 _analysis = lru_cache(maxsize=16384)(analyse)  # stored entries are compared again and again
+
+
+def analyse_pair(text_a: str, text_b: str) -> tuple[Analysis, Analysis]:
+    """The two prompts' analyses, after dropping the quote marks around a span the other side writes
+    unquoted (`textnorm.unquote_shared`)."""
+    return _analysis(unquote_shared(text_a, text_b)), _analysis(unquote_shared(text_b, text_a))
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +58,8 @@ class Verdict:
 
 
 def _why(a: Analysis, b: Analysis, m: WordMatch) -> str:
+    if swapped_modifiers(a, b, match=m):
+        return "entity"  # "overnight delivery" / "standard delivery": another kind of the same thing
     diff = [a.words[i] for i in m.left] + [b.words[j] for j in m.right]
     kind = next((k for k in map(critical_kind, diff) if k), None)
     if kind:
@@ -76,7 +86,7 @@ class Pending:
 
 def precheck(text_a: str, text_b: str) -> Verdict | Pending:
     """The cheap stages (vetoes, word match): a `Verdict`, or `Pending` when the pair model must decide."""
-    a, b = _analysis(text_a), _analysis(text_b)
+    a, b = analyse_pair(text_a, text_b)
     reason = slot_veto(a, b)  # the same verdict `veto` would give first, without the word match
     if reason:
         return Verdict(False, reason)
@@ -104,7 +114,14 @@ def judge(pending: Pending, *, similarity: float, align: Sequence[float], conver
 def alignment(pending: Pending, states: TokenStates) -> tuple[float, ...]:
     """The token-alignment features of a pending pair (one encoder pass per text not seen before: blocking,
     run it off the event loop)."""
-    return align_features(states.words(pending.text_a), states.words(pending.text_b))
+    return align_features(states.words(pending.text_a), states.words(pending.text_b),
+                          swapped_surfaces(pending.a, pending.b, match=pending.match))
+
+
+def pair_alignment(text_a: str, text_b: str, states: TokenStates) -> tuple[float, ...]:
+    """`alignment` of two prompts from their texts (training and cross-validation)."""
+    a, b = analyse_pair(text_a, text_b)
+    return align_features(states.words(text_a), states.words(text_b), swapped_surfaces(a, b, match=match(a, b)))
 
 
 @lru_cache(maxsize=4)
@@ -117,6 +134,7 @@ def warm_up(*, states: TokenStates | None) -> None:
     """Load what the first verification would otherwise load on a request's time (stemmer, rapidfuzz, the
     word frequency lists, the token-state session when `states` is given): about three seconds."""
     a, b = "How do I warm up the verifier?", "Comment préchauffer le vérificateur, s'il vous plaît ?"
+    embedding_text("how do i wram up teh verifer")  # the spelling vocabulary
     step = precheck(a, b)
     if isinstance(step, Pending):
         use = states is not None and load_model().uses_alignment

@@ -140,19 +140,22 @@ def _acronyms(short: Analysis, free_short: list[int], long_: Analysis, free_long
 
 
 def match(a: Analysis, b: Analysis) -> WordMatch:
+    names = a.proper | b.proper  # a capitalised name matches only exactly: "Niger" is not "Nigeria"
     pool: dict[str, list[int]] = defaultdict(list)
     for j, w in enumerate(b.words):
         pool[w].append(j)
     free_a: list[int] = []
     pairs: list[tuple[int, int]] = []
     for i, w in enumerate(a.words):
-        if pool[w]:
-            pairs.append((i, pool[w].pop(0)))
+        # names do not inflect: "Alien" / "Aliens" (one stem) are two films
+        same = [j for j in pool[w] if w not in names or _surface(a, i) == _surface(b, j)]
+        if same:
+            pool[w].remove(same[0])
+            pairs.append((i, same[0]))
         else:
             free_a.append(i)
     free_b = sorted(j for js in pool.values() for j in js)
     typos = 0
-    names = a.proper | b.proper  # a capitalised name matches only exactly: "Niger" is not "Nigeria"
     for i in list(free_a):
         if a.words[i] in names:
             continue

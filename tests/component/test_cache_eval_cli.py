@@ -52,13 +52,14 @@ def test_three_columns_with_the_frozen_set_absent_then_present(tmp_path: Path,
 
 def test_one_column_per_frozen_set_found_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dev = _write(tmp_path / "dev", "dev")
-    folder = _write(_write(tmp_path / "frozen", "frozen"), "frozen2")
+    folder = _write(_write(_write(tmp_path / "frozen", "frozen"), "frozen2"), "frozen3")
     assert main(["cache-eval", "--embedder", "hashing", "--entries", "0", "--data", str(dev), "--sweep", "0.5",
                  "--confidences", "0.9", "--frozen", str(folder)]) == 0
     out = capsys.readouterr().out
-    assert "frozen2 100.0% / 100.0% (1/1 hits, 1 true)" in out and "frozen2 sweep, similarity threshold" in out
-    assert "frozen2 (held out)" in out and "cross-tenant hits: dev 0/3, frozen 0/3, frozen2 0/3" in out
-    assert "cv: out-of-fold over dev + train + frozen," in out  # the held-out set never trains or folds
+    assert "frozen3 100.0% / 100.0% (1/1 hits, 1 true)" in out and "frozen3 sweep, similarity threshold" in out
+    assert "frozen2 (in-sample: used for development and training)" in out and "frozen3 (held out)" in out
+    assert "cross-tenant hits: dev 0/3, frozen 0/3, frozen2 0/3, frozen3 0/3" in out
+    assert "cv: out-of-fold over dev + train + frozen + frozen2," in out  # the held-out set never trains or folds
 
 
 def test_missing_dev_data_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
