@@ -177,7 +177,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
     static = build_prefilter(shipped, embedder.inner)
     prefilter = MemoEmbedder(static) if static is not None else None
     if prefilter is not None:
-        prefilter.prime(every)  # the prefilter embeds the text as sent
+        prefilter.prime([embedding_text(t) for t in every])
     print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt; "
           f"static prefilter {'on' if prefilter is not None else 'off'}")
     cv = _cross_validate(sets, embedder, shipped, refit=args.fit, align=args.align)

@@ -278,7 +278,11 @@ def prompt_language(x: Analysis) -> str:
     least three) the highest mean Zipf frequency (`wordfreq`), by a margin of `_LANGUAGE_MARGIN` over the
     next one. A sum over all words, not a vote per word: related languages share words ("por", "de" in
     Spanish and Portuguese) and a vote splits on them, where "é" and "cento" still tip the sum."""
-    words = x.surface or x.words
+    return _language_of(x.surface or x.words)
+
+
+@lru_cache(maxsize=16384)  # per prompt, not per candidate pair: a lookup compares one prompt with several
+def _language_of(words: tuple[str, ...]) -> str:
     if len(words) < 3:
         return ""
     langs = ("en", *_OTHER_LANGUAGES)

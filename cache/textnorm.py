@@ -58,12 +58,14 @@ _CONTRACTIONS = (  # (a substring every match contains, pattern, replacement), a
     ("a.m", re.compile(r"\ba\.m\.?"), "am"),
     ("p.m", re.compile(r"\bp\.m\.?"), "pm"),
 )
+_DIGIT = re.compile(r"\d")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 _NUMBER_UNIT = re.compile(r"\b(\d+(?:\.\d+)?)(?=[a-z%]+\b)")
 _HYPHEN = re.compile(r"(?<=[a-z])-(?=[a-z])")
 _NUMBER_HYPHEN = re.compile(r"\b(\d+)-(?=[a-z]{2,}\b)")
 _OPERATOR = re.compile(r"(?:(?<=[\s\d(])|^)([-+*/^=<>])(?=[\s\d(x])")
 _QUOTED = re.compile(r"```.*?```|`[^`]+`|\"[^\"]+\"|“[^”]+”|(?<![\w])'(?=\S)[^'\n]*[^'\s]'(?![\w])", re.DOTALL)
+_QUOTE_MARKS = ("`", '"', "\u201c", "'")  # every `_QUOTED` match starts with one of these
 _TOKEN = re.compile(
     r"(?<![a-z0-9])--?[a-z][a-z0-9-]*|op[-+*/^=<>]|w/o?|[a-z0-9µà-öø-ÿ]+(?:[.+#\-/'^][a-z0-9à-öø-ÿ]+)*(?:\+\+|#)?"
     r"|%|\$|€|£"  # letters with accents belong to words ("cuánto"); "2^n" is one token
@@ -163,7 +165,7 @@ def unquote_shared(text: str, other: str) -> str:
     whose words the `other` prompt has outside quotes ("what does yield from do"): quoting a word is a way
     of writing it, not a different payload. Code fences, long spans and spans the other side quotes too (or
     lacks) are left alone, so the slot veto still compares them."""
-    if not _QUOTED.search(text):
+    if not any(mark in text for mark in _QUOTE_MARKS) or not _QUOTED.search(text):
         return text
     free = f" {_plain(_QUOTED.sub(' ', other))} "
 
@@ -188,7 +190,7 @@ def tokens(frame: str) -> list[str]:
     frame = _COURTESY.sub(" ", frame)  # after the contractions: "if it isn't too much to ask"
     if "," in frame:
         frame = _THOUSANDS.sub("", frame)  # 1,250,000 -> 1250000
-    if any(c.isdigit() for c in frame):
+    if _DIGIT.search(frame):
         frame = _NUMBER_UNIT.sub(r"\1 ", frame)  # 6am -> 6 am, 5km -> 5 km, 2x -> 2 x
     if "-" in frame:
         frame = _HYPHEN.sub(" ", frame)  # one-sentence -> one sentence

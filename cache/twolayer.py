@@ -258,6 +258,12 @@ class TwoLayerCache:
         self.metrics.at(self.metrics.stage_seconds, "embed").observe(time.perf_counter() - start)
         return vector
 
+    def _static(self, text: str) -> np.ndarray:
+        """The prefilter's vector of `text`, spelled as the encoder would see it (`embedding_text`: a heavy
+        typo otherwise scatters the static tokens; the corrections are cached per word for the encoder)."""
+        assert self.prefilter is not None
+        return self.prefilter.embed([embedding_text(text)])[0]
+
     async def _semantic(self, req: CacheRequest, keys: CacheKeys, state: dict[str, Any]) -> CacheLookup:
         sem = self.config.semantic
         text = keys.semantic_text
@@ -266,7 +272,7 @@ class TwoLayerCache:
         result = CacheLookup(status=CacheStatus.MISS, reason="no similar entry", state=state)
         survivors: dict[str, tuple[dict[str, Any], Pending | Verdict | None]] = {}
         if self.prefilter is not None:
-            state["static"] = self.prefilter.embed([text])[0]
+            state["static"] = self._static(text)
             self.metrics.at(self.metrics.stage_seconds, "static").observe(time.perf_counter() - start)
             await self._timed_sync()
             survivors = await self._prefiltered(req, keys, state["static"], result)
@@ -444,7 +450,7 @@ class TwoLayerCache:
                     if self._warming is not None:
                         await asyncio.shield(self._warming)  # stores run after the response: waiting is fine
                     if self.prefilter is not None:
-                        static = self.prefilter.embed([keys.semantic_text])[0]
+                        static = self._static(keys.semantic_text)
                     else:
                         vector = await self.embed(keys.semantic_text, scope=keys.partition)
             entry = LogEntry(key=keys.exact, partition=keys.partition,
