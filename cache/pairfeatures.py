@@ -61,7 +61,7 @@ from collections import Counter
 from collections.abc import Sequence
 from functools import lru_cache
 
-from fleetgate.cache.textnorm import NEGATION, Analysis, correct_word, critical_kind, polarity
+from fleetgate.cache.textnorm import NEGATION, Analysis, corrected, critical_kind, polarity
 from fleetgate.cache.tokenalign import ALIGN_FEATURES, NEUTRAL
 from fleetgate.cache.wordmatch import WordMatch, zipf
 
@@ -288,8 +288,9 @@ def _language_of(words: tuple[str, ...]) -> str:
     langs = ("en", *_OTHER_LANGUAGES)
     # a misspelt English word counts as the word it misspells ("wirte", "abot"), so typos never make a
     # prompt foreign (a foreign word that happens to be close to an English one only makes it less clear)
+    # (the first `MAX_CORRECTIONS` of them: a prompt of made-up words costs the event loop a bounded time)
     totals = [sum(column) / len(words)
-              for column in zip(*(_frequencies(correct_word(w)) for w in words), strict=True)]
+              for column in zip(*(_frequencies(w) for w in corrected(words)), strict=True)]
     order = sorted(range(len(langs)), key=totals.__getitem__, reverse=True)
     return langs[order[0]] if totals[order[0]] - totals[order[1]] >= _LANGUAGE_MARGIN else ""
 
