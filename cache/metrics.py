@@ -64,7 +64,8 @@ class CacheMetrics:
         )
         self.rejections = Counter(
             "fleetgate_cache_verifier_rejections_total",
-            "Semantic candidates above the similarity threshold rejected by the near-miss verifier, by rule.",
+            "Semantic candidates rejected by the near-miss verifier, by rule: those above the similarity threshold, "
+            "and with the static prefilter those its text checks veto before encoding.",
             ["reason"],
             registry=registry,
         )

@@ -27,6 +27,7 @@ candidate's key is found missing.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -46,21 +47,25 @@ class LogEntry:
     static: np.ndarray | None = None  # the static table's unit vector (prefilter on)
 
     def encode(self) -> bytes:
-        head = orjson.dumps({"k": self.key, "p": self.partition, "e": self.expires_at,
-                             "d": 0 if self.vector is None else len(self.vector),
-                             "s": 0 if self.static is None else len(self.static)})
-        body = b"".join(np.asarray(v, dtype=np.float16).tobytes() for v in (self.vector, self.static) if v is not None)
-        return head + b"\n" + body
+        meta: dict[str, object] = {"k": self.key, "p": self.partition, "e": self.expires_at,
+                                   "d": 0 if self.vector is None else len(self.vector)}
+        if self.static is not None:
+            # in the head, base64: a replica of the version before the prefilter reads the head's known keys
+            # and the body as the encoder's vector, so lines written during a rolling upgrade stay readable
+            meta["s"] = base64.b64encode(np.asarray(self.static, dtype=np.float16).tobytes()).decode()
+        body = b"" if self.vector is None else np.asarray(self.vector, dtype=np.float16).tobytes()
+        return orjson.dumps(meta) + b"\n" + body
 
     @classmethod
     def decode(cls, raw: bytes) -> LogEntry:
+        """Raises ValueError (or KeyError, TypeError) on a line it cannot read."""
         head, _, body = raw.partition(b"\n")
         meta = orjson.loads(head)
-        values = np.frombuffer(body, dtype=np.float16).astype(np.float32)
-        dense, static = int(meta["d"]), int(meta.get("s", 0))  # "s": absent in lines of older versions
-        return cls(key=meta["k"], partition=meta["p"], expires_at=float(meta["e"]),
-                   vector=_unit(values[:dense]) if dense else None,
-                   static=_unit(values[dense : dense + static]) if static else None)
+        vector = np.frombuffer(body, dtype=np.float16).astype(np.float32) if meta["d"] else None
+        static = (np.frombuffer(base64.b64decode(meta["s"], validate=True), dtype=np.float16).astype(np.float32)
+                  if meta.get("s") else None)
+        return cls(key=str(meta["k"]), partition=str(meta["p"]), expires_at=float(meta["e"]),
+                   vector=None if vector is None else _unit(vector), static=None if static is None else _unit(static))
 
 
 def _unit(vector: np.ndarray) -> np.ndarray:

@@ -183,8 +183,16 @@ class TwoLayerCache:
             while True:
                 rows = await self.kv.log_read(self._log, after=self.index.cursor, count=1000)
                 for entry_id, raw in rows:
-                    self.metrics.evictions.inc(len(self.index.apply(LogEntry.decode(raw))))
                     self.index.cursor = entry_id
+                    try:
+                        entry = LogEntry.decode(raw)
+                    except (ValueError, KeyError, TypeError) as exc:
+                        # a line this version cannot read (another version's, or damaged) is skipped, not
+                        # retried forever: otherwise every later sync, and so every semantic lookup, fails on it
+                        self.metrics.backend_errors.inc()
+                        log.warning("response cache: skipped an unreadable log line %s: %s", entry_id, exc)
+                        continue
+                    self.metrics.evictions.inc(len(self.index.apply(entry)))
                 if len(rows) < 1000:
                     break
             self.index.drop_expired()

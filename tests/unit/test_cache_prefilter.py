@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -19,7 +20,7 @@ from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
 from fleetgate.cache.twolayer import TwoLayerCache
 from fleetgate.cache.types import CacheRequest, CacheStatus
-from fleetgate.core.kvstore import MemoryKVStore
+from fleetgate.core.kvstore import MemoryKVStore, StoreUnavailableError
 
 
 class CountingEmbedder(HashingEmbedder):
@@ -169,3 +170,51 @@ def test_the_index_takes_a_late_encoder_vector_and_ignores_vectors_of_another_si
     assert "b" not in index.vectors and "b" not in index.static and len(index) == 2
     index.remove("a")
     assert "a" not in index.vectors and "a" not in index.static
+
+
+def test_a_replica_of_the_version_before_the_prefilter_still_reads_new_lines() -> None:
+    rng = np.random.default_rng(5)
+    dense, static = rng.standard_normal(256).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    line = LogEntry(key="k", partition="p", expires_at=9e9, vector=dense / np.linalg.norm(dense),
+                    static=static / np.linalg.norm(static)).encode()
+    # what that version did: the head's k, p, e, d, and the whole body as the encoder's vector
+    head, _, body = line.partition(b"\n")
+    meta = orjson.loads(head)
+    old_vector = np.frombuffer(body, dtype=np.float16) if meta["d"] else None
+    assert meta["k"] == "k" and meta["p"] == "p" and old_vector is not None and len(old_vector) == meta["d"] == 256
+
+
+async def test_an_unreadable_log_line_is_skipped_and_the_lines_after_it_still_sync() -> None:
+    kv = MemoryKVStore()
+    writer, _ = make(kv=kv)
+    await kv.log_append(writer._log, b"not a log line", max_len=100)
+    await kv.log_append(writer._log, b'{"k":"x","p":"p","e":9e9,"d":3}\n\x00', max_len=100)  # body too short
+    await remember(writer, "In Python, how do I reverse a string?")
+    reader, _ = make(kv=kv)
+    for _ in range(2):  # the second sync must not trip over the bad lines again
+        await reader.sync(force=True)
+    assert len(reader.index) == 1
+    hit = await reader.lookup(req("How do I reverse a string in Python?"))
+    assert hit.status == CacheStatus.HIT_SEMANTIC
+    assert reader.metrics.backend_errors._value.get() == 2
+
+
+class FailingFetch(MemoryKVStore):
+    """A store whose MGET fails (Redis gone mid-lookup) once `broken` is set."""
+
+    broken = False
+
+    async def mget(self, keys: Sequence[str]) -> list[bytes | None]:
+        if self.broken:
+            raise StoreUnavailableError("connection reset")
+        return await super().mget(keys)
+
+
+async def test_a_store_failing_during_the_prefilter_fetch_is_a_bypass_that_encodes_nothing() -> None:
+    kv = FailingFetch()
+    cache, encoder = make(kv=kv)
+    await remember(cache, "In Python, how do I reverse a string?")
+    kv.broken = True
+    looked = await cache.lookup(req("How do I reverse a string in Python?"))
+    assert looked.status == CacheStatus.BYPASS and looked.reason == "cache backend unavailable"
+    assert encoder.texts == [] and cache.metrics.backend_up._value.get() == 0
