@@ -49,7 +49,6 @@ ALIGN_FEATURES = (
     "align_swap",
 )
 NEUTRAL: tuple[float, ...] = (1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0)  # two prompts with no content word to compare
-_MAX_TOKENS = 256
 _WORD = re.compile(r"[A-Za-z][A-Za-z'\-]*")
 
 
@@ -81,25 +80,17 @@ class TokenStates:
             if self._session is not None:
                 return
             import onnx
-            import onnxruntime
-            from tokenizers import Tokenizer
 
             from fleetgate.core.minilm import minilm_dir
             from fleetgate.core.minilm_export import ensure_onnx
+            from fleetgate.core.minilm_onnx import cpu_session, minilm_tokenizer
 
             folder = self._model_dir or minilm_dir()
-            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-            tokenizer.enable_truncation(max_length=_MAX_TOKENS)
-            tokenizer.no_padding()
+            tokenizer = minilm_tokenizer(folder)
             model = onnx.load(str(ensure_onnx(model_dir=folder, variant="int8" if self._variant == "int8" else "fp32")))
             last = [n for n in model.graph.node if n.op_type == "LayerNormalization"][-1].output[0]
             model.graph.output.append(onnx.helper.make_tensor_value_info(last, onnx.TensorProto.FLOAT, None))
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = 1
-            options.inter_op_num_threads = 1
-            self._session = onnxruntime.InferenceSession(
-                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-            )
+            self._session = cpu_session(model.SerializeToString(), threads=1)
             self._output = last
             self._tokenizer = tokenizer
 

@@ -47,6 +47,32 @@ def length_groups(
     return groups
 
 
+def minilm_tokenizer(folder: Path) -> Any:
+    """MiniLM's own tokenizer (`tokenizers`), truncated at the reference's 256 tokens, unpadded."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.enable_truncation(max_length=_MAX_TOKENS)
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def cpu_session(model: str | bytes, *, threads: int | None) -> Any:
+    """An ONNX Runtime CPU session of `model` (a path or the serialised graph), graph optimisations on;
+    `threads`: its intra-op threads (None: ORT's default)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # a spinning idle pool thread would burn the gateway's core between batches
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
 class OnnxMiniLMEmbedder:
     """Thread-safe, lazily loaded MiniLM on ONNX Runtime. `embed` is blocking: call it off the event loop."""
 
@@ -67,23 +93,10 @@ class OnnxMiniLMEmbedder:
         with self._lock:
             if self._session is not None:
                 return
-            import onnxruntime
-            from tokenizers import Tokenizer
-
             folder = self._model_dir or minilm_dir()
-            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-            tokenizer.enable_truncation(max_length=_MAX_TOKENS)
-            tokenizer.no_padding()  # `embed` pads per group of similar length
-            options = onnxruntime.SessionOptions()
-            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-            # a spinning idle pool thread would burn the gateway's core between batches
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-            if self._threads:
-                options.intra_op_num_threads = self._threads
-                options.inter_op_num_threads = 1
+            tokenizer = minilm_tokenizer(folder)  # `embed` pads per group of similar length
             path = ensure_onnx(model_dir=folder, variant=self.variant)
-            self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            self._session = cpu_session(str(path), threads=self._threads)
             self._tokenizer = tokenizer
 
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:

@@ -38,7 +38,6 @@ from fleetgate.core.minilm import minilm_dir
 DIM = 256
 SIF_A = 3e-2
 _FILE = f"minilm-static-{DIM}-v2.npy"
-_MAX_TOKENS = 256
 
 
 def static_file(model_dir: Path) -> Path:
@@ -113,14 +112,11 @@ class StaticMiniLM:
         with self._lock:
             if self._table is not None:
                 return
-            from tokenizers import Tokenizer
+            from fleetgate.core.minilm_onnx import minilm_tokenizer
 
             folder = self._model_dir or minilm_dir()
             table = np.load(build(folder)).astype(np.float32)
-            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-            tokenizer.no_padding()
-            tokenizer.enable_truncation(max_length=_MAX_TOKENS)
-            self._tokenizer, self._table = tokenizer, table
+            self._tokenizer, self._table = minilm_tokenizer(folder), table
 
     @property
     def loaded(self) -> bool:
