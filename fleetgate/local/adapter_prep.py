@@ -110,14 +110,17 @@ def _train(
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         out = work / "adapter"
-        report = train_adapter(
-            base=base,
-            out=out,
-            pairs=adapter_texts.completions(name),
-            recipe=recipe,
-            sample_question=SAMPLE_QUESTION,
-            progress=progress,
-        )
+        try:
+            report = train_adapter(
+                base=base,
+                out=out,
+                pairs=adapter_texts.completions(name),
+                recipe=recipe,
+                sample_question=SAMPLE_QUESTION,
+                progress=progress,
+            )
+        except (ImportError, RuntimeError, OSError, MemoryError) as exc:  # torch/peft missing, out of memory, disk
+            raise ModelPrepError(f"training adapter {name!r} failed: {type(exc).__name__}: {exc}") from exc
         files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
         manifest = {
             **identity,

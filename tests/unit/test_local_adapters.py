@@ -294,3 +294,20 @@ def test_two_preparations_at_once_train_once(
         t.join(timeout=30)
     assert len(paths) == 2 and paths[0] == paths[1]
     assert len(fake_training) == 1  # the second waited on the lock, then found the adapter ready
+
+
+def test_a_training_that_fails_leaves_nothing_behind_and_is_a_prep_error(
+    tmp_path: Path, fake_training: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetgate.local import adapter_prep, adapter_train
+    from fleetgate.local.errors import ModelPrepError
+
+    def crash(*, out: Path, **_: object) -> adapter_train.TrainReport:
+        _peft_dir(out, rank=8)  # half written when the process runs out of memory
+        raise RuntimeError("DefaultCPUAllocator: not enough memory")
+
+    monkeypatch.setattr(adapter_train, "train_adapter", crash)
+    with pytest.raises(ModelPrepError, match="training adapter 'pirate' failed: RuntimeError: DefaultCPUAllocator"):
+        adapter_prep.prepare_adapter(name="pirate", cache_dir=tmp_path, progress=lambda _: None)
+    root = adapter_dir(name="pirate", cache_dir=tmp_path).parent
+    assert [p.name for p in root.iterdir()] == [".prepare.lock"]  # no adapter, no temporary directory
