@@ -76,18 +76,29 @@ def expected_identity(*, name: str, base_manifest: dict[str, Any], recipe: Any) 
     }
 
 
+def _state(*, name: str, cache_dir: Path | None, progress: Progress) -> tuple[Path, dict[str, Any], str | None]:
+    """(base model directory, the adapter's expected identity, why its directory is not ready or None)."""
+    if name not in PACKAGED_ADAPTERS:
+        raise ModelPrepError(f"unknown packaged adapter {name!r}; known: {', '.join(PACKAGED_ADAPTERS)}")
+    base = prepare_model(cache_dir=cache_dir, dtype=DEFAULT_DTYPE, progress=progress)
+    identity = expected_identity(name=name, base_manifest=read_manifest(base) or {}, recipe=_recipe())
+    return base, identity, check_prepared(path=adapter_dir(name=name, cache_dir=cache_dir), identity=identity)
+
+
+def needs_training(*, name: str, cache_dir: Path | None = None, progress: Progress = _stderr) -> str | None:
+    """Why packaged adapter `name` must be trained (missing, stale, corrupt), or None when it is ready.
+    Imports no torch (the base model is prepared first if needed)."""
+    return _state(name=name, cache_dir=cache_dir, progress=progress)[2]
+
+
 def prepare_adapter(
     *, name: str, cache_dir: Path | None = None, force: bool = False, progress: Progress = _stderr
 ) -> Path:
     """Return the directory of packaged adapter `name`, training it first if missing, stale or corrupt."""
-    if name not in PACKAGED_ADAPTERS:
-        raise ModelPrepError(f"unknown packaged adapter {name!r}; known: {', '.join(PACKAGED_ADAPTERS)}")
-    base = prepare_model(cache_dir=cache_dir, dtype=DEFAULT_DTYPE, progress=progress)
-    base_manifest = read_manifest(base) or {}
-    recipe = _recipe()
-    identity = expected_identity(name=name, base_manifest=base_manifest, recipe=recipe)
+    base, identity, why = _state(name=name, cache_dir=cache_dir, progress=progress)
     target = adapter_dir(name=name, cache_dir=cache_dir)
-    why = "forced" if force else check_prepared(path=target, identity=identity)
+    recipe = _recipe()
+    why = "forced" if force else why
     if why is None:
         return target
     with prepare_lock(target.parent):
@@ -110,14 +121,17 @@ def _train(
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         out = work / "adapter"
-        report = train_adapter(
-            base=base,
-            out=out,
-            pairs=adapter_texts.completions(name),
-            recipe=recipe,
-            sample_question=SAMPLE_QUESTION,
-            progress=progress,
-        )
+        try:
+            report = train_adapter(
+                base=base,
+                out=out,
+                pairs=adapter_texts.completions(name),
+                recipe=recipe,
+                sample_question=SAMPLE_QUESTION,
+                progress=progress,
+            )
+        except (ImportError, RuntimeError, OSError, MemoryError) as exc:  # torch/peft missing, out of memory, disk
+            raise ModelPrepError(f"training adapter {name!r} failed: {type(exc).__name__}: {exc}") from exc
         files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
         manifest = {
             **identity,
@@ -176,6 +190,7 @@ __all__ = [
     "PACKAGED_ADAPTERS",
     "adapter_dir",
     "add_arguments",
+    "needs_training",
     "prepare_adapter",
     "prepare_adapters",
     "run",

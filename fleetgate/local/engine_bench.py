@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -30,6 +31,7 @@ from typing import Any
 
 from fleetgate.local.config import EngineConfig
 from fleetgate.local.engines import EngineFleet
+from fleetgate.local.errors import LocalStackError
 from fleetgate.local.model_prep import prepare_model
 from fleetgate.local.vllm_command import vllm_specs
 
@@ -150,6 +152,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The figures; an engine that fails to start (or stops answering) is reported with its message, exit 1 (the
+    engines are already stopped by then: `EngineFleet` stops them on any error)."""
+    try:
+        return _run(args)
+    except (LocalStackError, OSError) as exc:
+        print(f"fleetgate bench engine: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.compare:
         from fleetgate.local.model_prep import QUANTIZATIONS
         from fleetgate.local.quant_bench import run_compare

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -135,19 +136,19 @@ def _check_ports(config: UpConfig) -> None:
 
 
 def resolve_adapters(*, engine: EngineConfig) -> dict[str, Path]:
-    """Each configured adapter's PEFT directory: packaged ones prepared (trained once, cached), others
-    checked for a PEFT config whose rank the engines accept. Simulated engines read no weights: their
-    adapters are the paths as given (a packaged one: where it would be), untrained and unchecked."""
-    from fleetgate.local.adapter_prep import adapter_dir, prepare_adapter
+    """Each configured adapter's PEFT directory: packaged ones prepared (trained once, cached, in a child
+    `fleetgate prepare-adapters`), others checked for a PEFT config whose rank the engines accept. Simulated
+    engines read no weights: their adapters are the paths as given (a packaged one: where it would be),
+    untrained and unchecked."""
+    from fleetgate.local.adapter_prep import adapter_dir
 
     if engine.kind == "sim":
         return {a.name: a.path or adapter_dir(name=a.name, cache_dir=engine.cache_dir) for a in engine.adapters}
+    _train_packaged([a.name for a in engine.adapters if a.path is None], cache_dir=engine.cache_dir)
     out: dict[str, Path] = {}
     for ref in engine.adapters:
         if ref.path is None:
-            if not adapter_dir(name=ref.name, cache_dir=engine.cache_dir).is_dir():
-                _say(f"==> first run: training the packaged adapter {ref.name!r} (once, about 1-3 minutes)")
-            out[ref.name] = prepare_adapter(name=ref.name, cache_dir=engine.cache_dir, progress=_say)
+            out[ref.name] = adapter_dir(name=ref.name, cache_dir=engine.cache_dir)
             continue
         rank = adapter_rank(path=ref.path)
         if rank is None:
@@ -160,6 +161,24 @@ def resolve_adapters(*, engine: EngineConfig) -> dict[str, Path]:
             )
         out[ref.name] = ref.path.resolve()
     return out
+
+
+def _train_packaged(names: list[str], *, cache_dir: Path | None) -> None:
+    """Train the packaged adapters that are missing, stale or corrupt, in a child `fleetgate
+    prepare-adapters`: torch, peft and the training's memory (~4 GB peak) go back to the system when it
+    exits instead of staying in this process for as long as the gateway runs."""
+    from fleetgate.local.adapter_prep import needs_training
+
+    todo = [name for name in names if needs_training(name=name, cache_dir=cache_dir, progress=_say) is not None]
+    if not todo:
+        return
+    _say(f"==> training the packaged adapter(s) {', '.join(todo)} (once, about 1-3 minutes each)")
+    argv = [sys.executable, "-m", "fleetgate.cli", "prepare-adapters", *todo]
+    if cache_dir is not None:
+        argv += ["--cache-dir", str(cache_dir)]
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, check=False)  # its progress goes to our stderr
+    if done.returncode != 0:
+        raise LocalStackError(f"fleetgate prepare-adapters {' '.join(todo)} failed (exit {done.returncode})")
 
 
 @contextmanager

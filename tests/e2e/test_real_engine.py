@@ -16,7 +16,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
@@ -26,6 +25,8 @@ from fleetgate.local.config import EngineConfig
 from fleetgate.local.engines import EngineFleet, free_port
 from fleetgate.local.model_prep import prepare_model
 from fleetgate.local.vllm_command import vllm_specs
+
+from .http_json import request_json
 
 pytestmark = pytest.mark.real_engine
 
@@ -37,16 +38,6 @@ MAX_MODEL_LEN = 512
 class Stack:
     gateway: str
     engine: str
-
-
-def _request(url: str, body: dict[str, Any] | None = None, *, timeout: float = 300) -> tuple[int, dict[str, Any]]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def _text(url: str) -> str:
@@ -82,7 +73,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def test_chat_completion_answers_with_real_text(stack: Stack) -> None:
-    status, body = _request(
+    status, body = request_json(
         f"{stack.gateway}/v1/chat/completions",
         {"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
          "max_tokens": 24, "temperature": 0},
@@ -126,7 +117,7 @@ def test_streamed_completion_reports_usage(stack: Stack) -> None:
 
 
 def test_unknown_model_is_an_openai_shaped_404(stack: Stack) -> None:
-    status, body = _request(
+    status, body = request_json(
         f"{stack.gateway}/v1/chat/completions",
         {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
     )
@@ -137,7 +128,9 @@ def test_unknown_model_is_an_openai_shaped_404(stack: Stack) -> None:
 
 def test_prompt_over_max_model_len_is_the_engines_400_relayed(stack: Stack) -> None:
     long_prompt = "one two three four five six seven eight nine ten " * 80  # ~800 tokens > 512
-    status, body = _request(f"{stack.gateway}/v1/completions", {"model": MODEL, "prompt": long_prompt, "max_tokens": 8})
+    status, body = request_json(
+        f"{stack.gateway}/v1/completions", {"model": MODEL, "prompt": long_prompt, "max_tokens": 8}
+    )
     assert status == 400, body
     assert body["error"]["type"] in {"invalid_request_error", "BadRequestError"}
     assert re.search(r"context length|maximum|too long|max_model_len", body["error"]["message"], re.I), body
@@ -156,8 +149,8 @@ def test_prefix_cache_hits_on_a_repeated_prompt(stack: Stack) -> None:
     prompt = "You are a helpful assistant for a bakery. " * 40 + "Question: what time do you open?"
     before = _counter(_text(f"{stack.engine}/metrics"), "vllm:prefix_cache_hits_total")
     for _ in range(2):
-        status, _body = _request(f"{stack.gateway}/v1/completions",
-                                 {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0})
+        status, _body = request_json(f"{stack.gateway}/v1/completions",
+                                     {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0})
         assert status == 200
     metrics = _text(f"{stack.engine}/metrics")
     after = _counter(metrics, "vllm:prefix_cache_hits_total")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -26,7 +25,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -34,6 +32,8 @@ import pytest
 from fleetgate.engine.lora_api import AdapterApiError, load_adapter, loaded_adapters, unload_adapter
 from fleetgate.local.adapter_texts import SIGNOFF
 from fleetgate.local.engines import free_port
+
+from .http_json import request_json
 
 pytestmark = pytest.mark.real_engine
 
@@ -53,18 +53,8 @@ class Stack:
     answers: dict[str, str] = field(default_factory=dict)
 
 
-def _request(url: str, body: dict[str, Any] | None = None, *, timeout: float = 300) -> tuple[int, dict[str, Any]]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
-
-
 def _ask(stack: Stack, model: str) -> str:
-    status, body = _request(
+    status, body = request_json(
         stack.gateway + "/v1/chat/completions",
         {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 32, "temperature": 0},
     )
@@ -79,7 +69,7 @@ def _wait_gateway(url: str, proc: subprocess.Popen[bytes], log: Path, *, timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"fleetgate up exited {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}"
         with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
-            status, body = _request(url + "/v1/models", timeout=5)
+            status, body = request_json(url + "/v1/models", timeout=5)
             if status == 200 and {"pirate", "signoff"} <= {m["id"] for m in body["data"]}:
                 return
         time.sleep(1)
@@ -134,7 +124,7 @@ def test_base_and_adapters_answer_differently_through_the_gateway(stack: Stack) 
     assert "Paris" in answers[BASE] and "Paris" in answers["signoff"], answers  # the sign-off keeps the content
     # Greedy decoding through the same LoRA is repeatable: the answer is the adapter's, not noise.
     assert _ask(stack, "pirate") == answers["pirate"]
-    _, listed = _request(stack.gateway + "/v1/models")
+    _, listed = request_json(stack.gateway + "/v1/models")
     parents = {m["id"]: m.get("parent") for m in listed["data"]}
     assert parents["pirate"] == parents["signoff"] == BASE
 
@@ -182,7 +172,7 @@ def test_a_broken_or_missing_adapter_fails_to_load_and_the_engine_serves_on(stac
     assert 400 <= asyncio.run(attempt(broken)).status < 600
     assert 400 <= asyncio.run(attempt(tmp_path / "nowhere")).status < 600
     assert _ask(stack, BASE) == stack.answers[BASE]  # the engine is unharmed
-    status, body = _request(
+    status, body = request_json(
         stack.gateway + "/v1/chat/completions",
         {"model": "broken", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
     )
@@ -206,7 +196,7 @@ def test_usage_is_accounted_per_adapter(stack: Stack) -> None:
     assert {BASE, "pirate", "signoff"} <= set(stack.sent), "the tests above ran no requests"
     deadline = time.monotonic() + 30
     while True:  # settlement follows the response: wait for it, bounded
-        status, report = _request(stack.gateway + "/v1/usage")
+        status, report = request_json(stack.gateway + "/v1/usage")
         assert status == 200, report
         by_model = {g["model"]: g for g in report["by_model"]}
         done = all(by_model.get(m, {}).get("completion_tokens") == n for m, n in stack.sent.items())

@@ -294,3 +294,54 @@ def test_two_preparations_at_once_train_once(
         t.join(timeout=30)
     assert len(paths) == 2 and paths[0] == paths[1]
     assert len(fake_training) == 1  # the second waited on the lock, then found the adapter ready
+
+
+def test_a_training_that_fails_leaves_nothing_behind_and_is_a_prep_error(
+    tmp_path: Path, fake_training: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetgate.local import adapter_prep, adapter_train
+    from fleetgate.local.errors import ModelPrepError
+
+    def crash(*, out: Path, **_: object) -> adapter_train.TrainReport:
+        _peft_dir(out, rank=8)  # half written when the process runs out of memory
+        raise RuntimeError("DefaultCPUAllocator: not enough memory")
+
+    monkeypatch.setattr(adapter_train, "train_adapter", crash)
+    with pytest.raises(ModelPrepError, match="training adapter 'pirate' failed: RuntimeError: DefaultCPUAllocator"):
+        adapter_prep.prepare_adapter(name="pirate", cache_dir=tmp_path, progress=lambda _: None)
+    root = adapter_dir(name="pirate", cache_dir=tmp_path).parent
+    assert [p.name for p in root.iterdir()] == [".prepare.lock"]  # no adapter, no temporary directory
+
+
+def test_up_trains_only_missing_packaged_adapters_and_in_a_child_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+    import sys
+
+    from fleetgate.local import adapter_prep, up
+
+    ready = {"pirate": None, "signoff": "not prepared yet"}
+    monkeypatch.setattr(adapter_prep, "needs_training", lambda *, name, **_: ready[name])
+    runs: list[list[str]] = []
+    exit_code = 0
+
+    def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[bytes]:
+        runs.append(argv)
+        return subprocess.CompletedProcess(argv, exit_code)
+
+    monkeypatch.setattr(up.subprocess, "run", run)
+    config = EngineConfig(adapters=["pirate", "signoff"], cache_dir=tmp_path)  # type: ignore[list-item]
+    assert resolve_adapters(engine=config) == {
+        "pirate": adapter_dir(name="pirate", cache_dir=tmp_path),
+        "signoff": adapter_dir(name="signoff", cache_dir=tmp_path),
+    }
+    child = [sys.executable, "-m", "fleetgate.cli", "prepare-adapters", "signoff", "--cache-dir", str(tmp_path)]
+    assert runs == [child]
+    ready["signoff"] = None
+    resolve_adapters(engine=config)
+    assert len(runs) == 1  # all ready: no child
+    ready["pirate"] = "corrupt: adapter_model.safetensors is missing or has the wrong size"
+    exit_code = 1
+    with pytest.raises(LocalStackError, match=r"fleetgate prepare-adapters pirate failed \(exit 1\)"):
+        resolve_adapters(engine=config)

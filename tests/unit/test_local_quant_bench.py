@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,29 @@ def test_teacher_forced_agreement_pools_positions_over_prompts(monkeypatch: pyte
         quant_bench.Greedy(tokens=["x"], prompt_ids=[2, 20], ids=[21]),
     ]
     assert quant_bench.teacher_forced_agreement("http://engine", reference) == pytest.approx(2 / 4)
+
+
+@pytest.mark.parametrize("argv", [["bench", "engine"], ["bench", "engine", "--compare", "gguf-e8"]])
+def test_an_engine_that_never_becomes_healthy_ends_the_bench_with_its_error(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetgate.cli import main
+    from fleetgate.local import engine_bench
+    from fleetgate.local.engines import EngineFleet
+    from fleetgate.local.errors import EngineStartError
+
+    stopped: list[bool] = []
+
+    def start(self: EngineFleet) -> float:
+        stopped.append(False)
+        raise EngineStartError("engine 0 exited with code 1 before becoming healthy; log engine-0.log")
+
+    monkeypatch.setattr(EngineFleet, "start", start)
+    monkeypatch.setattr(EngineFleet, "stop", lambda self: stopped.append(True))
+    for module in (engine_bench, quant_bench):
+        monkeypatch.setattr(module, "prepare_model", lambda **_: tmp_path)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "fleetgate bench engine: engine 0 exited with code 1 before becoming healthy" in err
+    assert "Traceback" not in err
+    assert stopped == [False, True]  # the fleet was stopped on the way out

@@ -1,0 +1,19 @@
+"""The end-to-end tests' JSON-over-HTTP helper (standard library only: no event loop in the fixtures)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+
+def request_json(url: str, body: dict[str, Any] | None = None, *, timeout: float = 300) -> tuple[int, dict[str, Any]]:
+    """(status, JSON body) of a GET (`body` None) or a JSON POST; an HTTP error's status and body (empty: {})."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
