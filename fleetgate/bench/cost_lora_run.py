@@ -12,7 +12,6 @@ engine it picked (`server.adapter_load_timeout_s` bounds the wait), as a fresh d
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +48,6 @@ class LoraResult:
     provisioned_s: float = 0.0
     disk_loads: int = 0
     slot_swaps: int = 0
-    wall_s: float = 0.0
     engine_ttft_s: list[float] = field(default_factory=list)
 
 
@@ -103,7 +101,6 @@ async def run_lora_config(
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
-            t0 = time.perf_counter()
             result.outcomes = await replay(
                 session,
                 url,
@@ -114,7 +111,6 @@ async def run_lora_config(
                 progress=progress,
                 name=config.name,
             )
-        result.wall_s = time.perf_counter() - t0
     finally:
         try:
             await stop_gateway(server, serve_task)
