@@ -95,7 +95,7 @@ def request_work_s(profile: SimProfile, *, prompt_tokens: int, output_tokens: fl
 
 
 def offered_work(workload: Workload, setup: LoraSetup) -> dict[str, float]:
-    """Replica-seconds of work per fine-tune (no LoRA overhead; see `replicas_for`)."""
+    """Replica-seconds of work per fine-tune (no LoRA overhead: `size_layouts` adds it for the shared base)."""
     p = setup.profile
     lo, hi = p.natural_tokens or (p.default_max_tokens, p.default_max_tokens)
     out: dict[str, float] = {}

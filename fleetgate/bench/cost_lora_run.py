@@ -12,15 +12,13 @@ engine it picked (`server.adapter_load_timeout_s` bounds the wait), as a fresh d
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from fleetgate.bench.cost_lora import BASE_MODEL, LoraFleet, LoraSetup, size_layouts, start_layout
-from fleetgate.bench.cost_run import Outcome, _keys, _one
+from fleetgate.bench.cost_run import Outcome, _keys, replay, stop_gateway
 from fleetgate.bench.workload import Workload
 from fleetgate.core.localredis import free_port
 
@@ -50,7 +48,6 @@ class LoraResult:
     provisioned_s: float = 0.0
     disk_loads: int = 0
     slot_swaps: int = 0
-    wall_s: float = 0.0
     engine_ttft_s: list[float] = field(default_factory=list)
 
 
@@ -92,6 +89,7 @@ async def run_lora_config(
     fleet = await start_layout(setup, shared=config.shared, per_ft=per_ft, shared_replicas=shared)
     result = LoraResult(config=config)
     duration = workload.items[-1].at_s
+    server = serve_task = None
     try:
         server = build_server(
             gateway_settings(config, fleet, fine_tunes=fine_tunes, tenants=tenants, keys=keys),
@@ -103,31 +101,26 @@ async def run_lora_config(
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
-            t0 = time.perf_counter()
-            tasks = []
-            for i, item in enumerate(workload.items):
-                delay = item.at_s * time_scale - (time.perf_counter() - t0)
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                model = item.adapter or BASE_MODEL
-                tasks.append(
-                    asyncio.create_task(
-                        _one(session, url, item, model=model, key=keys[item.tenant], time_scale=time_scale)
-                    )
-                )
-                if progress is not None and (i + 1) % 100 == 0:
-                    progress(f"  {config.name}: sent {i + 1}/{len(workload.items)}")
-            result.outcomes = list(await asyncio.gather(*tasks))
-        result.wall_s = time.perf_counter() - t0
-        server.should_exit = True
-        await serve_task
+            result.outcomes = await replay(
+                session,
+                url,
+                workload,
+                model_of=lambda item: item.adapter or BASE_MODEL,
+                keys=keys,
+                time_scale=time_scale,
+                progress=progress,
+                name=config.name,
+            )
     finally:
-        result.replicas = fleet.replicas
-        result.gpus = fleet.replicas * setup.gpus_per_replica
-        result.provisioned_usd = fleet.provisioned_usd(duration_s=duration)
-        result.provisioned_s = fleet.replicas * duration
-        result.work_s = fleet.work_s()
-        result.disk_loads, result.slot_swaps = fleet.lora_counts()
-        result.engine_ttft_s = list(fleet.engine_ttft_s)
-        await fleet.aclose()
+        try:
+            await stop_gateway(server, serve_task)
+        finally:
+            result.replicas = fleet.replicas
+            result.gpus = fleet.replicas * setup.gpus_per_replica
+            result.provisioned_usd = fleet.provisioned_usd(duration_s=duration)
+            result.provisioned_s = fleet.replicas * duration
+            result.work_s = fleet.work_s()
+            result.disk_loads, result.slot_swaps = fleet.lora_counts()
+            result.engine_ttft_s = list(fleet.engine_ttft_s)
+            await fleet.aclose()
     return result

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,10 +144,51 @@ async def _one(
                         if ttft is None:
                             ttft = (time.perf_counter() - t0) / time_scale
                         text.append(piece)
-    except aiohttp.ClientError as exc:
-        return Outcome(item, 0, None, "", None, None, error=str(exc))
+    except (aiohttp.ClientError, TimeoutError) as exc:  # the session's total timeout raises TimeoutError
+        return Outcome(item, 0, None, "", None, None, error=str(exc) or type(exc).__name__)
     match = TAG.search("".join(text))
     return Outcome(item, 200, ttft, cache.split(";")[0].strip(), tier, match.group(1) if match else None)
+
+
+async def replay(
+    session: aiohttp.ClientSession,
+    url: str,
+    workload: Workload,
+    *,
+    model_of: Callable[[WorkItem], str],
+    keys: dict[str, str],
+    time_scale: float,
+    progress: Any = None,
+    name: str = "",
+) -> list[Outcome]:
+    """Send every item at its arrival time (scaled) and wait for all answers, in workload order. On an
+    error or a cancellation (Ctrl-C) the requests still in flight are cancelled before it propagates."""
+    t0 = time.perf_counter()
+    tasks: list[asyncio.Task[Outcome]] = []
+    try:
+        for i, item in enumerate(workload.items):
+            delay = item.at_s * time_scale - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(
+                _one(session, url, item, model=model_of(item), key=keys[item.tenant], time_scale=time_scale)))
+            if progress is not None and (i + 1) % 100 == 0:
+                progress(f"  {name}: sent {i + 1}/{len(workload.items)}")
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def stop_gateway(server: Any, serve_task: asyncio.Task[None] | None, *, timeout_s: float = 30.0) -> None:
+    """Ask a gateway started by `start_in_background` to exit and wait for it, at most `timeout_s` (then
+    cancel it); nothing to do when it never started. Raises what the serving task raised."""
+    if server is None or serve_task is None:
+        return
+    server.should_exit = True
+    await asyncio.wait_for(serve_task, timeout=timeout_s)
 
 
 async def run_config(
@@ -165,6 +207,7 @@ async def run_config(
     keys["__admin__"] = "fg-bench-admin-0123456789abcdef0123456789abcdef"
     fleet = await start_fleet(deployments)
     result = ConfigResult(config=config)
+    server = serve_task = None
     try:
         settings = gateway_settings(config, fleet, tenants=tenants, keys=keys)
         overrides: dict[str, Any] = {} if config.prefix_routing else {"scheduler": RoundRobinScheduler()}
@@ -180,26 +223,19 @@ async def run_config(
                            metrics_url=metrics_url(server) or "")
             fleet.reset_counters()
             t0 = time.perf_counter()
-            tasks = []
-            for i, item in enumerate(workload.items):
-                delay = item.at_s * time_scale - (time.perf_counter() - t0)
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(
-                    _one(session, url, item, model=model, key=keys[item.tenant], time_scale=time_scale)))
-                if progress is not None and (i + 1) % 100 == 0:
-                    progress(f"  {config.name}: sent {i + 1}/{len(workload.items)}")
-            result.outcomes = list(await asyncio.gather(*tasks))
+            result.outcomes = await replay(session, url, workload, model_of=lambda _: model, keys=keys,
+                                           time_scale=time_scale, progress=progress, name=config.name)
             result.accounted_usd = await _accounted_usd(session, port, keys["__admin__"])
         result.wall_s = time.perf_counter() - t0
-        server.should_exit = True
-        await serve_task
     finally:
-        result.gpu_seconds = fleet.gpu_seconds()
-        result.dollars = fleet.dollars()
-        result.engine_calls = fleet.engine_calls()
-        result.prefix_hit_rate = fleet.prefix_hit_rate()
-        await fleet.aclose()
+        try:
+            await stop_gateway(server, serve_task)
+        finally:
+            result.gpu_seconds = fleet.gpu_seconds()
+            result.dollars = fleet.dollars()
+            result.engine_calls = fleet.engine_calls()
+            result.prefix_hit_rate = fleet.prefix_hit_rate()
+            await fleet.aclose()
     return result
 
 

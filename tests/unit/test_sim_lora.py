@@ -44,8 +44,8 @@ def add(engine: SimEngine, rid: str, prompt: str, adapter: str | None, *, max_to
     return req
 
 
-def run_to_completion(engine: SimEngine) -> float:
-    now = 0.0
+def run_to_completion(engine: SimEngine, *, now: float = 0.0) -> float:
+    """Step the engine from `now` until it has nothing left to do; returns the time it finished."""
     while (step := engine.plan_step()) is not None:
         now += step.duration_s
         engine.finish_step(step, now=now)
@@ -97,16 +97,9 @@ def test_a_batch_holds_at_most_max_loras_adapters_and_later_requests_pass_the_on
     # a and b both come from the CPU cache: two copies into GPU slots; a, b and c were registered at start-up
     expected = base_step(prefill=40) * 1.1 + 0.01 * 2 + 2 * 0.005
     assert step.duration_s == pytest.approx(expected)
-    run_to_completion_from(engine, step)
+    engine.finish_step(step, now=step.duration_s)
+    run_to_completion(engine, now=step.duration_s)
     assert rc.done and rc.first_token_s is not None and rc.first_token_s > ra.finish_s  # type: ignore[operator]
-
-
-def run_to_completion_from(engine: SimEngine, step: object) -> None:
-    now = step.duration_s  # type: ignore[attr-defined]
-    engine.finish_step(step, now=now)  # type: ignore[arg-type]
-    while (nxt := engine.plan_step()) is not None:
-        now += nxt.duration_s
-        engine.finish_step(nxt, now=now)
 
 
 def test_mixed_adapters_make_the_step_slower() -> None:
@@ -211,9 +204,7 @@ def test_unloading_an_adapter_lets_its_running_requests_finish_and_refuses_new_o
     now = step.duration_s
     engine.finish_step(step, now=now)
     engine.unload("a")
-    while (nxt := engine.plan_step()) is not None:
-        now += nxt.duration_s
-        engine.finish_step(nxt, now=now)
+    now = run_to_completion(engine, now=now)
     assert running.done and running.generated == 4
     with pytest.raises(LoraError):
         engine.make_request(request_id="late", prompt="x", max_tokens=1, now=now, adapter="a")
