@@ -41,7 +41,7 @@ from typing import Any
 
 from fleetgate.core.types import Endpoint, Usage
 from fleetgate.router.fleet_state import FleetState
-from fleetgate.router.plugins.base import CycleState, PluginContext, param
+from fleetgate.router.plugins.base import CycleState, PluginContext, hotspot_guard, param
 from fleetgate.router.types import RoutingRequest
 
 ACTIVE, LAST_SERVED, REGISTERED_FREE, UNREGISTERED_FREE, REGISTERED_BUSY = 1.0, 0.9, 0.5, 0.3, 0.15
@@ -87,14 +87,7 @@ class AdapterAffinityScorer:
         if adapter is None:
             return [0.0] * len(endpoints)
         scores = [self._affinity(e.id, adapter) for e in endpoints]
-        margin = self.hotspot_margin
-        if margin is not None and any(scores):
-            loads = [self.state.load(e.id) for e in endpoints]
-            least = min(loads)
-            for i, load in enumerate(loads):
-                excess = load - least
-                if scores[i] and excess > margin:
-                    scores[i] = max(0.0, 1.0 - (excess - margin) / margin)
+        hotspot_guard(scores, endpoints, self.state, self.hotspot_margin)
         return scores
 
     def _affinity(self, endpoint_id: str, adapter: str) -> float:
