@@ -269,6 +269,7 @@ def test_adapters_come_from_spec_adapters_with_the_served_model_as_base() -> Non
         {"name": "legal", "source": "pvc://loras/legal"},
         {"name": "streamed", "source": "s3://bucket/x"},  # the operator refuses it: never offered
         {"name": "Bad Name", "source": "/a"},
+        {"name": "sql\n", "source": "/a"},  # a trailing newline: a ledger row, a CSV line, a Redis key apart
         {"name": "llama-8b", "source": "/a"},  # the base's own name
         "garbage",
     ]
