@@ -173,6 +173,9 @@ async def test_a_stalled_load_is_bounded_and_cancelled(
     assert e1.lora.load_calls == e2.lora.load_calls == 1
     assert loader(gw).in_flight() == 0
     assert await eventually(lambda: e1.lora.loads_cancelled == 1 and e2.lora.loads_cancelled == 1)
+    loads = gw.app.state.registry.get_sample_value  # an engine that stalls is told apart from a client leaving
+    assert loads("fleetgate_adapter_loads_total", {"adapter": "legal", "result": "timeout"}) == 2
+    assert loads("fleetgate_adapter_loads_total", {"adapter": "legal", "result": "abandoned"}) is None
 
 
 async def test_a_client_leaving_during_the_load_releases_everything(
@@ -189,6 +192,7 @@ async def test_a_client_leaving_during_the_load_releases_everything(
     assert await eventually(lambda: registry.get_sample_value("fleetgate_requests_in_flight") == 0)
     assert fleet(gw).inflight == {}
     assert e1.lora.served == [] and not fleet(gw).has_adapter(f"127.0.0.1:{e1.port}", "legal")
+    assert registry.get_sample_value("fleetgate_adapter_loads_total", {"adapter": "legal", "result": "abandoned"}) == 1
     e1.lora.load_delay_s = 0
     async with httpx.AsyncClient(base_url=gw.url) as c:  # the next request loads it afresh
         assert (await c.post("/v1/chat/completions", json=chat("legal"))).status_code == 200
