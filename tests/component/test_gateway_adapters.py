@@ -343,6 +343,26 @@ async def test_an_engine_that_lost_the_adapter_gets_it_loaded_again(
     assert fleet(gw).inflight == {} and loader(gw).in_flight() == 0
 
 
+class _NeverLoaded(set[str]):
+    """An engine that lies: every load answers 200, nothing is ever loaded."""
+
+    def add(self, element: str) -> None:
+        pass
+
+
+async def test_an_engine_that_says_loaded_but_never_loads_costs_one_reload_not_a_loop(
+    start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    e1 = await start_lora()
+    e1.lora.loaded = _NeverLoaded()
+    gw = await start_gateway(lora_settings([e1.url]))
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
+        r = await c.post("/v1/chat/completions", json=chat("legal"))
+    assert r.status_code == 404  # the engine's own answer, after one reload and one resend
+    assert e1.lora.load_calls == 2 and e1.lora.served == ["legal", "legal"]
+    assert fleet(gw).inflight == {} and loader(gw).in_flight() == 0
+
+
 @pytest.mark.parametrize("where", ["route", "discovery"])
 async def test_an_adapter_request_is_reserved_at_its_bases_context_length(
     start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]], where: str
