@@ -350,17 +350,25 @@ class _NeverLoaded(set[str]):
         pass
 
 
-async def test_an_engine_that_says_loaded_but_never_loads_costs_one_reload_not_a_loop(
+async def test_an_engine_that_says_loaded_but_never_loads_costs_one_reload_then_moves_on(
     start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]]
 ) -> None:
-    e1 = await start_lora()
-    e1.lora.loaded = _NeverLoaded()
-    gw = await start_gateway(lora_settings([e1.url]))
+    liar = await start_lora()
+    liar.lora.loaded = _NeverLoaded()
+    gw = await start_gateway(lora_settings([liar.url]))
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
         r = await c.post("/v1/chat/completions", json=chat("legal"))
-    assert r.status_code == 404  # the engine's own answer, after one reload and one resend
-    assert e1.lora.load_calls == 2 and e1.lora.served == ["legal", "legal"]
+    # one reload and one resend, then a 503 naming the adapter: never a 404 for a model /v1/models lists
+    assert r.status_code == 503 and "legal" in r.json()["error"]["message"] and "127.0.0.1" not in r.text
+    assert liar.lora.load_calls == 2 and liar.lora.served == ["legal", "legal"]
     assert fleet(gw).inflight == {} and loader(gw).in_flight() == 0
+    good = await start_lora()
+    gw2 = await start_gateway(lora_settings([liar.url, good.url]))
+    async with httpx.AsyncClient(base_url=gw2.url, timeout=10) as c:  # with another engine: served there
+        for _ in range(3):
+            r = await c.post("/v1/chat/completions", json=chat("legal"))
+            assert r.status_code == 200 and r.json()["model"] == "legal"
+    assert good.lora.served.count("legal") == 3
 
 
 @pytest.mark.parametrize("where", ["route", "discovery"])
