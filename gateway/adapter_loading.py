@@ -7,7 +7,8 @@ scraper refreshes from each engine's `/v1/models`), `AdapterLoader.ensure` calls
 
 - Single flight: one load per (endpoint, adapter) at a time; a burst of requests waits on the same load.
 - A waiter that leaves (the client went away, or its own wait ran out) stops waiting; the last waiter to
-  leave cancels the load call, so nothing outlives the requests that wanted it.
+  leave cancels the load call, so nothing outlives the requests that wanted it. A load cancelled so counts
+  as `timeout` (logged) when a wait ran out, `abandoned` when only clients left.
 - Success is written to `FleetState` at once (the next scrape confirms it); failure raises
   `AdapterLoadFailed`, whose message names the endpoint for the log only.
 
@@ -49,6 +50,7 @@ async def read_loaded_names(session: aiohttp.ClientSession, url: str, timeout_s:
 class _Flight:
     task: asyncio.Task[None]
     waiters: int = 0
+    timed_out: bool = False  # a waiter gave up on the bound (the engine stalled), not only clients that left
 
 
 class AdapterLoader:
@@ -103,6 +105,7 @@ class AdapterLoader:
         try:
             await asyncio.wait_for(asyncio.shield(flight.task), timeout=self._timeout_s)
         except TimeoutError:
+            flight.timed_out = True
             waited = f"{self._timeout_s:g}s"
             raise AdapterLoadFailed(f"{endpoint.id} did not load adapter {spec.name!r} in {waited}") from None
         except AdapterApiError as exc:
@@ -120,12 +123,11 @@ class AdapterLoader:
             await load_adapter(
                 self._session(), endpoint.url, name=spec.name, source=spec.source, timeout_s=self._timeout_s
             )
-        except AdapterApiError:
-            self.loads.labels(spec.name, "error").inc()
+        except AdapterApiError as exc:
+            # the call's own deadline (the same bound as the waiters') may fire first: a stall all the same
+            stalled = isinstance(exc.__cause__, TimeoutError)
+            self.loads.labels(spec.name, "timeout" if stalled else "error").inc()
             log.warning("adapter load failed", exc_info=True, extra={"endpoint": endpoint.id, "adapter": spec.name})
-            raise
-        except asyncio.CancelledError:
-            self.loads.labels(spec.name, "abandoned").inc()
             raise
         self.load_seconds.observe(time.perf_counter() - t0)
         self.loads.labels(spec.name, "loaded").inc()
@@ -138,7 +140,13 @@ class AdapterLoader:
     def _landed(self, key: tuple[str, str], flight: _Flight, task: asyncio.Task[None]) -> None:
         if self._flights.get(key) is flight:
             del self._flights[key]
-        if not task.cancelled():
+        if task.cancelled():  # its waiters all left: the engine stalled past the bound, or clients went away
+            endpoint_id, name = key
+            self.loads.labels(name, "timeout" if flight.timed_out else "abandoned").inc()
+            if flight.timed_out:
+                log.warning("adapter load timed out", extra={"endpoint": endpoint_id, "adapter": name,
+                                                             "seconds": self._timeout_s})
+        else:
             task.exception()  # retrieved: a failure nobody waited for is logged in `_load`, not by asyncio
 
     async def aclose(self) -> None:

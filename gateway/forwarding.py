@@ -13,7 +13,8 @@ with `RoutingRequest.adapter` set, forwarded with `model: <adapter>` (vLLM selec
 loaded first where the picked endpoint lacks it (`AdapterLoader`); a failed load moves on to the next
 endpoint like a connect failure. An engine that answers 404 for an adapter the gateway believed loaded
 there (it restarted, or unloaded it since the last scrape) did no work: the adapter is loaded again and
-the request resent to it, once. Waking and activity marks go to the base model.
+the request resent to it, once; a second 404 there counts as a failed load. Waking and activity marks go
+to the base model.
 """
 
 from __future__ import annotations
@@ -190,14 +191,20 @@ class Forwarder:
                     self._attempted(ctx, Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing,
                                                  decision=decision))
                     raise
-                if spec is not None and response.status == 404 and endpoint.id not in reloaded:
+                if spec is not None and response.status == 404:
                     # The engine lost the adapter the gateway believed loaded there (a restart, an unload the
-                    # scraper has not seen yet): it did no work, so load it again and resend, once.
+                    # scraper has not seen yet): it did no work, so load it again and resend, once. A second
+                    # 404 (it says it loads but never does) moves on like a failed load: the client is not
+                    # told that a model the gateway lists does not exist.
                     response.release()
                     self._scheduler.on_complete(routing, endpoint, ok=False, usage=None)
                     self.adapters.forget(endpoint.id, spec.name)
-                    reloaded.add(endpoint.id)
-                    tries.appendleft(endpoint)
+                    if endpoint.id not in reloaded:
+                        reloaded.add(endpoint.id)
+                        tries.appendleft(endpoint)
+                    else:
+                        problems.append(f"{endpoint.id} answered 404 for adapter {spec.name!r} after loading it")
+                        public.append(f"adapter {model!r} could not be loaded on an engine of {spec.base!r}")
                     continue
                 attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)
                 self._attempted(ctx, attempt)

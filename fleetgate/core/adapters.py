@@ -19,7 +19,8 @@ _NAME = re.compile(ADAPTER_NAME_PATTERN)
 
 
 def valid_adapter_name(name: str) -> bool:
-    return len(name) <= ADAPTER_NAME_MAX and bool(_NAME.match(name))
+    # fullmatch: the pattern's `$` (kept for the CRD's schema) also matches before a trailing newline in Python.
+    return len(name) <= ADAPTER_NAME_MAX and bool(_NAME.fullmatch(name))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

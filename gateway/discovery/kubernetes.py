@@ -243,6 +243,11 @@ class KubernetesEndpointSource:
         """`AdapterCatalog`: the adapters of every InferenceService whose base model is offered, by name."""
         return [self._adapter_index[name] for name in sorted(self._adapter_index)]
 
+    def adapter(self, name: str) -> AdapterSpec | None:
+        """`AdapterLookup`: one dict read (the request path asks several times per request; without it
+        `adapter_named` would sort and scan every adapter each time)."""
+        return self._adapter_index.get(name)
+
     def wake_targets(self, model: str) -> list[WakeTarget]:
         return [
             WakeTarget(namespace=info.namespace, name=info.name, replicas=info.wake_replicas)

@@ -147,8 +147,11 @@ class TenancyLimiter:
         checks = self._checks(tenant, reservation, limits, now)
         if not checks:  # only caps on other models
             return reservation
+        # A token or dollar window of this request (not another model's cap): its overrun the gateway bounds
+        # by setting `max_tokens` upstream.
+        fit = fit_max_tokens and any(c.name != "rpm" for c in checks)
         answer = await self._try_reserve(checks, now_ms=now_ms)
-        if answer is not None and answer[0] and fit_max_tokens and limits.bounds_spend:
+        if answer is not None and answer[0] and fit:
             fitted = self._fit(checks[answer[0] - 1], answer, now_ms=now_ms, prompt=prompt, sequences=sequences,
                                rates=rates)
             if 1 <= fitted < per_seq:
@@ -157,7 +160,7 @@ class TenancyLimiter:
                                              rates=rates)
                 checks = self._checks(tenant, reservation, limits, now)
                 answer = await self._try_reserve(checks, now_ms=now_ms)
-        if fit_max_tokens and limits.bounds_spend:
+        if fit:
             reservation.max_tokens = per_seq
         if answer is None:  # store down, failing open: usage is queued at settle (reconciled later)
             reservation.token = self._held(checks, reserved=False)

@@ -55,11 +55,6 @@ class TenantLimits:
         tenant = (self.rpm, self.tpm, self.daily_micros, self.monthly_micros)
         return bool(self.models) or any(v is not None for v in tenant)
 
-    @property
-    def bounds_spend(self) -> bool:
-        """A token or dollar limit: one whose overrun the gateway bounds by setting `max_tokens` upstream."""
-        return bool(self.models) or any(v is not None for v in (self.tpm, self.daily_micros, self.monthly_micros))
-
 
 @dataclass(frozen=True, slots=True)
 class Check:

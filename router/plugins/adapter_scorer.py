@@ -27,8 +27,10 @@ Preferring where the adapter is active or has room keeps each engine's batches t
 and spreads the fine-tunes over the pods' slots. The guard g fades the preference out between
 `hotspotMargin` and twice that excess, so one hot adapter does not pile every request onto the pod that has
 it: past that point the profile's load scorers pick the least loaded pod, which the gateway then asks to
-load it too. A base-model request scores 0 everywhere (no effect). The tiers are spaced so that, at the
-default weight 3, a step of affinity outweighs a whole load difference of the inflight scorer; tuned with
+load it too. A base-model request scores 0 everywhere (no effect). At the default weight 3 a tier is worth
+3 x a_e points against the inflight scorer's spread of 1 (inverse min-max, weight 1): active or last served
+(2.7-3) beat every lower tier, and registered-free (1.5) beats the busy tiers (0-0.45), by more than any
+load difference that scorer sees; the other gaps (0.3-0.6) only tip close calls. Tiers and weight tuned with
 `fleetgate bench cost --lora` (fewer loads and slot swaps, lower TTFT p90 than closer tiers).
 Parameters: hotspotMargin (4 requests; null disables the guard).
 """
@@ -41,7 +43,7 @@ from typing import Any
 
 from fleetgate.core.types import Endpoint, Usage
 from fleetgate.router.fleet_state import FleetState
-from fleetgate.router.plugins.base import CycleState, PluginContext, param
+from fleetgate.router.plugins.base import CycleState, PluginContext, hotspot_guard, param
 from fleetgate.router.types import RoutingRequest
 
 ACTIVE, LAST_SERVED, REGISTERED_FREE, UNREGISTERED_FREE, REGISTERED_BUSY = 1.0, 0.9, 0.5, 0.3, 0.15
@@ -87,28 +89,20 @@ class AdapterAffinityScorer:
         if adapter is None:
             return [0.0] * len(endpoints)
         scores = [self._affinity(e.id, adapter) for e in endpoints]
-        margin = self.hotspot_margin
-        if margin is not None and any(scores):
-            loads = [self.state.load(e.id) for e in endpoints]
-            least = min(loads)
-            for i, load in enumerate(loads):
-                excess = load - least
-                if scores[i] and excess > margin:
-                    scores[i] = max(0.0, 1.0 - (excess - margin) / margin)
+        hotspot_guard(scores, endpoints, self.state, self.hotspot_margin)
         return scores
 
     def _affinity(self, endpoint_id: str, adapter: str) -> float:
         registered = self.state.has_adapter(endpoint_id, adapter)
         st = self.state.stats.get(endpoint_id)
-        scraped = st.active_adapters if st is not None else None
-        if scraped is None:
+        if st is None or st.active_adapters is None:
             return 1.0 if registered else 0.0
-        active = scraped | self.inflight_adapters(endpoint_id)
+        active = st.active_adapters | self.inflight_adapters(endpoint_id)
         if adapter in active:
             return ACTIVE
         if self._last.get(adapter) == endpoint_id:
             return LAST_SERVED
-        free = st is None or st.max_loras is None or len(active) < st.max_loras
+        free = st.max_loras is None or len(active) < st.max_loras
         if free:
             return REGISTERED_FREE if registered else UNREGISTERED_FREE
         return REGISTERED_BUSY if registered else 0.0

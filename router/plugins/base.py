@@ -97,3 +97,17 @@ def param(params: dict[str, Any], key: str, default: Any, kind: type) -> Any:
         return kind(value)
     except (TypeError, ValueError):
         raise ValueError(f"parameter {key!r} must be a {kind.__name__}, got {value!r}") from None
+
+
+def hotspot_guard(scores: list[float], endpoints: Sequence[Endpoint], state: FleetState, margin: float | None) -> None:
+    """Fade affinity scores out on hot endpoints, in place: with x_e = load_e - the least load among
+    `endpoints`, score_e *= 1 if x_e <= margin, else max(0, 1 - (x_e - margin) / margin) (`margin` None: off).
+    Shared by the affinity scorers (prefix, adapter), so that one hot pod does not draw every request."""
+    if margin is None or not any(scores):
+        return
+    loads = [state.load(e.id) for e in endpoints]
+    least = min(loads)
+    for i, load in enumerate(loads):
+        excess = load - least
+        if excess > margin:
+            scores[i] *= max(0.0, 1.0 - (excess - margin) / margin)

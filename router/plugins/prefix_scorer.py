@@ -37,7 +37,7 @@ from fleetgate.core.kvstore import MemoryKVStore
 from fleetgate.core.types import Endpoint, Usage
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.hashing import chained_block_hashes
-from fleetgate.router.plugins.base import CycleState, PluginContext, param
+from fleetgate.router.plugins.base import CycleState, PluginContext, hotspot_guard, param
 from fleetgate.router.prefix_index import PrefixIndex
 from fleetgate.router.prefix_sync import PrefixIndexSync
 from fleetgate.router.types import RoutingRequest
@@ -99,14 +99,7 @@ class PrefixAffinityScorer:
         matched = [match(e.id, hashes) for e in endpoints]
         floor = min(matched)
         scores = [(m - floor) / n for m in matched]
-        margin = self.hotspot_margin
-        if margin is not None and any(scores):
-            loads = [self.state.load(e.id) for e in endpoints]
-            least = min(loads)
-            for i, load in enumerate(loads):
-                excess = load - least
-                if excess > margin:
-                    scores[i] *= max(0.0, 1.0 - (excess - margin) / margin)
+        hotspot_guard(scores, endpoints, self.state, self.hotspot_margin)
         cycle["prefix.matched_blocks"] = matched
         return scores
 

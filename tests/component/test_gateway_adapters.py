@@ -173,6 +173,9 @@ async def test_a_stalled_load_is_bounded_and_cancelled(
     assert e1.lora.load_calls == e2.lora.load_calls == 1
     assert loader(gw).in_flight() == 0
     assert await eventually(lambda: e1.lora.loads_cancelled == 1 and e2.lora.loads_cancelled == 1)
+    loads = gw.app.state.registry.get_sample_value  # an engine that stalls is told apart from a client leaving
+    assert loads("fleetgate_adapter_loads_total", {"adapter": "legal", "result": "timeout"}) == 2
+    assert loads("fleetgate_adapter_loads_total", {"adapter": "legal", "result": "abandoned"}) is None
 
 
 async def test_a_client_leaving_during_the_load_releases_everything(
@@ -189,6 +192,7 @@ async def test_a_client_leaving_during_the_load_releases_everything(
     assert await eventually(lambda: registry.get_sample_value("fleetgate_requests_in_flight") == 0)
     assert fleet(gw).inflight == {}
     assert e1.lora.served == [] and not fleet(gw).has_adapter(f"127.0.0.1:{e1.port}", "legal")
+    assert registry.get_sample_value("fleetgate_adapter_loads_total", {"adapter": "legal", "result": "abandoned"}) == 1
     e1.lora.load_delay_s = 0
     async with httpx.AsyncClient(base_url=gw.url) as c:  # the next request loads it afresh
         assert (await c.post("/v1/chat/completions", json=chat("legal"))).status_code == 200
@@ -337,6 +341,34 @@ async def test_an_engine_that_lost_the_adapter_gets_it_loaded_again(
         assert r.status_code == 503 and "legal" in r.json()["error"]["message"]
     assert e1.lora.served == ["legal", "legal", "legal"] and e1.lora.load_calls == 2
     assert fleet(gw).inflight == {} and loader(gw).in_flight() == 0
+
+
+class _NeverLoaded(set[str]):
+    """An engine that lies: every load answers 200, nothing is ever loaded."""
+
+    def add(self, element: str) -> None:
+        pass
+
+
+async def test_an_engine_that_says_loaded_but_never_loads_costs_one_reload_then_moves_on(
+    start_lora: Any, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    liar = await start_lora()
+    liar.lora.loaded = _NeverLoaded()
+    gw = await start_gateway(lora_settings([liar.url]))
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
+        r = await c.post("/v1/chat/completions", json=chat("legal"))
+    # one reload and one resend, then a 503 naming the adapter: never a 404 for a model /v1/models lists
+    assert r.status_code == 503 and "legal" in r.json()["error"]["message"] and "127.0.0.1" not in r.text
+    assert liar.lora.load_calls == 2 and liar.lora.served == ["legal", "legal"]
+    assert fleet(gw).inflight == {} and loader(gw).in_flight() == 0
+    good = await start_lora()
+    gw2 = await start_gateway(lora_settings([liar.url, good.url]))
+    async with httpx.AsyncClient(base_url=gw2.url, timeout=10) as c:  # with another engine: served there
+        for _ in range(3):
+            r = await c.post("/v1/chat/completions", json=chat("legal"))
+            assert r.status_code == 200 and r.json()["model"] == "legal"
+    assert good.lora.served.count("legal") == 3
 
 
 @pytest.mark.parametrize("where", ["route", "discovery"])

@@ -269,6 +269,7 @@ def test_adapters_come_from_spec_adapters_with_the_served_model_as_base() -> Non
         {"name": "legal", "source": "pvc://loras/legal"},
         {"name": "streamed", "source": "s3://bucket/x"},  # the operator refuses it: never offered
         {"name": "Bad Name", "source": "/a"},
+        {"name": "sql\n", "source": "/a"},  # a trailing newline: a ledger row, a CSV line, a Redis key apart
         {"name": "llama-8b", "source": "/a"},  # the base's own name
         "garbage",
     ]
@@ -282,6 +283,12 @@ def test_adapters_come_from_spec_adapters_with_the_served_model_as_base() -> Non
     assert [e.url for e in source.endpoints("sql")] == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
     assert source.endpoints("sql") == source.endpoints("llama-8b")
     assert source.models() == ["llama-8b"] and source.endpoints("streamed") == []
+    # The request path's lookup is the source's own index, and agrees with the catalog.
+    from fleetgate.gateway.discovery import AdapterLookup, adapter_named
+
+    assert isinstance(source, AdapterLookup)
+    assert adapter_named(source, "sql") == source.adapter("sql") == source.adapters()[1]
+    assert source.adapter("llama-8b") is None and source.adapter("streamed") is None
 
     # Removing an adapter from the spec removes it from discovery; deleting the service removes them all.
     source.apply_event("isvc", "MODIFIED", _lora_isvc("llama", "llama-8b", adapters[1:2]))

@@ -119,6 +119,7 @@ def test_adapter_of_a_wakeable_base_is_listed_scaled_to_zero_once() -> None:
         ("[{name: Legal, source: /a}]", "adapter name 'Legal' is not valid"),
         ("[{name: 'legal adapter', source: /a}]", "is not valid"),
         ("[{name: '-x', source: /a}]", "is not valid"),
+        ('[{name: "legal\\n", source: /a}]', "is not valid"),  # a trailing newline (Python's `$` allowed it)
         (f"[{{name: {'a' * 64}, source: /a}}]", "at most 63"),
         ("[{name: legal}]", "source"),
         ("[{name: legal, source: ''}]", "source"),

@@ -133,6 +133,19 @@ def test_gpu_slots_from_lora_requests_info_rank_the_endpoints() -> None:
     assert s.score(LEGAL, {}, eps) == [1.0, 0.5, 0.3, 0.15, 0.0, 1.0]
 
 
+def test_the_hotspot_guard_scales_the_affinity_tier_and_never_raises_it() -> None:
+    # score_e = a_e * g_e: a hot pod with a low tier keeps at most that tier (it once became g_e itself,
+    # so a busy pod's 0.15 could rise to 0.5 and outrank a cool pod's 0.3).
+    state = FleetState()
+    s = AdapterAffinityScorer(name="adapter", state=state, hotspot_margin=2.0)
+    for e in EPS:
+        _scraped(state, e.id, active={"x", "y"}, max_loras=2)
+    state.set_adapters("e0", {"legal"})  # registered, slots busy: 0.15
+    _scraped(state, "e2", active=set(), max_loras=2)  # not registered, slots free: 0.3
+    _load(state, "e0", 3)  # excess 3: g = 0.5
+    assert s.score(LEGAL, {}, EPS) == pytest.approx([0.075, 0.0, 0.3])
+
+
 def test_the_gateways_own_in_flight_adapters_count_before_the_next_scrape() -> None:
     state = FleetState()
     s = AdapterAffinityScorer(name="adapter", state=state, hotspot_margin=None)

@@ -361,3 +361,38 @@ async def test_a_model_budget_alone_leaves_other_models_unmetered(counters: Coun
     with pytest.raises(RateLimitError) as err:
         await lim.reserve(ACME, "pirate", prompt_tokens=1000, max_tokens=1000)
     assert "monthly budget for model 'pirate'" in err.value.message
+
+
+async def test_another_models_cap_does_not_set_max_tokens_on_an_uncapped_model(counters: CounterBackend) -> None:
+    """Only this request's token or dollar windows bound its spend: a tenant with an rpm limit and a cap on
+    `pirate` gets no `max_tokens` forced onto its `m` requests (it once got the default, as if `m` were capped)."""
+    lim = make_with_adapter(counters, Clock(T0), rpm=100, model_budgets={"pirate": {"daily_budget_usd": "1"}})
+    free = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=None, fit_max_tokens=True)
+    assert free.max_tokens is None
+    capped = await lim.reserve(ACME, "pirate", prompt_tokens=10, max_tokens=None, fit_max_tokens=True)
+    assert capped.max_tokens is not None
+
+
+@pytest.mark.parametrize("policy", ["open", "closed"])
+async def test_a_model_budget_while_the_store_is_down(policy: str) -> None:
+    """Redis down: a capped model follows `on_store_error` like the tenant's windows (served, or 503), an
+    uncapped model of the same tenant never needs the store; spend let through reaches the model's window
+    once the store is back."""
+    store = FlakyCounters()
+    config = TenancyConfig.model_validate({
+        "tenants": [{"id": "acme", "model_budgets": {"pirate": {"daily_budget_usd": "1"}}}],
+        "on_store_error": policy, "store_retry_s": 0.0,
+        "prices": {n: {"input_usd_per_1m": "10", "output_usd_per_1m": "30"} for n in ("m", "pirate")},
+    })
+    lim = TenancyLimiter(config, counters=store, prices=PriceBook(config, meter=TokenMeter(MemoryKVStore())))
+    store.down = True
+    assert (await lim.reserve(ACME, "m", prompt_tokens=1000, max_tokens=100)).token == ""
+    if policy == "closed":
+        with pytest.raises(UpstreamUnavailableError):
+            await lim.reserve(ACME, "pirate", prompt_tokens=1000, max_tokens=100)
+        return
+    r = await lim.reserve(ACME, "pirate", prompt_tokens=1000, max_tokens=100)
+    await lim.settle(r, Usage(prompt_tokens=1000, completion_tokens=100))  # 13_000 µ$, queued
+    store.down = False
+    await lim.reserve(ACME, "pirate", prompt_tokens=1, max_tokens=1)  # writes the queued spend first
+    assert (await lim.status("acme"))["model_daily_budget:pirate"]["used"] >= 13_000
