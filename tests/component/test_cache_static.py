@@ -40,6 +40,26 @@ def test_static_vectors_are_unit_rows_that_rank_a_paraphrase_first() -> None:
     assert np.array_equal(v[:1], static.embed(["How do I reset my password?"]))
 
 
+def test_memoised_token_ids_equal_the_tokenizers_on_any_text() -> None:
+    """The per-chunk memo must give exactly the ids of encoding the whole text: odd whitespace, control
+    characters, accents, CJK, punctuation, long words, truncation at 256 and random strings of those."""
+    import random
+
+    static = StaticMiniLM()
+    static.load()
+    tokenizer = static._tokenizer
+    texts = ["How do I reset my password?", "  double  space ", "tab\there", "nl\nthere", "ctrl\x1cchar",
+             "\uff46\uff55\uff4c\uff4c width", "cafe\u0301  na\u00efve", "\u4e2d\u6587 mixed", "a" * 300,
+             "x " * 400, "emoji \U0001f389 ok", "\u00a0nbsp\u2003em", "zero\u200bwidth", "", " ", "end ",
+             "kubectl get pods -n kube-system --field-selector=status.phase!=Running"]
+    rng = random.Random(7)
+    alphabet = "ab c\u00e9\t\n\u00a0,.!\u4e2d\u0301Zz9-'\"\x1c"
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(2000)]
+    for text in texts * 2:  # the second round answers from the memo
+        assert static.token_ids(text) == tokenizer.encode(text, add_special_tokens=False).ids, repr(text)
+    assert len(static._chunks) <= 65_536
+
+
 def req(text: str) -> CacheRequest:
     return CacheRequest(tenant="t", model="m", kind="chat",
                         body={"messages": [{"role": "user", "content": text}], "temperature": 0})
