@@ -226,12 +226,34 @@ def _proper(frame: str) -> frozenset[str]:
     return frozenset(out)
 
 
+_IDENT, _NUMBER, _WORD, _STOP = range(4)
+
+
+@lru_cache(maxsize=65536)  # a token's class never changes; a prompt's tokens are mostly ones seen before
+def _classify(tok: str) -> tuple[int, str]:
+    """(class, normalised value) of one token: an operator or identifier (itself), a number (its digits), a
+    negation (`NEGATION`), a content word (its representative stem) or a stop word."""
+    if len(tok) == 3 and tok.startswith("op") and not tok[2].isalpha():  # "op+", not the word "opt"
+        return _IDENT, tok
+    # "one" is far more often a pronoun ("which one", "a new one") than a count: it stays a word
+    if _NUMERIC.match(tok) or (tok in _NUMBER_WORDS and tok != "one"):
+        return _NUMBER, tok if _NUMERIC.match(tok) else str(_NUMBER_WORDS[tok])
+    if any(c.isdigit() for c in tok) or any(c in tok for c in ".+#/") or tok.startswith("-"):  # --flag
+        return _IDENT, tok
+    if tok in lexicon.NEGATIONS:
+        return _WORD, NEGATION
+    synonyms, stops, _ = _tables()
+    if _is_stop(tok, stops):
+        return _STOP, ""
+    s = stem(tok)
+    return _WORD, synonyms.get(s, s)
+
+
 def analyse(text: str) -> Analysis:
     text = unicodedata.normalize("NFKC", text).replace("\u2019", "'")
     proper = _proper(_payload(text)[0])
     text = text.lower()
     frame, spans = _payload(text)
-    synonyms, stops, _ = _tables()
     numbers: list[str] = []
     idents: list[str] = []
     words: list[str] = []
@@ -248,32 +270,21 @@ def analyse(text: str) -> Analysis:
     positions: list[int] = []
     content: list[tuple[int, str]] = []  # (position, normalised token) of every non-stop token
     for i, tok in enumerate(toks):
-        if len(tok) == 3 and tok.startswith("op") and not tok[2].isalpha():  # "op+", not the word "opt"
-            idents.append(tok)
-            content.append((i, tok))
-        # "one" is far more often a pronoun ("which one", "a new one") than a count: it stays a word
-        elif _NUMERIC.match(tok) or (tok in _NUMBER_WORDS and tok != "one"):
-            value = tok if _NUMERIC.match(tok) else str(_NUMBER_WORDS[tok])
+        kind, value = _classify(tok)
+        if kind == _IDENT:
+            idents.append(value)
+        elif kind == _NUMBER:
             numbers.append(value)
-            content.append((i, value))
-        elif any(c.isdigit() for c in tok) or any(c in tok for c in ".+#/") or tok.startswith("-"):  # --flag
-            idents.append(tok)
-            content.append((i, tok))
-        elif tok in lexicon.NEGATIONS:
-            words.append(NEGATION)
+        elif kind == _WORD:
+            words.append(value)
             surface.append(tok)
             clauses.append(clause_of[i])
             positions.append(i)
-            content.append((i, NEGATION))
-        elif not _is_stop(tok, stops):
-            s = stem(tok)
-            words.append(synonyms.get(s, s))
-            surface.append(tok)
-            clauses.append(clause_of[i])
-            positions.append(i)
-            content.append((i, words[-1]))
-            if i + 1 < len(toks) and toks[i + 1] in lexicon.PARTICLES:
-                pairs.add((words[-1], toks[i + 1]))
+            if value != NEGATION and i + 1 < len(toks) and toks[i + 1] in lexicon.PARTICLES:
+                pairs.add((value, toks[i + 1]))
+        else:
+            continue
+        content.append((i, value))
     for i, tok in enumerate(toks):
         if tok in lexicon.MARKERS:
             after = [w for pos, w in content if pos > i]
