@@ -68,9 +68,12 @@ class SemanticConfig(BaseModel):
     # the pair model's acceptance probability; None: the threshold cross-validated with the shipped model
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
     top_k: int = Field(default=4, ge=1, le=64)  # candidates fetched and verified per lookup
-    hnsw_above: int = Field(default=20_000, ge=1)  # a partition switches from a flat scan to HNSW
-    hnsw_m: int = Field(default=32, ge=4)
-    hnsw_ef_search: int = Field(default=64, ge=8)
+    # A partition is searched exactly (flat scan) up to `ann_above` entries, then by an inverted-file index of
+    # `ann_lists` cells scanning the `ann_probe` nearest (`fleetgate.cache.vectorindex`): a flat scan costs
+    # ~0.25 ms at 10k entries and grows linearly; the IVF index stays at 0.1-0.25 ms at 100k.
+    ann_above: int = Field(default=10_000, ge=1)
+    ann_lists: int = Field(default=256, ge=1, le=4096)
+    ann_probe: int = Field(default=8, ge=1, le=4096)
     sync_interval_s: float = Field(default=0.25, ge=0.0)  # max staleness of a replica's index (shared store)
     max_text_chars: int = Field(default=2_000, ge=16)  # longer last messages are exact-only (slots, code)
     answer_check: AnswerCheckConfig | None = None  # vCache-style verification of sampled hits; None: off

@@ -107,7 +107,7 @@ async def measure(
             progress(f"  {n + 1}/{len(sample)} queries")
     facts = {"entries": float(entries), "build_s": build_s, "hnsw_agrees_with_flat": agree / max(1, len(sample)),
              "hnsw_within_001": near / max(1, len(sample)),
-             "hnsw": float(part.hnsw)}
+             "hnsw": float(part.approximate)}
     return list(t.values()), facts
 
 

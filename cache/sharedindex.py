@@ -76,11 +76,11 @@ def _unit(vector: np.ndarray) -> np.ndarray:
 class SharedIndex:
     """Order + vectors of the live entries as this replica knows them. Event-loop only (not thread-safe)."""
 
-    def __init__(self, *, dim: int, max_entries: int, hnsw_above: int, hnsw_m: int, hnsw_ef_search: int,
-                 static_dim: int | None = None) -> None:
+    def __init__(self, *, dim: int, max_entries: int, ann_above: int = 10_000, ann_lists: int = 256,
+                 ann_probe: int = 8, static_dim: int | None = None) -> None:
         self.max_entries = max_entries
-        self.vectors = VectorIndex(dim=dim, hnsw_above=hnsw_above, hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search)
-        self.static = (VectorIndex(dim=static_dim, hnsw_above=hnsw_above, hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search)
+        self.vectors = VectorIndex(dim=dim, ann_above=ann_above, ann_lists=ann_lists, ann_probe=ann_probe)
+        self.static = (VectorIndex(dim=static_dim, ann_above=ann_above, ann_lists=ann_lists, ann_probe=ann_probe)
                        if static_dim else None)
         self._partition: dict[str, str] = {}  # key -> partition, for vectors added after the entry
         self.order: OrderedDict[str, float] = OrderedDict()  # key -> expires_at, oldest first

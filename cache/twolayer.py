@@ -76,8 +76,8 @@ class TwoLayerCache:
         # the static embedder of the prefilter (`fleetgate.core.minilm_static` for MiniLM; None: encode always)
         self.prefilter = prefilter if self.embedder is not None and sem.prefilter == "static" else None
         self.index = SharedIndex(
-            dim=embedder.dim if embedder else 1, max_entries=config.max_entries, hnsw_above=sem.hnsw_above,
-            hnsw_m=sem.hnsw_m, hnsw_ef_search=sem.hnsw_ef_search,
+            dim=embedder.dim if embedder else 1, max_entries=config.max_entries, ann_above=sem.ann_above,
+            ann_lists=sem.ann_lists, ann_probe=sem.ann_probe,
             static_dim=self.prefilter.dim if self.prefilter is not None else None,
         )
         self._log = f"{config.key_prefix}log"

@@ -158,7 +158,7 @@ def test_log_lines_carry_both_vectors_and_older_lines_still_read() -> None:
 
 
 def test_the_index_takes_a_late_encoder_vector_and_ignores_vectors_of_another_size() -> None:
-    index = SharedIndex(dim=4, max_entries=10, hnsw_above=100, hnsw_m=8, hnsw_ef_search=16, static_dim=2)
+    index = SharedIndex(dim=4, max_entries=10, ann_above=100, static_dim=2)
     unit4, unit2 = np.array([1, 0, 0, 0], np.float32), np.array([0, 1], np.float32)
     index.apply(LogEntry(key="a", partition="p", expires_at=9e9, vector=None, static=unit2))
     assert index.static is not None and "a" in index.static and "a" not in index.vectors
