@@ -103,6 +103,29 @@ async def test_entries_of_another_tenant_never_survive_and_never_cost_an_encode(
     assert looked.status == CacheStatus.MISS and encoder.texts == []
 
 
+async def test_a_lookup_verifies_at_most_top_k_candidates_however_many_survive() -> None:
+    """Among near-duplicates every static neighbour survives the text checks; verifying them all cost a
+    token-state encoder pass each. The candidates verified are the encoder's `top_k`, as without the
+    prefilter."""
+    config = CacheConfig()
+    config = config.model_copy(update={"semantic": config.semantic.model_copy(
+        update={"threshold": -1.0, "prefilter_threshold": -1.0, "top_k": 3, "prefilter_k": 8})})
+    cache = TwoLayerCache(config=config, kvstore=MemoryKVStore(), embedder=CountingEmbedder(dim=256),
+                          metrics=CacheMetrics(CollectorRegistry()), prefilter=HashingEmbedder(dim=64))
+    for thing in ("a list", "JSON records", "log lines", "user sessions", "database rows", "timestamps"):
+        await remember(cache, f"How do I merge {thing} in Python safely?")
+    verified: list[float] = []
+    inner = cache._verify
+
+    async def counting(cached: str, text: str, **kwargs: Any) -> Any:
+        verified.append(kwargs["similarity"])
+        return await inner(cached, text, **kwargs)
+
+    cache._verify = counting  # type: ignore[method-assign]
+    await cache.lookup(req("How do I merge invoices in Python safely?"))
+    assert 1 <= len(verified) <= 3 and verified == sorted(verified, reverse=True)
+
+
 PROMPTS = [
     "In Python, how do I reverse a string?",
     "How do I reverse a string in Python?",
