@@ -13,8 +13,13 @@ One run measures, side by side (processes: `fleetgate.bench.gateway_stack`):
   with it on (as shipped): its `semantic hit` repeats one paraphrase, which the memo answers without
   encoding, and its `lookup miss` shows what the memo costs when nothing repeats. The static prefilter
   (`semantic.prefilter`, shipped on) skips the encoder when every near entry is vetoed by the text checks:
-  `lookup miss` is its best case (each new prompt's neighbours differ in a number), `semantic hit` its worst
-  (the encoder runs, after the prefilter); `--embedder NAME+encode-all` runs a gateway with it off.
+  `lookup miss` is its best case (each new prompt's neighbours differ in a number, which the text checks
+  veto before encoding), `lookup miss (varied)` the common case (distinct questions composed from word
+  lists, "How do I merge JSON records in Go without a library?": neighbours differ in words, which only
+  the pair model can judge, so most lookups encode), `semantic hit` its worst (the encoder runs, after the
+  prefilter); `--embedder NAME+encode-all` runs a gateway with it off. Each cache-on row reports the
+  share of its throughput phase's semantic lookups that ran the encoder (the gateway's
+  `fleetgate_cache_prefilter_total`).
 
 Per phase: latency at concurrency 1 (blocks alternating with direct; added p50/p99 = gateway minus direct),
 throughput at `--concurrency` (wrk, or the Python load generator) with CPU per request from the gateway
@@ -62,6 +67,7 @@ WORKLOADS: dict[str, tuple[str, float, str | None]] = {
     # name: (prompt, temperature, prompt stored first)
     "bypass": (PROMPT, 0.8, None),
     "lookup miss": (f"Question __N__: {PROMPT}", 0.0, None),
+    "lookup miss (varied)": ("__V__", 0.0, None),
     "exact hit": (PROMPT, 0.0, PROMPT),
     "semantic hit": (PARAPHRASE, 0.0, PROMPT),
 }
@@ -84,6 +90,7 @@ class Result:
     cpu_per_request_s: float = float("nan")
     rss_mb: float = float("nan")
     cache_headers: Counter[str] = field(default_factory=Counter)
+    encoded: float | None = None  # share of the throughput phase's semantic lookups that ran the encoder
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -112,14 +119,28 @@ class Runner:
                 seen[r.headers.get("x-fleetgate-cache", "-").split(";")[0]] += 1
         return seen
 
-    async def throughput(self, url: str, template: bytes, proc: Proc | None) -> tuple[Phase, float]:
+    async def prefilter_counts(self, proc: Proc) -> Counter[str]:
+        """The gateway's `fleetgate_cache_prefilter_total` by outcome (empty without a cache)."""
+        counts: Counter[str] = Counter()
+        if proc.metrics_url is None:
+            return counts
+        async with self.session.get(proc.metrics_url) as r:
+            text = await r.text()
+        for line in text.splitlines():
+            if line.startswith("fleetgate_cache_prefilter_total{"):
+                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+                counts[outcome] += int(float(line.rsplit(" ", 1)[1]))
+        return counts
+
+    async def throughput(self, url: str, template: bytes, proc: Proc | None,
+                         start: int = 10**7) -> tuple[Phase, float]:
         before = proc.cpu_s() if proc else 0.0
         if self.args.loadgen == "wrk":
             phase = await asyncio.to_thread(run_wrk, url, template, concurrency=self.args.concurrency,
                                             duration_s=self.args.duration, headers=self.headers,
-                                            cpus=self.stack.pinning.others)
+                                            cpus=self.stack.pinning.others, start=start)
         else:
-            phase = await closed_loop(self.session, url, Bodies(template, start=10**7),
+            phase = await closed_loop(self.session, url, Bodies(template, start=start),
                                       concurrency=self.args.concurrency, duration_s=self.args.duration,
                                       headers=self.headers)
         cpu = (proc.cpu_s() - before) / max(1, phase.done) if proc else float("nan")
@@ -142,7 +163,14 @@ class Runner:
                                                       count=per_block, headers=self.headers)
             result.latency += await sequential(self.session, gateway.url, gw_bodies, count=per_block,
                                                headers=self.headers)
-        result.rps, result.cpu_per_request_s = await self.throughput(gateway.url, template, gateway)
+        before = await self.prefilter_counts(gateway)
+        # its own prompts: the varied workload's questions cycle, and `offset` keeps phases apart
+        result.rps, result.cpu_per_request_s = await self.throughput(gateway.url, template, gateway,
+                                                                     start=offset + 5000)
+        after = await self.prefilter_counts(gateway)
+        lookups = sum(after.values()) - sum(before.values())
+        if lookups:
+            result.encoded = (after["encoded"] - before["encoded"]) / lookups
         result.rss_mb = gateway.rss_mb()
         return result
 
@@ -220,6 +248,8 @@ def _report(args: argparse.Namespace, results: list[Result], streaming: dict[str
         added99 = _pct(r.latency, 0.99) - _pct(r.direct_latency, 0.99) if r.latency else float("nan")
         assert r.rps is not None
         seen = ", ".join(f"{k} {v}" for k, v in r.cache_headers.items())
+        if r.encoded is not None:
+            seen += f"; encoded {100 * r.encoded:.0f}% of lookups"
         print(f"  {r.name:<34} {_ms(added50):>8} {_ms(added99):>8} {r.rps.rate:8.0f} {r.rps.rate / direct.rate:8.2f} "
               f"{_ms(r.rps.p99):>8} {r.rps.errors:6d} {r.cpu_per_request_s * 1e3:10.3f} {r.rss_mb:7.0f}  {seen}")
     print("  targets (issue 13): semantic lookup on every request >= 800 req/s per core, +p50 <= 2 ms, "

@@ -37,6 +37,7 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     url: str
+    metrics_url: str | None = None  # a gateway's Prometheus endpoint
 
     def cpu_s(self) -> float:
         """CPU seconds used so far (user + system, all threads)."""
@@ -133,12 +134,15 @@ class Stack:
     def gateway(self, *, kind: str, engine_url: str, key_hash: str, embedder: str, log_requests: bool) -> Proc:
         port = free_port()
         config = self.tmp / f"gateway-{port}.yaml"
-        config.write_text(yaml.safe_dump(gateway_settings(kind=kind, port=port, engine_url=engine_url,
-                                                          key_hash=key_hash, embedder=embedder,
-                                                          log_requests=log_requests)))
+        settings = gateway_settings(kind=kind, port=port, engine_url=engine_url, key_hash=key_hash,
+                                    embedder=embedder, log_requests=log_requests)
+        config.write_text(yaml.safe_dump(settings))
         argv = (["fleetgate.bench.gateway_overhead", "minimal", str(config)] if kind == "minimal"
                 else ["fleetgate", "gateway", "--config", str(config)])
-        return self._start(kind, argv, url=f"http://127.0.0.1:{port}", ready="/readyz", cpus=self.pinning.gateway)
+        proc = self._start(kind, argv, url=f"http://127.0.0.1:{port}", ready="/readyz", cpus=self.pinning.gateway)
+        if kind != "minimal":  # the no-op gateway serves no metrics
+            proc.metrics_url = f"http://127.0.0.1:{settings['server']['metrics_port']}/metrics"
+        return proc
 
     def stop(self, proc: Proc) -> None:
         proc.popen.terminate()
