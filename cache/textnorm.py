@@ -157,7 +157,8 @@ def _payload(text: str) -> tuple[str, list[str]]:
 _SPAN_TEXT = re.compile(r"[^\w\s]+")
 
 
-def _plain(text: str) -> str:
+def plain_text(text: str) -> str:
+    """Lower-cased words only: punctuation and spacing dropped ("Why?" and "why" are one text)."""
     return " ".join(_SPAN_TEXT.sub(" ", text.lower()).split())
 
 
@@ -168,12 +169,12 @@ def unquote_shared(text: str, other: str) -> str:
     lacks) are left alone, so the slot veto still compares them."""
     if not any(mark in text for mark in _QUOTE_MARKS) or not _QUOTED.search(text):
         return text
-    free = f" {_plain(_QUOTED.sub(' ', other))} "
+    free = f" {plain_text(_QUOTED.sub(' ', other))} "
 
     def keep_or_drop(m: re.Match[str]) -> str:
         raw = m.group(0)
         inner = raw.strip("'\"`“”")
-        plain = _plain(inner)
+        plain = plain_text(inner)
         if raw.startswith("```") or "\n" in inner or not plain or len(plain.split()) > 8 or f" {plain} " not in free:
             return raw
         return inner

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from fleetgate.cache.pairfeatures import features, slot_veto, swapped_modifiers, swapped_surfaces, veto
 from fleetgate.cache.pairmodel import PairModel, load_model
-from fleetgate.cache.textnorm import Analysis, analyse, critical_kind, embedding_text, unquote_shared
+from fleetgate.cache.textnorm import Analysis, analyse, critical_kind, embedding_text, plain_text, unquote_shared
 from fleetgate.cache.tokenalign import NEUTRAL, TokenStates, align_features
 from fleetgate.cache.wordmatch import WordMatch, full_match, match
 
@@ -84,12 +84,21 @@ class Pending:
     text_b: str
 
 
+def _empty(x: Analysis) -> bool:
+    return not (x.words or x.numbers or x.idents or x.quoted)
+
+
 def precheck(text_a: str, text_b: str) -> Verdict | Pending:
     """The cheap stages (vetoes, word match): a `Verdict`, or `Pending` when the pair model must decide."""
     a, b = analyse_pair(text_a, text_b)
     reason = slot_veto(a, b)  # the same verdict `veto` would give first, without the word match
     if reason:
         return Verdict(False, reason)
+    if _empty(a) and _empty(b) and plain_text(text_a) != plain_text(text_b):
+        # Nothing but function words on either side ("Why?" / "How?", "What is it?" / "How do I do that?"):
+        # the word match would call that a full match with nothing to compare, and a follow-up in one
+        # conversation would be served another follow-up's answer. Only the same words pass.
+        return Verdict(False, "empty")
     m = match(a, b)
     reason = veto(a, b, match=m)
     if reason:

@@ -132,3 +132,15 @@ def test_a_follow_up_in_a_conversation_leans_on_the_shared_history() -> None:
     alone, followup = verify(a, b, similarity=0.77), verify(a, b, similarity=0.77, conversation=True)
     assert alone.confidence is not None and followup.confidence is not None
     assert followup.confidence > alone.confidence
+
+
+@pytest.mark.parametrize(("a", "b"), [("Why?", "How?"), ("What is it?", "How do I do that?"), ("hi", "hello"),
+                                      ("And then?", "Is that so?")])
+def test_two_prompts_of_function_words_only_never_share_an_answer(a: str, b: str) -> None:
+    """Nothing to compare is no match: in one conversation "Why?" must not be served "How?"'s answer, however
+    close the embedding puts them."""
+    for conversation in (False, True):
+        for x, y in ((a, b), (b, a)):
+            verdict = verify(x, y, similarity=0.99, conversation=conversation)
+            assert not verdict.ok and verdict.reason == "empty"
+    assert verify("Why?", "why", similarity=0.9).ok  # the same words, other punctuation
