@@ -72,7 +72,8 @@ class CacheMetrics:
         self.prefilter = Counter(
             "fleetgate_cache_prefilter_total",
             "Semantic lookups by what the static prefilter decided: skipped (no candidate survived the text "
-            "checks: the prompt was not encoded) or encoded.",
+            "checks: the prompt was not encoded), matched (a candidate's every word matched: served without "
+            "encoding) or encoded.",
             ["outcome"],
             registry=registry,
         )

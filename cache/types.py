@@ -38,7 +38,9 @@ class CacheLookup:
     response: dict[str, Any] | None = None  # complete non-streaming OpenAI response on a hit
     similarity: float | None = None
     reason: str = ""  # why bypass/miss (for logs and the debug header)
-    embedding: Any | None = None  # the query embedding when one was computed (tier router reuses it)
+    # the embedding of the last user message as written, when the lookup computed it (the tier router reuses
+    # it); None when the cache embedded a spelling-corrected text instead
+    embedding: Any | None = None
     state: dict[str, Any] = field(default_factory=dict)  # opaque to the gateway, handed back to store()
 
 

@@ -16,8 +16,10 @@ One run measures, side by side (processes: `fleetgate.bench.gateway_stack`):
   `lookup miss` is its best case (each new prompt's neighbours differ in a number, which the text checks
   veto before encoding), `lookup miss (varied)` the common case (distinct questions composed from word
   lists, "How do I merge JSON records in Go without a library?": neighbours differ in words, which only
-  the pair model can judge, so most lookups encode), `semantic hit` its worst (the encoder runs, after the
-  prefilter); `--embedder NAME+encode-all` runs a gateway with it off. Each cache-on row reports the
+  the pair model can judge, so most lookups encode), `semantic hit` its worst (a paraphrase the pair model
+  must judge: the encoder runs, after the prefilter), `semantic hit (same words)` a rewording whose every
+  word matches the stored prompt's (other function words, a typo: served without encoding);
+  `--embedder NAME+encode-all` runs a gateway with it off. Each cache-on row reports the
   share of its throughput phase's semantic lookups that ran the encoder (the gateway's
   `fleetgate_cache_prefilter_total`).
 
@@ -62,7 +64,9 @@ _MODELS = ("minilm-onnx-int8", "minilm-onnx", "minilm")
 # `NAME+encode-all`: the static prefilter off (every semantic lookup encodes, as before the prefilter)
 EMBEDDERS = [*_MODELS, "hashing", *(f"{name}+{flags}" for name in _MODELS for flags in ("memo", "encode-all"))]
 PROMPT = "How do I reverse a list in Python without copying it?"
-PARAPHRASE = "How do I reverse a Python list without copying it?"  # the verifier accepts it
+PARAPHRASE = "How do I reverse a Python list without copying it?"  # the verifier's pair model accepts it
+# every word matches PROMPT's (other function words, a typo): served by the static prefilter without encoding
+REWORDED = "Could you tell me how to reverse a list in Python without copyng it?"
 WORKLOADS: dict[str, tuple[str, float, str | None]] = {
     # name: (prompt, temperature, prompt stored first)
     "bypass": (PROMPT, 0.8, None),
@@ -70,6 +74,7 @@ WORKLOADS: dict[str, tuple[str, float, str | None]] = {
     "lookup miss (varied)": ("__V__", 0.0, None),
     "exact hit": (PROMPT, 0.0, PROMPT),
     "semantic hit": (PARAPHRASE, 0.0, PROMPT),
+    "semantic hit (same words)": (REWORDED, 0.0, PROMPT),
 }
 
 

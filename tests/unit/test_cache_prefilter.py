@@ -33,9 +33,10 @@ class CountingEmbedder(HashingEmbedder):
         return super().embed(texts)
 
 
-def make(*, prefilter: bool = True, kv: MemoryKVStore | None = None) -> tuple[TwoLayerCache, CountingEmbedder]:
+def make(*, prefilter: bool = True, kv: MemoryKVStore | None = None,
+         config: CacheConfig | None = None) -> tuple[TwoLayerCache, CountingEmbedder]:
     encoder = CountingEmbedder(dim=256)
-    cache = TwoLayerCache(config=CacheConfig(), kvstore=kv or MemoryKVStore(), embedder=encoder,
+    cache = TwoLayerCache(config=config or CacheConfig(), kvstore=kv or MemoryKVStore(), embedder=encoder,
                           metrics=CacheMetrics(CollectorRegistry()),
                           prefilter=HashingEmbedder(dim=64) if prefilter else None)
     return cache, encoder
@@ -83,17 +84,46 @@ async def test_a_vetoed_neighbour_is_rejected_before_encoding() -> None:
     assert cache.metrics.rejections.labels("number")._value.get() == 1
 
 
+def accepting() -> CacheConfig:
+    """The pair model accepts whatever reaches it (the hashing embedder's similarities mean nothing)."""
+    config = CacheConfig()
+    return config.model_copy(update={"semantic": config.semantic.model_copy(update={"min_confidence": 0.0})})
+
+
 async def test_a_surviving_candidate_is_encoded_then_and_the_paraphrase_hits() -> None:
-    cache, encoder = make()
+    cache, encoder = make(config=accepting())
     await remember(cache, "In Python, how do I reverse a string?")
-    hit = await cache.lookup(req("How do I reverse a string in Python?"))
+    hit = await cache.lookup(req("How do I reverse a Python string?"))  # a word left over: the pair model decides
     assert hit.status == CacheStatus.HIT_SEMANTIC and hit.similarity is not None
     # the query, and the stored prompt (stored without the encoder's vector), each encoded once
-    assert sorted(encoder.texts) == ["How do I reverse a string in Python?", "In Python, how do I reverse a string?"]
+    assert sorted(encoder.texts) == ["How do I reverse a Python string?", "In Python, how do I reverse a string?"]
     assert metric(cache, "encoded") == 1
     assert hit.embedding is not None
-    await cache.lookup(req("How do I reverse a string in Python, please?"))
+    await cache.lookup(req("How would I reverse a Python string?"))
     assert encoder.texts.count("In Python, how do I reverse a string?") == 1  # kept: not encoded again
+
+
+async def test_a_candidate_whose_every_word_matched_is_served_without_encoding() -> None:
+    cache, encoder = make()
+    await remember(cache, "In Python, how do I reverse a string?")
+    hit = await cache.lookup(req("how do you reverse a strng in Python?"))  # other function words, a typo
+    assert hit.status == CacheStatus.HIT_SEMANTIC and hit.similarity is None and hit.embedding is None
+    assert (hit.response or {})["choices"][0]["message"]["content"] == "answer: In Python, how do I reverse a string?"
+    assert encoder.texts == [] and metric(cache, "matched") == 1 and metric(cache, "encoded") == 0
+    assert hit.state["entry"]  # an answer check or eviction can name the entry served
+
+
+async def test_with_answer_checks_a_full_match_is_still_encoded() -> None:
+    """An answer check's per-entry bar is a similarity: without the encoder there is none to compare."""
+    from fleetgate.cache.config import AnswerCheckConfig
+
+    config = CacheConfig()
+    config = config.model_copy(update={"semantic": config.semantic.model_copy(
+        update={"answer_check": AnswerCheckConfig()})})
+    cache, _ = make(config=config)
+    await remember(cache, "In Python, how do I reverse a string?")
+    looked = await cache.lookup(req("how do you reverse a strng in Python?"))
+    assert looked.state["vector"] is not None and metric(cache, "matched") == 0 and metric(cache, "encoded") == 1
 
 
 async def test_entries_of_another_tenant_never_survive_and_never_cost_an_encode() -> None:
@@ -241,3 +271,14 @@ async def test_a_store_failing_during_the_prefilter_fetch_is_a_bypass_that_encod
     looked = await cache.lookup(req("How do I reverse a string in Python?"))
     assert looked.status == CacheStatus.BYPASS and looked.reason == "cache backend unavailable"
     assert encoder.texts == [] and cache.metrics.backend_up._value.get() == 0
+
+
+async def test_the_tier_router_gets_only_the_vector_of_the_text_as_written() -> None:
+    """The cache embeds a spelling-corrected text; the tier router's scorer was trained on raw texts, so a
+    corrected text's vector is not shared (the router embeds the raw text itself)."""
+    cache, encoder = make(prefilter=False)
+    clean = await cache.lookup(req("How do I reverse a list in Python?"))
+    typo = await cache.lookup(req("How do I revrese a lsit in Python?"))
+    assert clean.embedding is not None and clean.state["vector"] is not None
+    assert typo.embedding is None and typo.state["vector"] is not None
+    assert encoder.texts[-1] == "How do I reverse a list in Python?"  # what the cache itself embedded
