@@ -135,7 +135,10 @@ async def redis_fetch(*, url: str, records: int = 2000, size: int = 2048, k: int
 def verification_cost(pairs: Sequence[tuple[str, str]], *, states: TokenStates) -> tuple[Timings, Timings]:
     """CPU time of verifying real candidate pairs as a lookup does: (the cheap stages alone, for pairs they
     settle; the whole verification, token states included, for pairs that reach the pair model). The stored
-    text's token states are computed beforehand (a stored entry's are kept); the query's are not."""
+    text's token states are computed beforehand (a stored entry's are kept); the query's are not: the model
+    stage includes the encoder pass a lookup pays for a query whose states its embedding pass did not give (a
+    corrected misspelling, an embedder other than the int8 ONNX one); with the int8 embedder a lookup's
+    query states come with its embedding."""
     cheap, model = Timings("verify-cheap", []), Timings("verify-model", [])
     uses = load_model().uses_alignment
     for stored, _ in pairs:

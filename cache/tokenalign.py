@@ -20,10 +20,18 @@ leaves one word badly aligned or aligned to a different word whose context is th
   sits close, another kind of the thing ("economy" / "priority shipping") far (1.0 when there is none).
 Content words are those with English Zipf frequency below `FUNCTION_ZIPF` (`wordfreq`): frequency, not a list.
 
-The states come from the same ONNX file as the cache's embedder (`fleetgate.core.minilm_export`), loaded a
-second time by `TokenStates` with the last encoder layer's output added as a graph output; it is loaded on
-first use and only runs for the few candidates that reach the pair model (one encoder pass per new text,
-about as dear as one embedding; the states of a stored entry's text are kept in a bounded LRU).
+The states are the last encoder layer's output of the cache's own MiniLM pass: when the cache embeds with the
+int8 ONNX embedder (the default), `share` attaches this `TokenStates` to it and the pass that embeds a text
+also hands over that text's token states and tokenizer offsets (`offer`; `fleetgate.core.minilm_onnx`), kept
+raw in a small LRU of their own (`offered_size` texts: the cache embeds many texts it never aligns) until
+`words(text)` asks for them; only then are they grouped into words and moved to the `Words` LRU
+(`cache_size` texts). The states are keyed by the exact text: a text embedded in another spelling
+(`fleetgate.cache.textnorm.embedding_text` corrected a typo) is not the text the verifier reads, and gets a
+pass of its own, as does a text whose states were never offered or already dropped. That pass runs on the
+attached embedder's session (one ONNX session in the process); without one (the fp32 or sentence-transformers
+embedder, training, `verify` alone) `TokenStates` loads the int8 file itself on first use, with the token-state
+output added (`minilm_onnx.states_graph`). Either way a text's states are the same, bit for bit: a padded row
+of a batch gives what the text gives alone.
 """
 
 from __future__ import annotations
@@ -66,33 +74,71 @@ class Words:
 class TokenStates:
     """MiniLM's last-layer token states per word, from the cache's ONNX file. Thread-safe, lazily loaded."""
 
-    def __init__(self, *, model_dir: Path | None = None, variant: str = "int8", cache_size: int = 4096) -> None:
+    def __init__(self, *, model_dir: Path | None = None, variant: str = "int8", cache_size: int = 4096,
+                 offered_size: int = 256) -> None:
         self._model_dir = model_dir
         self._variant = variant
         self._session: Any | None = None
         self._tokenizer: Any | None = None
+        self._encoder: Any | None = None  # the embedder whose passes give the states (`share`)
         self._lock = threading.Lock()
         self._memo: OrderedDict[str, Words] = OrderedDict()
         self._cache_size = cache_size
+        # texts embedded by the shared encoder, not grouped into words yet: (token states, character offsets)
+        self._offered: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._offered_size = offered_size
+        self.passes = 0  # encoder passes of its own, for texts no embedding handed over (tests, diagnostics)
+
+    def share(self, encoder: object) -> bool:
+        """Take the token states of the texts `encoder` embeds, and run this object's own passes on its
+        session, when it is the same ONNX file (`OnnxMiniLMEmbedder`, this variant and model folder); returns
+        whether it is. Otherwise nothing changes (a separate session, loaded on first use)."""
+        from fleetgate.core.minilm_onnx import OnnxMiniLMEmbedder
+
+        if (not isinstance(encoder, OnnxMiniLMEmbedder) or encoder.variant != self._variant
+                or encoder.model_dir != self._model_dir):
+            return False
+        encoder.keep_states(self)
+        with self._lock:
+            self._encoder = encoder  # the latest: an earlier one's states are the same
+            self._session = None  # a session of its own loaded before is not needed any more
+        return True
+
+    @property
+    def shared(self) -> bool:
+        """Whether the states come from the embedder's session (`share`) rather than one of its own."""
+        return self._encoder is not None
 
     def load(self) -> None:
+        encoder = self._encoder
+        if encoder is not None:
+            encoder.load()
+            return
         with self._lock:
-            if self._session is not None:
+            if self._session is not None or self._encoder is not None:
                 return
-            import onnx
-
             from fleetgate.core.minilm import minilm_dir
             from fleetgate.core.minilm_export import ensure_onnx
-            from fleetgate.core.minilm_onnx import cpu_session, minilm_tokenizer
+            from fleetgate.core.minilm_onnx import cpu_session, minilm_tokenizer, states_graph
 
             folder = self._model_dir or minilm_dir()
             tokenizer = minilm_tokenizer(folder)
-            model = onnx.load(str(ensure_onnx(model_dir=folder, variant="int8" if self._variant == "int8" else "fp32")))
-            last = [n for n in model.graph.node if n.op_type == "LayerNormalization"][-1].output[0]
-            model.graph.output.append(onnx.helper.make_tensor_value_info(last, onnx.TensorProto.FLOAT, None))
-            self._session = cpu_session(model.SerializeToString(), threads=1)
-            self._output = last
+            graph, self._output = states_graph(
+                ensure_onnx(model_dir=folder, variant="int8" if self._variant == "int8" else "fp32"))
+            self._session = cpu_session(graph, threads=1)
             self._tokenizer = tokenizer
+
+    def offer(self, text: str, states: np.ndarray, offsets: np.ndarray) -> None:
+        """The token states of `text` from an embedding pass (tokens x 384) and the tokenizer's character
+        offsets (tokens x 2): kept, ungrouped, until `words(text)` asks (the oldest dropped past
+        `offered_size`)."""
+        with self._lock:
+            if text in self._memo:
+                return
+            self._offered[text] = (states, offsets)
+            self._offered.move_to_end(text)
+            while len(self._offered) > self._offered_size:
+                self._offered.popitem(last=False)
 
     def words(self, text: str) -> Words:
         with self._lock:
@@ -100,7 +146,8 @@ class TokenStates:
             if hit is not None:
                 self._memo.move_to_end(text)
                 return hit
-        words = self._compute(text)
+            offered = self._offered.pop(text, None)
+        words = _words(text, *(offered if offered is not None else self._pass(text)))
         with self._lock:
             self._memo[text] = words
             while len(self._memo) > self._cache_size:
@@ -109,36 +156,47 @@ class TokenStates:
 
     def compute(self, text: str) -> Words:
         """The words of `text`, always by a fresh encoder pass (not cached: for timing)."""
-        return self._compute(text)
+        return _words(text, *self._pass(text))
 
-    def _compute(self, text: str) -> Words:
-        if self._session is None:
+    def _pass(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """`text` through the encoder alone: (token states, character offsets per token)."""
+        if self._encoder is None and self._session is None:
             self.load()
-        assert self._session is not None and self._tokenizer is not None
+        with self._lock:  # `share` may swap the session for the encoder's meanwhile
+            self.passes += 1
+            encoder, session = self._encoder, self._session
+        if encoder is not None:
+            states, offsets = encoder.token_states(text)
+            return states, offsets
+        assert session is not None and self._tokenizer is not None
         enc = self._tokenizer.encode(text)
         ids = np.array([enc.ids], dtype=np.int64)
-        (states,) = self._session.run([self._output], {"input_ids": ids, "attention_mask": np.ones_like(ids)})
-        states = states[0]
-        spans = [(m.start(), m.end()) for m in _WORD.finditer(text)]
-        groups: list[list[int]] = [[] for _ in spans]
-        for t, (start, end) in enumerate(enc.offsets):
-            if end <= start:
-                continue  # [CLS], [SEP]
-            for w, (ws, we) in enumerate(spans):
-                if ws <= start < we:
-                    groups[w].append(t)
-                    break
-        keep = [w for w, g in enumerate(groups) if g]
-        if not keep:
-            return Words((), np.zeros((0, states.shape[1]), dtype=np.float32), ())
-        vectors = np.stack([states[groups[w]].mean(axis=0) for w in keep])
-        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
-        texts = [text[spans[w][0] : spans[w][1]] for w in keep]
-        capital = [
-            t[:1].isupper() and spans[w][0] > 0 and not re.search(r"[.!?:]\s*$", text[: spans[w][0]])
-            for t, w in zip(texts, keep, strict=True)
-        ]
-        return Words([t.lower() for t in texts], vectors, capital)
+        (states,) = session.run([self._output], {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        return states[0], np.array(enc.offsets, dtype=np.int64).reshape(len(enc.ids), 2)
+
+
+def _words(text: str, states: np.ndarray, offsets: np.ndarray) -> Words:
+    """Group the token states of `text` into its words (a word's vector: the mean of its word pieces')."""
+    spans = [(m.start(), m.end()) for m in _WORD.finditer(text)]
+    groups: list[list[int]] = [[] for _ in spans]
+    for t, (start, end) in enumerate(offsets.tolist()):
+        if end <= start:
+            continue  # [CLS], [SEP]
+        for w, (ws, we) in enumerate(spans):
+            if ws <= start < we:
+                groups[w].append(t)
+                break
+    keep = [w for w, g in enumerate(groups) if g]
+    if not keep:
+        return Words((), np.zeros((0, states.shape[1]), dtype=np.float32), ())
+    vectors = np.stack([states[groups[w]].mean(axis=0) for w in keep])
+    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
+    texts = [text[spans[w][0] : spans[w][1]] for w in keep]
+    capital = [
+        t[:1].isupper() and spans[w][0] > 0 and not re.search(r"[.!?:]\s*$", text[: spans[w][0]])
+        for t, w in zip(texts, keep, strict=True)
+    ]
+    return Words([t.lower() for t in texts], vectors, capital)
 
 
 def _weight(word: str) -> float:

@@ -49,7 +49,7 @@ import orjson
 
 from fleetgate.cache.answercheck import AnswerChecker, Ask
 from fleetgate.cache.config import CacheConfig
-from fleetgate.cache.embedding import Embedder
+from fleetgate.cache.embedding import Embedder, encoder_of
 from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.pairmodel import load_model
@@ -98,6 +98,11 @@ class TwoLayerCache:
                              if sem.answer_check is not None and self.embedder is not None else None)
         self.token_states = (None if sem.embedder == "hashing"
                              else default_states(Path(sem.model_dir) if sem.model_dir else None))
+        if (self.token_states is not None and self.embedder is not None and sem.verify
+                and load_model().uses_alignment):
+            # the int8 ONNX encoder's pass that embeds a text also gives its token states (one pass and one
+            # session, not two); any other embedder leaves `TokenStates` its own session and passes
+            self.token_states.share(encoder_of(self.embedder))
 
     async def start(self) -> None:
         """Gateway lifespan hook. With `semantic.preload` the embedder and the verifier's word tables load now,
@@ -123,7 +128,8 @@ class TwoLayerCache:
             if load is not None:
                 load()
         if self.config.semantic.verify:
-            # word frequency lists of seven languages and the token-state session: seconds otherwise
+            # word frequency lists of seven languages and the token states (a session of their own unless
+            # they share the embedder's): seconds otherwise
             warm_up(states=self.token_states)
 
     async def aclose(self) -> None:
@@ -421,8 +427,10 @@ class TwoLayerCache:
     async def _verify(self, cached: str, text: str, *, similarity: float, conversation: bool,
                       step: Pending | Verdict | None = None) -> Verdict:
         """Vetoes, word match and the pair model on the event loop; when the shipped model uses token
-        alignment, its token states (an encoder pass for a new text) in a worker thread, only for a candidate
-        that gets that far. `step`: the text checks' outcome when the prefilter already ran them."""
+        alignment, its token states in a worker thread, only for a candidate that gets that far (grouped into
+        words from the states the embedding pass of that text gave; an encoder pass of its own only for a
+        text embedded in another spelling, or not embedded by this process lately). `step`: the text checks'
+        outcome when the prefilter already ran them."""
         step = step if step is not None else precheck(cached, text)
         if isinstance(step, Verdict):
             return step

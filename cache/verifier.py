@@ -14,9 +14,10 @@ paraphrases), so a semantic candidate must also pass, on the two last user messa
    is made of, where it sits, the embedding similarity, surface similarity, and the token alignment of
    `fleetgate.cache.tokenalign`, MiniLM's contextual token states) and the pair passes when the
    probability is >= the model's cross-validated threshold (or `min_confidence` when set).
-`precheck` runs stages 1-2 (cheap, on the event loop); `alignment` + `judge` run stage 3, whose token
-states cost an encoder pass per new text (the cache runs it in a worker thread, for the few candidates
-that get there).
+`precheck` runs stages 1-2 (cheap, on the event loop); `alignment` + `judge` run stage 3 (the cache runs it
+in a worker thread, for the few candidates that get there). Its token states come with the cache's own
+embedding pass of each text when the embedder is the int8 ONNX one (`tokenalign.TokenStates.share`); a text
+embedded in another spelling, or with another embedder, costs an encoder pass of its own.
 
 A rejection by the model is reported by what the difference holds, for the rejection metric: `entity` for
 a swapped modifier of a shared word ("overnight" / "standard delivery"), the first critical kind among the
@@ -25,7 +26,9 @@ unmatched words (`format`, `language`, ...), `entity` for a capitalised name,
 
 `verify` is symmetric in `a` and `b` up to floating point. Cost: two analyses (cached per text, so a stored
 entry is analysed once) and, for a pair that reaches the model, the token states of texts not seen before
-(one MiniLM encoder pass each, a few ms; a stored entry's are kept) and a 40-term dot product.
+(grouped into words from the embedding pass's states in the cache; one MiniLM encoder pass each, a few ms,
+for a text no embedding pass gave, as in `verify` alone; a stored entry's are kept) and a 40-term dot
+product.
 """
 
 from __future__ import annotations
@@ -121,8 +124,8 @@ def judge(pending: Pending, *, similarity: float, align: Sequence[float], conver
 
 
 def alignment(pending: Pending, states: TokenStates) -> tuple[float, ...]:
-    """The token-alignment features of a pending pair (one encoder pass per text not seen before: blocking,
-    run it off the event loop)."""
+    """The token-alignment features of a pending pair (blocking, run it off the event loop: an encoder pass
+    per text whose states neither the embedding pass handed over nor an earlier alignment kept)."""
     return align_features(states.words(pending.text_a), states.words(pending.text_b),
                           swapped_surfaces(pending.a, pending.b, match=pending.match))
 
@@ -135,7 +138,8 @@ def pair_alignment(text_a: str, text_b: str, states: TokenStates) -> tuple[float
 
 @lru_cache(maxsize=4)
 def default_states(model_dir: Path | None = None) -> TokenStates:
-    """One `TokenStates` per model folder and process (the ONNX session loads on first use)."""
+    """One `TokenStates` per model folder and process (a cache shares it with its int8 ONNX embedder; otherwise
+    its own ONNX session loads on first use)."""
     return TokenStates(model_dir=model_dir)
 
 

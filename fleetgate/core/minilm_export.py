@@ -2,7 +2,9 @@
 
 The graph is the whole sentence-transformers pipeline after tokenisation: BERT encoder, mean pooling over
 the attention mask and L2 normalisation, so `OnnxMiniLMEmbedder` only tokenises and runs it. Inputs
-`input_ids` and `attention_mask` (int64, batch x tokens, both axes dynamic), output `embedding` (batch x 384).
+`input_ids` and `attention_mask` (int64, batch x tokens, both axes dynamic), output `embedding` (batch x 384);
+the verifier's token states are the last LayerNormalization's output, which `minilm_onnx.states_graph` adds
+as a second output at load time (the file is the same).
 
 Variants (measured against sentence-transformers on the eval prompts, README "Response cache"):
 - `fp32`: the exported graph as is; cosine to the reference >= 0.99999 on every prompt.
