@@ -70,7 +70,7 @@ ANSWER = {"id": "x", "object": "chat.completion", "created": 1, "model": "m",
           "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}}
 
 
-async def test_the_shipped_cache_skips_the_encoder_when_nothing_is_near_and_still_hits_a_paraphrase() -> None:
+async def test_the_shipped_cache_encodes_only_when_a_candidate_needs_the_pair_model() -> None:
     cache = build_cache(CacheConfig(), kvstore=MemoryKVStore())
     assert isinstance(cache, TwoLayerCache) and isinstance(cache.prefilter, StaticMiniLM)
     await cache.warm_up()
@@ -78,8 +78,11 @@ async def test_the_shipped_cache_skips_the_encoder_when_nothing_is_near_and_stil
     await cache.store(req("How do I reset my password?"), first, ANSWER)
     unrelated = await cache.lookup(req("What is a good recipe for tomato soup?"))
     assert unrelated.status == CacheStatus.MISS and unrelated.embedding is None
-    hit = await cache.lookup(req("how do i reset my password please"))
+    same_words = await cache.lookup(req("how do i reset my password please"))  # every word matches: no encoding
+    assert same_words.status == CacheStatus.HIT_SEMANTIC and same_words.state.get("vector") is None
+    hit = await cache.lookup(req("I forgot my password, how do I reset it?"))  # the pair model decides
     assert hit.status == CacheStatus.HIT_SEMANTIC and hit.embedding is not None
     assert cache.metrics.prefilter.labels("skipped")._value.get() == 2
+    assert cache.metrics.prefilter.labels("matched")._value.get() == 1
     assert cache.metrics.prefilter.labels("encoded")._value.get() == 1
     await cache.aclose()
