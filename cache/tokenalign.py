@@ -75,7 +75,7 @@ class TokenStates:
     """MiniLM's last-layer token states per word, from the cache's ONNX file. Thread-safe, lazily loaded."""
 
     def __init__(self, *, model_dir: Path | None = None, variant: str = "int8", cache_size: int = 4096,
-                 offered_size: int = 256) -> None:
+                 offered_size: int = 16_384, offered_bytes: int = 64 << 20) -> None:
         self._model_dir = model_dir
         self._variant = variant
         self._session: Any | None = None
@@ -85,8 +85,13 @@ class TokenStates:
         self._memo: OrderedDict[str, Words] = OrderedDict()
         self._cache_size = cache_size
         # texts embedded by the shared encoder, not grouped into words yet: (token states, character offsets)
+        # Bounded in texts and in bytes (a 20-token prompt's states are ~31 kB, a 256-token one's 400 kB): a
+        # lookup's candidates are entries stored by earlier lookups, which kept their states here, so the
+        # budget sets how far back a candidate's states come without a pass of their own (~2,000 prompts).
         self._offered: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._offered_size = offered_size
+        self._offered_budget = offered_bytes
+        self._offered_bytes = 0
         self.passes = 0  # encoder passes of its own, for texts no embedding handed over (tests, diagnostics)
 
     def share(self, encoder: object) -> bool:
@@ -131,14 +136,19 @@ class TokenStates:
     def offer(self, text: str, states: np.ndarray, offsets: np.ndarray) -> None:
         """The token states of `text` from an embedding pass (tokens x 384) and the tokenizer's character
         offsets (tokens x 2): kept, ungrouped, until `words(text)` asks (the oldest dropped past
-        `offered_size`)."""
+        `offered_size` texts or `offered_bytes`)."""
         with self._lock:
             if text in self._memo:
                 return
+            old = self._offered.pop(text, None)
+            if old is not None:
+                self._offered_bytes -= old[0].nbytes + old[1].nbytes
             self._offered[text] = (states, offsets)
-            self._offered.move_to_end(text)
-            while len(self._offered) > self._offered_size:
-                self._offered.popitem(last=False)
+            self._offered_bytes += states.nbytes + offsets.nbytes
+            while self._offered and (len(self._offered) > self._offered_size
+                                     or self._offered_bytes > self._offered_budget):
+                _, (dropped, dropped_offsets) = self._offered.popitem(last=False)
+                self._offered_bytes -= dropped.nbytes + dropped_offsets.nbytes
 
     def words(self, text: str) -> Words:
         with self._lock:
@@ -147,6 +157,8 @@ class TokenStates:
                 self._memo.move_to_end(text)
                 return hit
             offered = self._offered.pop(text, None)
+            if offered is not None:
+                self._offered_bytes -= offered[0].nbytes + offered[1].nbytes
         words = _words(text, *(offered if offered is not None else self._pass(text)))
         with self._lock:
             self._memo[text] = words

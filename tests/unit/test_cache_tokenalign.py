@@ -79,6 +79,17 @@ def test_offered_states_and_words_stay_bounded() -> None:
     assert list(states._memo) == texts[-2:] and not states._offered
 
 
+def test_offered_states_stay_within_their_byte_budget() -> None:
+    """Hostile 256-token prompts must not hold the count cap's worth of large arrays."""
+    one = sum(a.nbytes for a in fake_states("a long prompt"))
+    states = NoEncoder(offered_bytes=4 * one)
+    for i in range(20):
+        states.offer(f"a long prompt{i}", *fake_states("a long prompt"))
+    assert len(states._offered) == 4 and states._offered_bytes == 4 * one
+    states.words("a long prompt19")
+    assert len(states._offered) == 3 and states._offered_bytes == 3 * one
+
+
 def test_a_text_already_grouped_is_not_offered_again() -> None:
     states = NoEncoder()
     states.offer("same text", *fake_states("same text"))
