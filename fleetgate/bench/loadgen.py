@@ -227,7 +227,9 @@ def run_wrk(
         script.write_text(wrk_script(body, headers=headers, start=start))
         pin = ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
         result = subprocess.run(
-            [*pin, "wrk", "-t1", f"-c{concurrency}", f"-d{duration_s:g}s", "--latency", "-s", str(script), url + PATH],
+            # --timeout: wrk's default 2 s would count a slow configuration's queueing as socket errors
+            [*pin, "wrk", "-t1", f"-c{concurrency}", f"-d{duration_s:g}s", "--timeout", "10s", "--latency", "-s",
+             str(script), url + PATH],
             capture_output=True, text=True, timeout=duration_s + 30, check=True,
         )
     text = result.stdout
