@@ -4,10 +4,11 @@
 the gateway builds it (static prefilter, encoder behind the batcher), entries carrying both vectors and a
 real prompt as their text, timed one lookup at a time and under open-loop load; see its docstring.
 
-`measure` (the earlier measurement, encoder only, no prefilter, one lookup at a time). Setup: one partition (one tenant, model and system prompt: the worst case, every entry is a candidate)
-filled with `entries` synthetic entries. Their vectors are real MiniLM embeddings of the evaluation
-prompts plus Gaussian noise (`noise` x a random unit direction, renormalised), so the index sees the
-clustered geometry of real prompts rather than uniform random points. Records go into the in-memory store.
+`measure` (the earlier measurement: encoder only, no prefilter, one lookup at a time). Setup: one partition
+(one tenant, model and system prompt: the worst case, every entry is a candidate) filled with `entries`
+synthetic entries. Their vectors are real MiniLM embeddings of the evaluation prompts plus Gaussian noise
+(`noise` x a random unit direction, renormalised), so the index sees the clustered geometry of real prompts
+rather than uniform random points. Records go into the in-memory store.
 
 Measured per query (real prompts, real MiniLM): the full `lookup()`, and separately its stages: embed
 (one prompt, in a worker thread as in the gateway), vector search (HNSW, and an exact flat scan over the
@@ -35,6 +36,7 @@ from fleetgate.cache.sharedindex import LogEntry
 from fleetgate.cache.tokenalign import NEUTRAL, TokenStates, align_features
 from fleetgate.cache.twolayer import TwoLayerCache
 from fleetgate.cache.types import CacheRequest, CacheStatus
+from fleetgate.cache.vectorindex import search_one
 from fleetgate.cache.verifier import Pending, alignment, judge, precheck, verify
 from fleetgate.core.kvstore import MemoryKVStore
 
@@ -97,7 +99,7 @@ async def measure(
         found = cache.index.vectors.search(partition=partition, vector=vector, k=config.semantic.top_k)
         t["search"].seconds.append(time.perf_counter() - s0)
         s0 = time.perf_counter()
-        best_score, best = flat.search(vector.reshape(1, -1), 1)
+        best_score, best = search_one(flat, vector.reshape(1, -1), 1)
         t["search-flat"].seconds.append(time.perf_counter() - s0)
         agree += bool(found) and found[0][0] == part.ids[int(best[0][0])]
         near += bool(found) and found[0][1] >= float(best_score[0][0]) - 0.01
@@ -405,7 +407,7 @@ def _index_facts(cache: TwoLayerCache, partition: str, texts: Sequence[str], pre
             got = index.search(partition=partition, vector=query, k=k)
             hnsw.seconds.append(time.perf_counter() - s0)
             s0 = time.perf_counter()
-            _, best = flat.search(query.reshape(1, -1).astype(np.float32), k)
+            _, best = search_one(flat, query.reshape(1, -1).astype(np.float32), k)
             exact.seconds.append(time.perf_counter() - s0)
             found += len({key for key, _ in got} & {part.ids[int(i)] for i in best[0] if i >= 0})
         out |= {f"{name}_hnsw": float(part.hnsw), f"{name}_p50": hnsw.pct(50), f"{name}_p99": hnsw.pct(99),
