@@ -281,7 +281,8 @@ def _print_latency(run: Any) -> None:
         if f"{space}_hnsw" in f:
             print(f"  {space} index: {'HNSW' if f[space + '_hnsw'] else 'flat'}, search p50 {f[space + '_p50']:.3f} ms "
                   f"p99 {f[space + '_p99']:.3f} ms; an exact flat scan p50 {f[space + '_flat_p50']:.3f} ms p99 "
-                  f"{f[space + '_flat_p99']:.3f} ms; recall of the scan's top k {100 * f[space + '_recall']:.1f}%")
+                  f"{f[space + '_flat_p99']:.3f} ms; recall of the scan's top k "
+                  f"{100 * f[space + '_recall']:.1f}% by entry, {100 * f[space + '_text_recall']:.1f}% by entry text")
     print("  load: 'single stream' = one lookup at a time (closed loop); its throughput is the capacity. 'N%' = "
           "lookups arriving open loop (Poisson) at N% of that capacity, each its own task on the event loop; "
           "latency from arrival to answer, queueing included. Cache lookups only, no other gateway work.")

@@ -304,7 +304,8 @@ async def measure_loaded(
         if (i + 1) % 10_000 == 0:
             progress(f"  stored {i + 1}/{entries} entries ({time.perf_counter() - start:.1f} s)")
     build_s = time.perf_counter() - start
-    facts = _index_facts(cache, partition, asked[:queries], prefilter, vectors or embedder, static_vectors)
+    facts = _index_facts(cache, partition, asked[:queries], prefilter, vectors or embedder, static_vectors,
+                         text_of=lambda key: stored[int(key.rsplit("-", 1)[1]) % len(stored)])
 
     levels: list[Level] = []
     slices = [asked[n * queries:(n + 1) * queries] for n in range(1 + len(loads))]
@@ -382,10 +383,12 @@ async def _run_level(cache: TwoLayerCache, recorder: _StageRecorder, passes: lis
 
 
 def _index_facts(cache: TwoLayerCache, partition: str, texts: Sequence[str], prefilter: Embedder | None,
-                 encoder: Embedder, static_vectors: Embedder | None) -> dict[str, float]:
+                 encoder: Embedder, static_vectors: Embedder | None,
+                 text_of: Callable[[str], str]) -> dict[str, float]:
     """Both indexes' search at this size against an exact flat scan of the same vectors: kind (1: HNSW),
     p50/p99 ms of each, and recall (the share of the flat scan's top k that the index returns, k as a lookup
-    asks: `top_k` for the encoder's, `prefilter_k` for the static one)."""
+    asks: `top_k` for the encoder's, `prefilter_k` for the static one), by entry and by entry text (the flat
+    top k's distinct texts that the index returns an entry of: the text checks see the same texts)."""
     import faiss
 
     from fleetgate.cache.textnorm import embedding_text
@@ -401,7 +404,7 @@ def _index_facts(cache: TwoLayerCache, partition: str, texts: Sequence[str], pre
         flat = faiss.IndexFlatIP(index.dim)
         flat.add(np.ascontiguousarray(part.vectors))
         hnsw, exact = Timings("index", []), Timings("flat", [])
-        found = 0
+        found = found_texts = want_texts = 0
         for query in queries:
             s0 = time.perf_counter()
             got = index.search(partition=partition, vector=query, k=k)
@@ -409,8 +412,13 @@ def _index_facts(cache: TwoLayerCache, partition: str, texts: Sequence[str], pre
             s0 = time.perf_counter()
             _, best = search_one(flat, query.reshape(1, -1).astype(np.float32), k)
             exact.seconds.append(time.perf_counter() - s0)
-            found += len({key for key, _ in got} & {part.ids[int(i)] for i in best[0] if i >= 0})
+            truth = {part.ids[int(i)] for i in best[0] if i >= 0}
+            found += len({key for key, _ in got} & truth)
+            want = {text_of(key) for key in truth}
+            want_texts += len(want)
+            found_texts += len(want & {text_of(key) for key, _ in got})
         out |= {f"{name}_hnsw": float(part.hnsw), f"{name}_p50": hnsw.pct(50), f"{name}_p99": hnsw.pct(99),
                 f"{name}_flat_p50": exact.pct(50), f"{name}_flat_p99": exact.pct(99),
-                f"{name}_recall": found / max(1, k * len(queries))}
+                f"{name}_recall": found / max(1, k * len(queries)),
+                f"{name}_text_recall": found_texts / max(1, want_texts)}
     return out

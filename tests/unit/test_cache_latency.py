@@ -45,7 +45,8 @@ async def test_the_prefilter_path_runs_single_stream_and_under_load() -> None:
     assert 0 < encoded < 18  # some lookups skipped the encoder, some needed it
     assert encoder.batches > 0  # the encodes went through the batcher (`aembed`), as in the gateway
     assert run.levels[0].max_in_flight == 1
-    assert {"encoder_hnsw", "static_hnsw", "static_recall", "static_p99", "static_flat_p99"} <= set(run.facts)
+    assert {"encoder_hnsw", "static_hnsw", "static_recall", "static_text_recall", "static_p99",
+            "static_flat_p99"} <= set(run.facts)
     assert run.facts["static_hnsw"] == 0 and run.facts["static_recall"] == 1.0  # 200 entries: a flat scan
 
 
@@ -55,7 +56,8 @@ async def test_both_indexes_switch_to_hnsw_past_hnsw_above() -> None:
                                progress=lambda _: None)
     assert [level.name for level in run.levels] == ["single stream"]
     assert run.facts["encoder_hnsw"] == 1 and run.facts["static_hnsw"] == 1
-    assert 0.0 <= run.facts["static_recall"] <= 1.0 and 0.0 <= run.facts["encoder_recall"] <= 1.0
+    for space in ("static", "encoder"):
+        assert 0.0 <= run.facts[f"{space}_recall"] <= 1.0 and 0.0 <= run.facts[f"{space}_text_recall"] <= 1.0
 
 
 async def test_without_a_prefilter_every_semantic_lookup_encodes() -> None:
