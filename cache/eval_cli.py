@@ -291,6 +291,9 @@ def _print_latency(run: Any) -> None:
         print(f"  {level.name:<14} lookup p50 {level.lookup.pct(50):8.2f} ms   p99 {level.lookup.pct(99):8.2f} ms   "
               f"({rate}, achieved {level.achieved:.1f}/s, up to {level.max_in_flight} in flight; encoded "
               f"{level.encoded}/{level.lookups}, semantic hits {level.hits}, token-state passes {level.token_passes})")
+        print("    " + "; ".join(f"{what} p50 {t.pct(50):.2f} ms p99 {t.pct(99):.2f} ms ({len(t.seconds)})"
+                             for what, t in (("encoded", level.encoded_lookup), ("not encoded", level.skipped_lookup))
+                             if t.seconds))
         print("    stages (ms, p50 / p99, n): " + ", ".join(
             f"{t.name} {t.pct(50):.2f} / {t.pct(99):.2f} ({len(t.seconds)})" for t in level.stages.values()))
 

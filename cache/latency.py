@@ -180,6 +180,8 @@ class Level:
     achieved: float
     lookup: Timings
     stages: dict[str, Timings]
+    encoded_lookup: Timings  # the lookups that encoded, and those the prefilter settled without the encoder
+    skipped_lookup: Timings
     encoded: int
     hits: int
     max_in_flight: int
@@ -350,16 +352,17 @@ async def _run_level(cache: TwoLayerCache, recorder: _StageRecorder, passes: lis
 
     recorder.into = {}
     passes[0] = 0
-    lookup = Timings("lookup", [])
-    counts = {"encoded": 0, "hits": 0, "in_flight": 0, "max_in_flight": 0}
+    lookup, encoded, skipped = Timings("lookup", []), Timings("encoded", []), Timings("skipped", [])
+    counts = {"hits": 0, "in_flight": 0, "max_in_flight": 0}
 
     async def one(text: str, arrival: float) -> None:
         counts["in_flight"] += 1
         counts["max_in_flight"] = max(counts["max_in_flight"], counts["in_flight"])
         result = await cache.lookup(_request(text))
-        lookup.seconds.append(time.perf_counter() - arrival)
+        took = time.perf_counter() - arrival
+        lookup.seconds.append(took)
         counts["in_flight"] -= 1
-        counts["encoded"] += result.state.get("vector") is not None
+        (encoded if result.state.get("vector") is not None else skipped).seconds.append(took)
         counts["hits"] += result.status == CacheStatus.HIT_SEMANTIC
 
     t0 = time.perf_counter()
@@ -378,7 +381,8 @@ async def _run_level(cache: TwoLayerCache, recorder: _StageRecorder, passes: lis
     elapsed = time.perf_counter() - t0
     stages = {stage: Timings(stage, list(recorder.into[stage])) for stage in STAGES if recorder.into.get(stage)}
     return Level(name=name, rate=rate, achieved=len(texts) / elapsed, lookup=lookup, stages=stages,
-                 encoded=counts["encoded"], hits=counts["hits"], max_in_flight=counts["max_in_flight"],
+                 encoded_lookup=encoded, skipped_lookup=skipped, encoded=len(encoded.seconds), hits=counts["hits"],
+                 max_in_flight=counts["max_in_flight"],
                  token_passes=passes[0])
 
 

@@ -66,3 +66,11 @@ async def test_without_a_prefilter_every_semantic_lookup_encodes() -> None:
     for level in run.levels:
         assert level.encoded == level.lookups == 5 and "static" not in level.stages
     assert "static_hnsw" not in run.facts
+
+
+async def test_lookup_times_split_by_whether_the_lookup_encoded() -> None:
+    run = await measure_loaded(embedder=HashingEmbedder(dim=256), prefilter=HashingEmbedder(dim=64), config=config(),
+                               prompts=PROMPTS, entries=200, queries=8, loads=(), progress=lambda _: None)
+    level = run.levels[0]
+    assert len(level.encoded_lookup.seconds) == level.encoded
+    assert len(level.encoded_lookup.seconds) + len(level.skipped_lookup.seconds) == level.lookups == 8
