@@ -64,7 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", type=float, nargs="*", default=list(DEFAULT_THRESHOLDS))
     parser.add_argument("--confidences", type=float, nargs="*", default=list(DEFAULT_CONFIDENCES))
     parser.add_argument("--entries", type=int, default=100_000, help="stored entries for the latency run (0: skip)")
-    parser.add_argument("--queries", type=int, default=200, help="lookups timed in the latency run")
+    parser.add_argument("--queries", type=int, default=200, help="lookups timed per load level in the latency run")
+    parser.add_argument("--loads", type=float, nargs="*", default=[0.5, 0.9],
+                        help="latency run: open-loop arrival rates as shares of the measured single-stream capacity")
     parser.add_argument("--verify-cost", action="store_true", help="time the verification of real candidate "
                         "pairs even with --entries 0 (cheap stages vs. the pair model with token states)")
     parser.add_argument("--embedder", choices=["minilm-onnx-int8", "minilm-onnx", "minilm", "hashing"],
@@ -232,22 +234,18 @@ async def _evaluate(args: argparse.Namespace) -> int:
             for c, a in zip(args.confidences, await sweep(rows, confs, embedder, prefilter), strict=True):
                 print(f"    {c:4.2f}: {_cell(a)}")
     if args.entries > 0:
-        from fleetgate.cache.latency import measure
+        from fleetgate.cache.latency import measure_loaded
 
-        print(f"\nlookup latency with {args.entries} entries in one partition (worst case), "
-              f"{args.queries} real prompts:")
-        prompts = [t for t in texts_of(sets["dev"]["pairs"])]
-        timings, facts = await measure(embedder=embedder.inner, config=shipped, prompts=prompts,
-                                       entries=args.entries, queries=args.queries, progress=_progress)
-        print(f"  index: {'HNSW' if facts['hnsw'] else 'flat'}, built in {facts['build_s']:.1f} s; "
-              f"HNSW top hit == exact top hit for {100 * facts['hnsw_agrees_with_flat']:.1f}% of queries, "
-              f"within 0.01 cosine of it for {100 * facts['hnsw_within_001']:.1f}%")
-        flat = next(t for t in timings if t.name == "search-flat")
-        for t in timings:
-            kind = "HNSW" if facts["hnsw"] else "flat"
-            ratio = f"  ({kind}; {t.pct(50) / flat.pct(50):.3f}x the flat scan's p50)" if t.name == "search" else ""
-            print(f"  {t.name:<12} p50 {t.pct(50):8.3f} ms   p99 {t.pct(99):8.3f} ms{ratio}")
-    if args.entries > 0 or args.verify_cost:
+        loads = sorted(set(args.loads))
+        print(f"\nlookup latency with {args.entries} entries in one partition (worst case: every entry a candidate), "
+              f"the shipped lookup path (static prefilter {'on' if prefilter is not None else 'off'}, encoder "
+              f"through the batcher); {args.queries} new real prompts per load level:")
+        prompts = [t for rows in sets.values() for t in texts_of(rows["pairs"])]
+        run_ = await measure_loaded(embedder=embedder.inner, prefilter=static, config=shipped, prompts=prompts,
+                                    entries=args.entries, queries=args.queries, loads=loads,
+                                    vectors=embedder, static_vectors=prefilter, progress=_progress)
+        _print_latency(run_)
+    if (args.entries > 0 or args.verify_cost) and args.embedder != "hashing":  # token states: MiniLM's
         import numpy as np
 
         from fleetgate.cache.latency import verification_cost
@@ -273,6 +271,31 @@ async def _evaluate(args: argparse.Namespace) -> int:
         print(f"  {t.name:<12} p50 {t.pct(50):8.3f} ms   p99 {t.pct(99):8.3f} ms  "
               f"(MGET of {shipped.semantic.top_k} x 2 KB records, loopback redis-server)")
     return 0
+
+
+def _print_latency(run: Any) -> None:
+    """The latency section of `measure_loaded`'s run (`fleetgate.cache.latency.LoadedRun`)."""
+    f = run.facts
+    print(f"  {run.entries} entries derived from {run.stored_texts} stored prompts, stored in {run.build_s:.1f} s")
+    for space in ("encoder", "static"):
+        if f"{space}_hnsw" in f:
+            print(f"  {space} index: {'HNSW' if f[space + '_hnsw'] else 'flat'}, search p50 {f[space + '_p50']:.3f} ms "
+                  f"p99 {f[space + '_p99']:.3f} ms; an exact flat scan p50 {f[space + '_flat_p50']:.3f} ms p99 "
+                  f"{f[space + '_flat_p99']:.3f} ms; recall of the scan's top k "
+                  f"{100 * f[space + '_recall']:.1f}% by entry, {100 * f[space + '_text_recall']:.1f}% by entry text")
+    print("  load: 'single stream' = one lookup at a time (closed loop); its throughput is the capacity. 'N%' = "
+          "lookups arriving open loop (Poisson) at N% of that capacity, each its own task on the event loop; "
+          "latency from arrival to answer, queueing included. Cache lookups only, no other gateway work.")
+    for level in run.levels:
+        rate = "closed loop" if level.rate <= 0 else f"offered {level.rate:.1f}/s"
+        print(f"  {level.name:<14} lookup p50 {level.lookup.pct(50):8.2f} ms   p99 {level.lookup.pct(99):8.2f} ms   "
+              f"({rate}, achieved {level.achieved:.1f}/s, up to {level.max_in_flight} in flight; encoded "
+              f"{level.encoded}/{level.lookups}, semantic hits {level.hits}, token-state passes {level.token_passes})")
+        print("    " + "; ".join(f"{what} p50 {t.pct(50):.2f} ms p99 {t.pct(99):.2f} ms ({len(t.seconds)})"
+                             for what, t in (("encoded", level.encoded_lookup), ("not encoded", level.skipped_lookup))
+                             if t.seconds))
+        print("    stages (ms, p50 / p99, n): " + ", ".join(
+            f"{t.name} {t.pct(50):.2f} / {t.pct(99):.2f} ({len(t.seconds)})" for t in level.stages.values()))
 
 
 def run(args: argparse.Namespace) -> int:

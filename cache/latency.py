@@ -1,9 +1,14 @@
 """Lookup latency of the semantic cache with many stored entries, and where the time goes.
 
-Setup: one partition (one tenant, model and system prompt: the worst case, every entry is a candidate)
-filled with `entries` synthetic entries. Their vectors are real MiniLM embeddings of the evaluation
-prompts plus Gaussian noise (`noise` x a random unit direction, renormalised), so the index sees the
-clustered geometry of real prompts rather than uniform random points. Records go into the in-memory store.
+`measure_loaded` (what `fleetgate cache-eval --entries N` runs): the shipped lookup path, the cache built as
+the gateway builds it (static prefilter, encoder behind the batcher), entries carrying both vectors and a
+real prompt as their text, timed one lookup at a time and under open-loop load; see its docstring.
+
+`measure` (the earlier measurement: encoder only, no prefilter, one lookup at a time). Setup: one partition
+(one tenant, model and system prompt: the worst case, every entry is a candidate) filled with `entries`
+synthetic entries. Their vectors are real MiniLM embeddings of the evaluation prompts plus Gaussian noise
+(`noise` x a random unit direction, renormalised), so the index sees the clustered geometry of real prompts
+rather than uniform random points. Records go into the in-memory store.
 
 Measured per query (real prompts, real MiniLM): the full `lookup()`, and separately its stages: embed
 (one prompt, in a worker thread as in the gateway), vector search (HNSW, and an exact flat scan over the
@@ -17,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -29,7 +35,8 @@ from fleetgate.cache.pairmodel import load_model
 from fleetgate.cache.sharedindex import LogEntry
 from fleetgate.cache.tokenalign import NEUTRAL, TokenStates, align_features
 from fleetgate.cache.twolayer import TwoLayerCache
-from fleetgate.cache.types import CacheRequest
+from fleetgate.cache.types import CacheRequest, CacheStatus
+from fleetgate.cache.vectorindex import search_one
 from fleetgate.cache.verifier import Pending, alignment, judge, precheck, verify
 from fleetgate.core.kvstore import MemoryKVStore
 
@@ -92,7 +99,7 @@ async def measure(
         found = cache.index.vectors.search(partition=partition, vector=vector, k=config.semantic.top_k)
         t["search"].seconds.append(time.perf_counter() - s0)
         s0 = time.perf_counter()
-        best_score, best = flat.search(vector.reshape(1, -1), 1)
+        best_score, best = search_one(flat, vector.reshape(1, -1), 1)
         t["search-flat"].seconds.append(time.perf_counter() - s0)
         agree += bool(found) and found[0][0] == part.ids[int(best[0][0])]
         near += bool(found) and found[0][1] >= float(best_score[0][0]) - 0.01
@@ -157,3 +164,268 @@ def verification_cost(pairs: Sequence[tuple[str, str]], *, states: TokenStates) 
         judge(step, similarity=0.9, align=align)
         model.seconds.append(time.perf_counter() - s0)
     return cheap, model
+
+
+# -- the shipped lookup path under load --------------------------------------------------------------------
+
+STAGES = ("static", "sync", "prefilter", "embed", "search", "fetch", "align", "verify")
+_ANSWER = ("Here is a step-by-step answer. " * 24).strip()  # ~750 characters: a short chat answer
+
+
+@dataclass(slots=True)
+class Level:
+    """One load level: `name` ("single stream", "50%", ...), the arrival rate asked (0: closed loop, one
+    lookup at a time) and achieved, each lookup's latency from its arrival to its answer, the per-stage
+    times the cache observed (its `stage_seconds` metric), and what the lookups did."""
+
+    name: str
+    rate: float
+    achieved: float
+    lookup: Timings
+    stages: dict[str, Timings]
+    encoded_lookup: Timings  # the lookups that encoded, and those the prefilter settled without the encoder
+    skipped_lookup: Timings
+    encoded: int
+    hits: int
+    max_in_flight: int
+    token_passes: int = 0  # encoder passes for the verifier's token states (texts not in its memo)
+
+    @property
+    def lookups(self) -> int:
+        return len(self.lookup.seconds)
+
+
+@dataclass(slots=True)
+class LoadedRun:
+    entries: int
+    build_s: float
+    stored_texts: int
+    levels: list[Level]
+    facts: dict[str, float]
+
+
+class _StageRecorder:
+    """Wraps `CacheMetrics.at` so every `stage_seconds` observation is also kept, per stage, in `into`."""
+
+    def __init__(self, metrics: CacheMetrics) -> None:
+        self.into: dict[str, list[float]] = {}
+        self._metrics = metrics
+        self._at = metrics.at
+
+    def __call__(self, metric: object, *values: str) -> object:
+        child = self._at(metric, *values)
+        if metric is not self._metrics.stage_seconds:
+            return child
+        seen = self.into.setdefault(values[0], [])
+
+        class _Observed:
+            @staticmethod
+            def observe(seconds: float) -> None:
+                seen.append(seconds)
+                child.observe(seconds)
+
+        return _Observed
+
+
+def _record(partition: str, text: str) -> bytes:
+    import orjson
+
+    return orjson.dumps({"tenant": "bench", "partition": partition, "text": text, "stored_at": time.time(),
+                         "response": {"id": "chatcmpl-bench", "object": "chat.completion", "created": 1,
+                                      "model": "bench-model",
+                                      "choices": [{"index": 0, "finish_reason": "stop",
+                                                   "message": {"role": "assistant", "content": _ANSWER}}],
+                                      "usage": {"prompt_tokens": 20, "completion_tokens": 160,
+                                                "total_tokens": 180}}})
+
+
+def _noisy(rng: np.random.Generator, centre: np.ndarray, noise: float) -> np.ndarray:
+    direction = rng.standard_normal(len(centre)).astype(np.float32)
+    vector = centre + noise * direction / np.linalg.norm(direction)
+    return (vector / np.linalg.norm(vector)).astype(np.float32)
+
+
+async def measure_loaded(
+    *, embedder: Embedder, prefilter: Embedder | None, config: CacheConfig, prompts: Sequence[str], entries: int,
+    queries: int, loads: Sequence[float] = (0.5, 0.9), noise: float = 0.35, seed: int = 7,
+    vectors: Embedder | None = None, static_vectors: Embedder | None = None,
+    progress: Callable[[str], None] = print,
+) -> LoadedRun:
+    """The lookup path the gateway runs, at `entries` entries, one lookup at a time and then under load.
+
+    The cache is built as `fleetgate.cache.build.build_cache` builds it: `embedder` is the cache's encoder
+    (the gateway's is a `BatchingEmbedder`: lookups encode through its `aembed`), `prefilter` its static
+    embedder (None: `semantic.prefilter: off`). `prompts` are split at random: `queries` x (1 + len(loads))
+    of them are looked up (a fresh slice per level, so no level finds the text caches warmed by another),
+    the rest are stored. Entry i is derived from stored prompt i mod n: its encoder vector is the encoder's
+    vector of the prompt plus `noise` x a random unit direction, renormalised; its static vector likewise
+    in the static space; its record's `text` is the prompt itself (so the verifier's text checks run on real
+    text) and its response a ~1 kB chat answer. Vectors are those of `embedding_text(prompt)`, as a lookup
+    computes them (`vectors` / `static_vectors`: memoised embedders giving the same vectors, to skip
+    re-encoding the prompts; default the cache's own).
+
+    Load. Level "single stream": `queries` lookups one after another (closed loop, concurrency 1); its
+    throughput is the capacity. Each level in `loads` (a share of that capacity): `queries` lookups arriving
+    open loop, Poisson at share x capacity per second, each a task of its own on the one event loop (as
+    concurrent gateway requests are), whatever is still in flight; a lookup's latency runs from its
+    scheduled arrival to its answer, so time spent queued behind others counts. Nothing else of the gateway
+    runs: the load is cache lookups only.
+    """
+    from fleetgate.cache.textnorm import embedding_text
+
+    if entries < 1 or queries < 1:
+        raise ValueError("entries and queries must be >= 1")
+    rng = np.random.default_rng(seed)
+    pool = sorted({p for p in prompts if p.strip()})
+    rng.shuffle(pool)
+    wanted = queries * (1 + len(loads))
+    if len(pool) < wanted + 1:
+        raise ValueError(f"{len(pool)} distinct prompts: need more than {wanted} ({queries} per level)")
+    asked, stored = pool[:wanted], pool[wanted:]
+
+    config = config.model_copy(update={"max_entries": max(config.max_entries, entries + 1)})
+    kv = MemoryKVStore()
+    cache = TwoLayerCache(config=config, kvstore=kv, embedder=embedder, prefilter=prefilter,
+                          metrics=CacheMetrics(CollectorRegistry()))
+    recorder = _StageRecorder(cache.metrics)
+    cache.metrics.at = recorder  # type: ignore[method-assign]
+    start = time.perf_counter()
+    progress(f"  loading the models and embedding {len(stored)} stored prompts")
+    await cache.warm_up()
+    seen = [embedding_text(p) for p in stored]
+    centres = (vectors or embedder).embed(seen)
+    statics = (static_vectors or prefilter).embed(seen) if prefilter is not None else None
+    progress(f"  models and {len(stored)} prompts embedded ({time.perf_counter() - start:.1f} s)")
+    partition = cache_keys(_request("x")).partition
+    expires = time.time() + 3600
+    start = time.perf_counter()
+    for i in range(entries):
+        j = i % len(stored)
+        key = f"synthetic-{i}"
+        cache.index.apply(LogEntry(key=key, partition=partition, expires_at=expires,
+                                   vector=_noisy(rng, centres[j], noise),
+                                   static=None if statics is None else _noisy(rng, statics[j], noise)))
+        await kv.set(f"{config.key_prefix}x:{key}", _record(partition, stored[j]))
+        if (i + 1) % 10_000 == 0:
+            progress(f"  stored {i + 1}/{entries} entries ({time.perf_counter() - start:.1f} s)")
+    build_s = time.perf_counter() - start
+    facts = _index_facts(cache, partition, asked[:queries], prefilter, vectors or embedder, static_vectors,
+                         text_of=lambda key: stored[int(key.rsplit("-", 1)[1]) % len(stored)])
+
+    levels: list[Level] = []
+    slices = [asked[n * queries:(n + 1) * queries] for n in range(1 + len(loads))]
+    passes = _count_token_passes(cache)
+    try:
+        level = await _run_level(cache, recorder, passes, slices[0], name="single stream", rate=0.0, rng=rng)
+        levels.append(level)
+        progress(f"  single stream: {level.achieved:.1f} lookups/s, p50 {level.lookup.pct(50):.2f} ms, "
+                 f"p99 {level.lookup.pct(99):.2f} ms")
+        capacity = level.achieved
+        for share, texts in zip(loads, slices[1:], strict=True):
+            level = await _run_level(cache, recorder, passes, texts, name=f"{100 * share:.0f}%", rate=share * capacity,
+                                     rng=rng)
+            levels.append(level)
+            progress(f"  {level.name} of capacity ({level.rate:.1f}/s): p50 {level.lookup.pct(50):.2f} ms, "
+                     f"p99 {level.lookup.pct(99):.2f} ms")
+    finally:
+        if cache.token_states is not None:
+            del cache.token_states._compute  # the class's own again
+    return LoadedRun(entries=entries, build_s=build_s, stored_texts=len(stored), levels=levels, facts=facts)
+
+
+def _count_token_passes(cache: TwoLayerCache) -> list[int]:
+    """A counter (one cell) of the verifier's token-state encoder passes: its `TokenStates._compute`, wrapped
+    on the instance (shared per process: `measure_loaded` removes the wrapper when done)."""
+    count = [0]
+    states = cache.token_states
+    if states is not None:
+        compute = states._compute
+
+        def counted(text: str) -> Any:
+            count[0] += 1
+            return compute(text)
+
+        states._compute = counted  # type: ignore[method-assign]
+    return count
+
+
+async def _run_level(cache: TwoLayerCache, recorder: _StageRecorder, passes: list[int], texts: Sequence[str], *,
+                     name: str, rate: float, rng: np.random.Generator) -> Level:
+    import asyncio
+
+    recorder.into = {}
+    passes[0] = 0
+    lookup, encoded, skipped = Timings("lookup", []), Timings("encoded", []), Timings("skipped", [])
+    counts = {"hits": 0, "in_flight": 0, "max_in_flight": 0}
+
+    async def one(text: str, arrival: float) -> None:
+        counts["in_flight"] += 1
+        counts["max_in_flight"] = max(counts["max_in_flight"], counts["in_flight"])
+        result = await cache.lookup(_request(text))
+        took = time.perf_counter() - arrival
+        lookup.seconds.append(took)
+        counts["in_flight"] -= 1
+        (encoded if result.state.get("vector") is not None else skipped).seconds.append(took)
+        counts["hits"] += result.status == CacheStatus.HIT_SEMANTIC
+
+    t0 = time.perf_counter()
+    if rate <= 0:
+        for text in texts:
+            await one(text, time.perf_counter())
+    else:
+        arrivals = t0 + np.cumsum(rng.exponential(1.0 / rate, len(texts)))
+        tasks = []
+        for text, arrival in zip(texts, arrivals, strict=True):
+            delay = float(arrival) - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(text, float(arrival))))
+        await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - t0
+    stages = {stage: Timings(stage, list(recorder.into[stage])) for stage in STAGES if recorder.into.get(stage)}
+    return Level(name=name, rate=rate, achieved=len(texts) / elapsed, lookup=lookup, stages=stages,
+                 encoded_lookup=encoded, skipped_lookup=skipped, encoded=len(encoded.seconds), hits=counts["hits"],
+                 max_in_flight=counts["max_in_flight"],
+                 token_passes=passes[0])
+
+
+def _index_facts(cache: TwoLayerCache, partition: str, texts: Sequence[str], prefilter: Embedder | None,
+                 encoder: Embedder, static_vectors: Embedder | None,
+                 text_of: Callable[[str], str]) -> dict[str, float]:
+    """Both indexes' search at this size against an exact flat scan of the same vectors: kind (1: HNSW),
+    p50/p99 ms of each, and recall (the share of the flat scan's top k that the index returns, k as a lookup
+    asks: `top_k` for the encoder's, `prefilter_k` for the static one), by entry and by entry text (the flat
+    top k's distinct texts that the index returns an entry of: the text checks see the same texts)."""
+    import faiss
+
+    from fleetgate.cache.textnorm import embedding_text
+
+    sem = cache.config.semantic
+    seen = [embedding_text(t) for t in texts]
+    out: dict[str, float] = {}
+    spaces = [("encoder", cache.index.vectors, encoder.embed(seen), sem.top_k)]
+    if prefilter is not None and cache.index.static is not None:
+        spaces.append(("static", cache.index.static, (static_vectors or prefilter).embed(seen), sem.prefilter_k))
+    for name, index, queries, k in spaces:
+        part = index._parts[partition]
+        flat = faiss.IndexFlatIP(index.dim)
+        flat.add(np.ascontiguousarray(part.vectors))
+        hnsw, exact = Timings("index", []), Timings("flat", [])
+        found = found_texts = want_texts = 0
+        for query in queries:
+            s0 = time.perf_counter()
+            got = index.search(partition=partition, vector=query, k=k)
+            hnsw.seconds.append(time.perf_counter() - s0)
+            s0 = time.perf_counter()
+            _, best = search_one(flat, query.reshape(1, -1).astype(np.float32), k)
+            exact.seconds.append(time.perf_counter() - s0)
+            truth = {part.ids[int(i)] for i in best[0] if i >= 0}
+            found += len({key for key, _ in got} & truth)
+            want = {text_of(key) for key in truth}
+            want_texts += len(want)
+            found_texts += len(want & {text_of(key) for key, _ in got})
+        out |= {f"{name}_hnsw": float(part.hnsw), f"{name}_p50": hnsw.pct(50), f"{name}_p99": hnsw.pct(99),
+                f"{name}_flat_p50": exact.pct(50), f"{name}_flat_p99": exact.pct(99),
+                f"{name}_recall": found / max(1, k * len(queries)),
+                f"{name}_text_recall": found_texts / max(1, want_texts)}
+    return out

@@ -65,3 +65,15 @@ def test_one_column_per_frozen_set_found_by_name(tmp_path: Path, capsys: pytest.
 def test_missing_dev_data_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cache-eval", "--embedder", "hashing", "--entries", "0", "--data", str(tmp_path)]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_the_latency_section_reports_each_load_level(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dev = _write(tmp_path / "dev", "dev")
+    assert main(["cache-eval", "--embedder", "hashing", "--entries", "20", "--queries", "2", "--loads", "0.5",
+                 "--data", str(dev), "--frozen", str(tmp_path / "missing"), "--sweep", "0.5",
+                 "--confidences", "0.9"]) == 0
+    out = capsys.readouterr().out
+    assert "lookup latency with 20 entries in one partition" in out and "static prefilter off" in out
+    assert "  single stream  lookup p50" in out and "  50%            lookup p50" in out
+    assert "encoded 2/2" in out  # no prefilter with the hashing embedder: every lookup encodes
+    assert "encoder index: flat" in out and "stages (ms, p50 / p99, n): " in out
