@@ -278,8 +278,8 @@ def _print_latency(run: Any) -> None:
     f = run.facts
     print(f"  {run.entries} entries derived from {run.stored_texts} stored prompts, stored in {run.build_s:.1f} s")
     for space in ("encoder", "static"):
-        if f"{space}_hnsw" in f:
-            print(f"  {space} index: {'HNSW' if f[space + '_hnsw'] else 'flat'}, search p50 {f[space + '_p50']:.3f} ms "
+        if f"{space}_ann" in f:
+            print(f"  {space} index: {'IVF' if f[space + '_ann'] else 'flat'}, search p50 {f[space + '_p50']:.3f} ms "
                   f"p99 {f[space + '_p99']:.3f} ms; an exact flat scan p50 {f[space + '_flat_p50']:.3f} ms p99 "
                   f"{f[space + '_flat_p99']:.3f} ms; recall of the scan's top k "
                   f"{100 * f[space + '_recall']:.1f}% by entry, {100 * f[space + '_text_recall']:.1f}% by entry text")

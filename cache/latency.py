@@ -4,17 +4,7 @@
 the gateway builds it (static prefilter, encoder behind the batcher), entries carrying both vectors and a
 real prompt as their text, timed one lookup at a time and under open-loop load; see its docstring.
 
-`measure` (the earlier measurement: encoder only, no prefilter, one lookup at a time). Setup: one partition
-(one tenant, model and system prompt: the worst case, every entry is a candidate) filled with `entries`
-synthetic entries. Their vectors are real MiniLM embeddings of the evaluation prompts plus Gaussian noise
-(`noise` x a random unit direction, renormalised), so the index sees the clustered geometry of real prompts
-rather than uniform random points. Records go into the in-memory store.
-
-Measured per query (real prompts, real MiniLM): the full `lookup()`, and separately its stages: embed
-(one prompt, in a worker thread as in the gateway), vector search (HNSW, and an exact flat scan over the
-same vectors as the baseline, with how often HNSW returns the exact top hit, or one within 0.01 cosine),
-fetch (MGET of the top-k records) and verify. Bounded: `entries` and `queries` cap the work; progress goes
-to `progress`.
+Bounded: `entries` and `queries` cap the work; progress goes to `progress`.
 """
 
 from __future__ import annotations
@@ -22,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -36,8 +25,7 @@ from fleetgate.cache.sharedindex import LogEntry
 from fleetgate.cache.tokenalign import NEUTRAL, TokenStates, align_features
 from fleetgate.cache.twolayer import TwoLayerCache
 from fleetgate.cache.types import CacheRequest, CacheStatus
-from fleetgate.cache.vectorindex import search_one
-from fleetgate.cache.verifier import Pending, alignment, judge, precheck, verify
+from fleetgate.cache.verifier import Pending, alignment, judge, precheck
 from fleetgate.core.kvstore import MemoryKVStore
 
 
@@ -54,68 +42,6 @@ def _request(text: str) -> CacheRequest:
     return CacheRequest(tenant="bench", model="bench-model", kind="chat",
                         body={"messages": [{"role": "system", "content": "You are helpful."},
                                            {"role": "user", "content": text}], "temperature": 0})
-
-
-async def measure(
-    *, embedder: Embedder, config: CacheConfig, prompts: Sequence[str], entries: int, queries: int,
-    noise: float = 0.35, seed: int = 7, progress: Callable[[str], None] = print,
-) -> tuple[list[Timings], dict[str, float]]:
-    rng = np.random.default_rng(seed)
-    config = config.model_copy(update={"max_entries": max(config.max_entries, entries + 1)})
-    kv = MemoryKVStore()
-    cache = TwoLayerCache(config=config, kvstore=kv, embedder=embedder, metrics=CacheMetrics(CollectorRegistry()))
-    centres = embedder.embed(list(prompts))
-    partition = cache_keys(_request("x")).partition
-    start = time.perf_counter()
-    expires = time.time() + 3600
-    record = b'{"tenant":"bench","partition":"%s","text":"synthetic","response":{}}' % partition.encode()
-    for i in range(entries):
-        direction = rng.standard_normal(embedder.dim).astype(np.float32)
-        vector = centres[i % len(centres)] + noise * direction / np.linalg.norm(direction)
-        vector /= np.linalg.norm(vector)
-        key = f"synthetic-{i}"
-        cache.index.apply(LogEntry(key=key, partition=partition, expires_at=expires, vector=vector))
-        await kv.set(f"{config.key_prefix}x:{key}", record)
-        if (i + 1) % 10_000 == 0:
-            progress(f"  stored {i + 1}/{entries} entries ({time.perf_counter() - start:.1f} s)")
-    build_s = time.perf_counter() - start
-
-    import faiss
-
-    flat = faiss.IndexFlatIP(embedder.dim)
-    part = cache.index.vectors._parts[partition]
-    flat.add(np.ascontiguousarray(part.vectors))
-    sample = list(prompts)[:queries]
-    t = {name: Timings(name, []) for name in ("lookup", "embed", "search", "search-flat", "fetch", "verify")}
-    agree = near = 0
-    for n, text in enumerate(sample):
-        s0 = time.perf_counter()
-        await cache.lookup(_request(text))
-        t["lookup"].seconds.append(time.perf_counter() - s0)
-        s0 = time.perf_counter()
-        vector = await cache.embed(text)
-        t["embed"].seconds.append(time.perf_counter() - s0)
-        s0 = time.perf_counter()
-        found = cache.index.vectors.search(partition=partition, vector=vector, k=config.semantic.top_k)
-        t["search"].seconds.append(time.perf_counter() - s0)
-        s0 = time.perf_counter()
-        best_score, best = search_one(flat, vector.reshape(1, -1), 1)
-        t["search-flat"].seconds.append(time.perf_counter() - s0)
-        agree += bool(found) and found[0][0] == part.ids[int(best[0][0])]
-        near += bool(found) and found[0][1] >= float(best_score[0][0]) - 0.01
-        s0 = time.perf_counter()
-        await kv.mget([f"{config.key_prefix}x:{key}" for key, _ in found])
-        t["fetch"].seconds.append(time.perf_counter() - s0)
-        s0 = time.perf_counter()
-        for j, _ in enumerate(found):  # the candidates' own texts are synthetic: verify against real prompts
-            verify(sample[(n + j + 1) % len(sample)], text, similarity=0.9)
-        t["verify"].seconds.append(time.perf_counter() - s0)
-        if (n + 1) % 50 == 0:
-            progress(f"  {n + 1}/{len(sample)} queries")
-    facts = {"entries": float(entries), "build_s": build_s, "hnsw_agrees_with_flat": agree / max(1, len(sample)),
-             "hnsw_within_001": near / max(1, len(sample)),
-             "hnsw": float(part.approximate)}
-    return list(t.values()), facts
 
 
 async def redis_fetch(*, url: str, records: int = 2000, size: int = 2048, k: int = 4, rounds: int = 200,
@@ -314,47 +240,30 @@ async def measure_loaded(
 
     levels: list[Level] = []
     slices = [asked[n * queries:(n + 1) * queries] for n in range(1 + len(loads))]
-    passes = _count_token_passes(cache)
-    try:
-        level = await _run_level(cache, recorder, passes, slices[0], name="single stream", rate=0.0, rng=rng)
+    level = await _run_level(cache, recorder, slices[0], name="single stream", rate=0.0, rng=rng)
+    levels.append(level)
+    progress(f"  single stream: {level.achieved:.1f} lookups/s, p50 {level.lookup.pct(50):.2f} ms, "
+             f"p99 {level.lookup.pct(99):.2f} ms")
+    capacity = level.achieved
+    for share, texts in zip(loads, slices[1:], strict=True):
+        level = await _run_level(cache, recorder, texts, name=f"{100 * share:.0f}%", rate=share * capacity, rng=rng)
         levels.append(level)
-        progress(f"  single stream: {level.achieved:.1f} lookups/s, p50 {level.lookup.pct(50):.2f} ms, "
+        progress(f"  {level.name} of capacity ({level.rate:.1f}/s): p50 {level.lookup.pct(50):.2f} ms, "
                  f"p99 {level.lookup.pct(99):.2f} ms")
-        capacity = level.achieved
-        for share, texts in zip(loads, slices[1:], strict=True):
-            level = await _run_level(cache, recorder, passes, texts, name=f"{100 * share:.0f}%", rate=share * capacity,
-                                     rng=rng)
-            levels.append(level)
-            progress(f"  {level.name} of capacity ({level.rate:.1f}/s): p50 {level.lookup.pct(50):.2f} ms, "
-                     f"p99 {level.lookup.pct(99):.2f} ms")
-    finally:
-        if cache.token_states is not None:
-            del cache.token_states._compute  # the class's own again
     return LoadedRun(entries=entries, build_s=build_s, stored_texts=len(stored), levels=levels, facts=facts)
 
 
-def _count_token_passes(cache: TwoLayerCache) -> list[int]:
-    """A counter (one cell) of the verifier's token-state encoder passes: its `TokenStates._compute`, wrapped
-    on the instance (shared per process: `measure_loaded` removes the wrapper when done)."""
-    count = [0]
-    states = cache.token_states
-    if states is not None:
-        compute = states._compute
-
-        def counted(text: str) -> Any:
-            count[0] += 1
-            return compute(text)
-
-        states._compute = counted  # type: ignore[method-assign]
-    return count
+def _token_passes(cache: TwoLayerCache) -> int:
+    """The verifier's own token-state encoder passes so far (texts no embedding pass handed over)."""
+    return cache.token_states.passes if cache.token_states is not None else 0
 
 
-async def _run_level(cache: TwoLayerCache, recorder: _StageRecorder, passes: list[int], texts: Sequence[str], *,
+async def _run_level(cache: TwoLayerCache, recorder: _StageRecorder, texts: Sequence[str], *,
                      name: str, rate: float, rng: np.random.Generator) -> Level:
     import asyncio
 
     recorder.into = {}
-    passes[0] = 0
+    passes_before = _token_passes(cache)
     lookup, encoded, skipped = Timings("lookup", []), Timings("encoded", []), Timings("skipped", [])
     counts = {"hits": 0, "in_flight": 0, "max_in_flight": 0}
 
@@ -386,13 +295,13 @@ async def _run_level(cache: TwoLayerCache, recorder: _StageRecorder, passes: lis
     return Level(name=name, rate=rate, achieved=len(texts) / elapsed, lookup=lookup, stages=stages,
                  encoded_lookup=encoded, skipped_lookup=skipped, encoded=len(encoded.seconds), hits=counts["hits"],
                  max_in_flight=counts["max_in_flight"],
-                 token_passes=passes[0])
+                 token_passes=_token_passes(cache) - passes_before)
 
 
 def _index_facts(cache: TwoLayerCache, partition: str, texts: Sequence[str], prefilter: Embedder | None,
                  encoder: Embedder, static_vectors: Embedder | None,
                  text_of: Callable[[str], str]) -> dict[str, float]:
-    """Both indexes' search at this size against an exact flat scan of the same vectors: kind (1: HNSW),
+    """Both indexes' search at this size against an exact flat scan of the same vectors: kind (1: IVF),
     p50/p99 ms of each, and recall (the share of the flat scan's top k that the index returns, k as a lookup
     asks: `top_k` for the encoder's, `prefilter_k` for the static one), by entry and by entry text (the flat
     top k's distinct texts that the index returns an entry of: the text checks see the same texts)."""
@@ -407,24 +316,25 @@ def _index_facts(cache: TwoLayerCache, partition: str, texts: Sequence[str], pre
     if prefilter is not None and cache.index.static is not None:
         spaces.append(("static", cache.index.static, (static_vectors or prefilter).embed(seen), sem.prefilter_k))
     for name, index, queries, k in spaces:
-        part = index._parts[partition]
+        ids, vectors = index.live_vectors(partition)
+        approximate = float(index._parts[partition].approximate)
         flat = faiss.IndexFlatIP(index.dim)
-        flat.add(np.ascontiguousarray(part.vectors))
-        hnsw, exact = Timings("index", []), Timings("flat", [])
+        flat.add(np.ascontiguousarray(vectors))
+        searched, exact = Timings("index", []), Timings("flat", [])
         found = found_texts = want_texts = 0
         for query in queries:
             s0 = time.perf_counter()
             got = index.search(partition=partition, vector=query, k=k)
-            hnsw.seconds.append(time.perf_counter() - s0)
+            searched.seconds.append(time.perf_counter() - s0)
             s0 = time.perf_counter()
-            _, best = search_one(flat, query.reshape(1, -1).astype(np.float32), k)
+            _, best = flat.search(query.reshape(1, -1).astype(np.float32), k)
             exact.seconds.append(time.perf_counter() - s0)
-            truth = {part.ids[int(i)] for i in best[0] if i >= 0}
+            truth = {ids[int(i)] for i in best[0] if i >= 0}
             found += len({key for key, _ in got} & truth)
             want = {text_of(key) for key in truth}
             want_texts += len(want)
             found_texts += len(want & {text_of(key) for key, _ in got})
-        out |= {f"{name}_hnsw": float(part.hnsw), f"{name}_p50": hnsw.pct(50), f"{name}_p99": hnsw.pct(99),
+        out |= {f"{name}_ann": approximate, f"{name}_p50": searched.pct(50), f"{name}_p99": searched.pct(99),
                 f"{name}_flat_p50": exact.pct(50), f"{name}_flat_p99": exact.pct(99),
                 f"{name}_recall": found / max(1, k * len(queries)),
                 f"{name}_text_recall": found_texts / max(1, want_texts)}

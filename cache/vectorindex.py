@@ -21,10 +21,6 @@ faiss runs single-threaded here: one query's scan split over OpenMP threads cost
 
 Not thread-safe: the cache mutates and searches it on the event loop only (embedding runs in threads).
 
-A search runs on one OpenMP thread (`search_one`): a lookup asks for one query, and faiss's flat scan opens
-a team of `omp_get_max_threads()` threads for it, which on a busy box wait for each other's cores.
-Measured on the shared 2-core box under load, 20k vectors x 384: p50 23 ms with the default two threads,
-2.9 ms with one (identical results; HNSW searches of one query open no team and are unchanged).
 """
 
 from __future__ import annotations
@@ -35,20 +31,6 @@ import numpy as np
 
 _DEAD_SHARE = 0.1  # a flat partition is compacted past this share of dead positions
 _TRAIN_PER_LIST = 64  # training vectors per IVF cell (faiss's k-means samples this many at most)
-
-
-def search_one(index: Any, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """`index.search(query, k)` for one query row, on one OpenMP thread (this thread's setting, restored)."""
-    import faiss
-
-    threads = faiss.omp_get_max_threads()
-    if threads == 1:
-        return index.search(query, k)
-    faiss.omp_set_num_threads(1)
-    try:
-        return index.search(query, k)
-    finally:
-        faiss.omp_set_num_threads(threads)
 
 
 class _Partition:
@@ -216,7 +198,7 @@ class VectorIndex:
         if part is None or part.live == 0:
             return []
         fetch = min(len(part.ids), k * 4 if part.dead else k)
-        scores, positions = search_one(part.index, np.asarray(vector, dtype=np.float32).reshape(1, self.dim), fetch)
+        scores, positions = part.index.search(np.asarray(vector, dtype=np.float32).reshape(1, self.dim), fetch)
         out: list[tuple[str, float]] = []
         for score, pos in zip(scores[0], positions[0], strict=True):
             if pos < 0 or int(pos) in part.dead:

@@ -91,18 +91,3 @@ def test_removed_entries_are_never_returned_and_compaction_keeps_the_rest() -> N
         index.remove(f"e{i}")
     assert len(index) == 0 and index.search(partition="p", vector=vectors[1], k=1) == []
 
-
-def test_one_query_searches_on_one_openmp_thread_with_the_same_result_and_the_setting_restored() -> None:
-    import faiss
-
-    from fleetgate.cache.vectorindex import search_one
-
-    rng = np.random.default_rng(5)
-    vectors = unit(rng, 500)
-    flat = faiss.IndexFlatIP(32)
-    flat.add(vectors)
-    before = faiss.omp_get_max_threads()
-    scores, ids = search_one(flat, vectors[:1], 5)
-    assert faiss.omp_get_max_threads() == before
-    want_scores, want_ids = flat.search(vectors[:1], 5)
-    assert (ids == want_ids).all() and np.allclose(scores, want_scores) and ids[0][0] == 0

@@ -45,17 +45,18 @@ async def test_the_prefilter_path_runs_single_stream_and_under_load() -> None:
     assert 0 < encoded < 18  # some lookups skipped the encoder, some needed it
     assert encoder.batches > 0  # the encodes went through the batcher (`aembed`), as in the gateway
     assert run.levels[0].max_in_flight == 1
-    assert {"encoder_hnsw", "static_hnsw", "static_recall", "static_text_recall", "static_p99",
+    assert {"encoder_ann", "static_ann", "static_recall", "static_text_recall", "static_p99",
             "static_flat_p99"} <= set(run.facts)
-    assert run.facts["static_hnsw"] == 0 and run.facts["static_recall"] == 1.0  # 200 entries: a flat scan
+    assert run.facts["static_ann"] == 0 and run.facts["static_recall"] == 1.0  # 200 entries: a flat scan
 
 
-async def test_both_indexes_switch_to_hnsw_past_hnsw_above() -> None:
+async def test_both_indexes_switch_to_ivf_past_ann_above() -> None:
     run = await measure_loaded(embedder=HashingEmbedder(dim=256), prefilter=HashingEmbedder(dim=64),
-                               config=config(hnsw_above=50), prompts=PROMPTS, entries=200, queries=4, loads=(),
+                               config=config(ann_above=50, ann_lists=4, ann_probe=4), prompts=PROMPTS, entries=200,
+                               queries=4, loads=(),
                                progress=lambda _: None)
     assert [level.name for level in run.levels] == ["single stream"]
-    assert run.facts["encoder_hnsw"] == 1 and run.facts["static_hnsw"] == 1
+    assert run.facts["encoder_ann"] == 1 and run.facts["static_ann"] == 1
     for space in ("static", "encoder"):
         assert 0.0 <= run.facts[f"{space}_recall"] <= 1.0 and 0.0 <= run.facts[f"{space}_text_recall"] <= 1.0
 
@@ -65,7 +66,7 @@ async def test_without_a_prefilter_every_semantic_lookup_encodes() -> None:
                                prompts=PROMPTS, entries=100, queries=5, loads=(0.5,), progress=lambda _: None)
     for level in run.levels:
         assert level.encoded == level.lookups == 5 and "static" not in level.stages
-    assert "static_hnsw" not in run.facts
+    assert "static_ann" not in run.facts
 
 
 async def test_lookup_times_split_by_whether_the_lookup_encoded() -> None:
