@@ -64,7 +64,8 @@ _MODELS = ("minilm-onnx-int8", "minilm-onnx", "minilm")
 # `NAME+encode-all`: the static prefilter off (every semantic lookup encodes, as before the prefilter)
 EMBEDDERS = [*_MODELS, "hashing", *(f"{name}+{flags}" for name in _MODELS for flags in ("memo", "encode-all"))]
 PROMPT = "How do I reverse a list in Python without copying it?"
-PARAPHRASE = "How do I reverse a Python list without copying it?"  # the verifier's pair model accepts it
+# a paraphrase the verifier's pair model must judge (it accepts it): the encoder runs
+PARAPHRASE = "What's the way to reverse a Python list in place, without making a copy?"
 # every word matches PROMPT's (other function words, a typo): served by the static prefilter without encoding
 REWORDED = "Could you tell me how to reverse a list in Python without copyng it?"
 WORKLOADS: dict[str, tuple[str, float, str | None]] = {
