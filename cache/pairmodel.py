@@ -42,7 +42,17 @@ class PairModel:
     def probability(self, x: Sequence[float]) -> float:
         z = self.intercept + sum(c * (v - m) / s for c, v, m, s in zip(self.coef, x, self.mean, self.scale,
                                                                           strict=True))
-        return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+        return _sigmoid(z)
+
+    def probability_bounds(self, low: Sequence[float], high: Sequence[float]) -> tuple[float, float]:
+        """The least and the greatest probability over every input with low[i] <= x[i] <= high[i] (the
+        model is linear in its inputs before the sigmoid: each input at the end of its range that lowers,
+        or raises, the score)."""
+        terms = [(c * (lo - m) / s, c * (hi - m) / s) for c, lo, hi, m, s in zip(self.coef, low, high, self.mean,
+                                                                                  self.scale, strict=True)]
+        z_low = self.intercept + sum(min(t) for t in terms)
+        z_high = self.intercept + sum(max(t) for t in terms)
+        return _sigmoid(z_low), _sigmoid(z_high)
 
     def to_json(self) -> str:
         return json.dumps({"features": list(self.features), "mean": list(self.mean), "scale": list(self.scale),
@@ -62,6 +72,10 @@ class PairModel:
         return cls(features=features, mean=tuple(map(float, raw["mean"])), scale=tuple(map(float, raw["scale"])),
                    coef=tuple(map(float, raw["coef"])), intercept=float(raw["intercept"]),
                    threshold=float(raw["threshold"]), info=dict(raw.get("info", {})))
+
+
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
 
 
 @lru_cache(maxsize=4)

@@ -58,7 +58,16 @@ from fleetgate.cache.sharedindex import LogEntry, SharedIndex
 from fleetgate.cache.textnorm import embedding_text
 from fleetgate.cache.tokenalign import NEUTRAL
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
-from fleetgate.cache.verifier import Pending, Verdict, alignment, default_states, judge, precheck, warm_up
+from fleetgate.cache.verifier import (
+    Pending,
+    Verdict,
+    alignment,
+    default_states,
+    judge,
+    judge_without_alignment,
+    precheck,
+    warm_up,
+)
 from fleetgate.core.kvstore import KVStore, MemoryKVStore, StoreUnavailableError
 
 log = logging.getLogger("fleetgate.cache")
@@ -436,6 +445,10 @@ class TwoLayerCache:
             return step
         align = NEUTRAL
         if self.token_states is not None and load_model().uses_alignment:
+            known = judge_without_alignment(step, similarity=similarity, conversation=conversation,
+                                            min_confidence=self.config.semantic.min_confidence)
+            if known is not None:  # no token alignment could change the verdict: no encoder pass for it
+                return known
             t = time.perf_counter()
             align = await asyncio.to_thread(alignment, step, self.token_states)
             self.metrics.at(self.metrics.stage_seconds, "align").observe(time.perf_counter() - t)

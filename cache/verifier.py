@@ -17,7 +17,10 @@ paraphrases), so a semantic candidate must also pass, on the two last user messa
 `precheck` runs stages 1-2 (cheap, on the event loop); `alignment` + `judge` run stage 3 (the cache runs it
 in a worker thread, for the few candidates that get there). Its token states come with the cache's own
 embedding pass of each text when the embedder is the int8 ONNX one (`tokenalign.TokenStates.share`); a text
-embedded in another spelling, or with another embedder, costs an encoder pass of its own.
+embedded in another spelling, or with another embedder, costs an encoder pass of its own. Before any of
+that the cache asks `judge_without_alignment`, which settles the pair when no token alignment in its
+range could change the verdict (most pairs: the shipped model weighs two alignment features, one of them
+exactly 1.0 when no modifier is swapped), so the states are computed only for the pairs they can decide.
 
 A rejection by the model is reported by what the difference holds, for the rejection metric: `entity` for
 a swapped modifier of a shared word ("overnight" / "standard delivery"), the first critical kind among the
@@ -41,7 +44,7 @@ from pathlib import Path
 from fleetgate.cache.pairfeatures import features, slot_veto, swapped_modifiers, swapped_surfaces, veto
 from fleetgate.cache.pairmodel import PairModel, load_model
 from fleetgate.cache.textnorm import Analysis, analyse, critical_kind, embedding_text, plain_text, unquote_shared
-from fleetgate.cache.tokenalign import NEUTRAL, TokenStates, align_features
+from fleetgate.cache.tokenalign import ALIGN_FEATURES, NEUTRAL, TokenStates, align_features
 from fleetgate.cache.wordmatch import WordMatch, full_match, match
 
 _analysis = lru_cache(maxsize=16384)(analyse)  # stored entries are compared again and again
@@ -121,6 +124,36 @@ def judge(pending: Pending, *, similarity: float, align: Sequence[float], conver
     bar = model.threshold if min_confidence is None else min_confidence
     return Verdict(True, confidence=p) if p >= bar else Verdict(False, _why(pending.a, pending.b, pending.match),
                                                                 confidence=p)
+
+
+# What token alignment features can be: cosines of unit vectors, and a share (`tokenalign.ALIGN_FEATURES`)
+_ALIGN_RANGE = {name: ((0.0, 1.0) if name == "align_unaligned" else (-1.0, 1.0)) for name in ALIGN_FEATURES}
+
+
+def judge_without_alignment(pending: Pending, *, similarity: float, conversation: bool = False,
+                            model: PairModel | None = None, min_confidence: float | None = None) -> Verdict | None:
+    """`judge`'s verdict when no token alignment could change it, else None (the token states are needed).
+
+    Every other input is known; each alignment feature is bounded (`_ALIGN_RANGE`; `align_swap` is exactly
+    1.0 when no modifier is swapped), and the model is linear in them, so the least and greatest probability
+    over those ranges (`PairModel.probability_bounds`) decide the pair when both fall on one side of the
+    bar. The shipped model weighs `align_swap` (0.80) and `align_unaligned` (-0.004) only: a pair without a
+    swapped modifier is decided here unless it sits within ~0.02 logits of the bar. That saves the token
+    states' encoder pass for the candidate texts no embedding handed over."""
+    model = model or load_model()
+    known = {} if swapped_surfaces(pending.a, pending.b, match=pending.match) else {"align_swap": 1.0}
+    low = [known.get(name, _ALIGN_RANGE[name][0]) for name in ALIGN_FEATURES]
+    high = [known.get(name, _ALIGN_RANGE[name][1]) for name in ALIGN_FEATURES]
+    base = features(pending.a, pending.b, similarity=similarity, match=pending.match, text_a=pending.text_a,
+                    text_b=pending.text_b, conversation=conversation, align=NEUTRAL)
+    fixed = base[: len(base) - len(ALIGN_FEATURES)]
+    p_low, p_high = model.probability_bounds([*fixed, *low], [*fixed, *high])
+    bar = model.threshold if min_confidence is None else min_confidence
+    if p_low >= bar:
+        return Verdict(True, confidence=p_low)
+    if p_high < bar:
+        return Verdict(False, _why(pending.a, pending.b, pending.match), confidence=p_high)
+    return None
 
 
 def alignment(pending: Pending, states: TokenStates) -> tuple[float, ...]:

@@ -106,6 +106,13 @@ ANSWER: dict[str, Any] = {
 }
 
 
+@pytest.fixture
+def needs_alignment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For the tests of how the token states are obtained when a pair needs them: the pair model's bound
+    (`judge_without_alignment`), which settles most pairs without them, is taken out of the way."""
+    monkeypatch.setattr("fleetgate.cache.twolayer.judge_without_alignment", lambda *a, **k: None)
+
+
 async def cached(embedder: str = "minilm-onnx-int8") -> TwoLayerCache:
     config = CacheConfig(semantic=SemanticConfig(embedder=embedder))  # type: ignore[arg-type]
     cache = TwoLayerCache(config=config, kvstore=MemoryKVStore(), metrics=CacheMetrics(CollectorRegistry()),
@@ -128,7 +135,7 @@ def aligned(cache: TwoLayerCache) -> float:
     return next((s.value for s in samples if s.name.endswith("_count") and s.labels == {"stage": "align"}), 0.0)
 
 
-async def test_a_lookup_that_reaches_the_pair_model_encodes_its_query_once() -> None:
+async def test_a_lookup_that_reaches_the_pair_model_encodes_its_query_once(needs_alignment: None) -> None:
     cache = await cached()
     encoder, states = encoder_of(cache.embedder), cache.token_states
     assert isinstance(encoder, OnnxMiniLMEmbedder) and states is not None and states.shared
@@ -147,7 +154,7 @@ async def test_a_lookup_that_reaches_the_pair_model_encodes_its_query_once() -> 
     assert states._session is None  # no second ONNX session in the process
 
 
-async def test_concurrent_lookups_batched_together_each_get_their_states() -> None:
+async def test_concurrent_lookups_batched_together_each_get_their_states(needs_alignment: None) -> None:
     cache = await cached()
     encoder, states = encoder_of(cache.embedder), cache.token_states
     assert isinstance(cache.embedder, BatchingEmbedder) and isinstance(encoder, OnnxMiniLMEmbedder)
@@ -166,7 +173,7 @@ async def test_concurrent_lookups_batched_together_each_get_their_states() -> No
     assert cache.embedder.batches - batches < 3  # at least two of them shared one encode
 
 
-async def test_a_misspelt_query_is_embedded_corrected_and_gets_a_pass_of_its_own() -> None:
+async def test_a_misspelt_query_is_embedded_corrected_and_gets_a_pass_of_its_own(needs_alignment: None) -> None:
     cache = await cached()
     encoder, states = encoder_of(cache.embedder), cache.token_states
     assert isinstance(encoder, OnnxMiniLMEmbedder) and states is not None
@@ -182,7 +189,7 @@ async def test_a_misspelt_query_is_embedded_corrected_and_gets_a_pass_of_its_own
 
 
 @pytest.mark.parametrize("embedder", ["minilm-onnx", "minilm"])
-async def test_other_embedders_keep_the_separate_pass(embedder: str) -> None:
+async def test_other_embedders_keep_the_separate_pass(embedder: str, needs_alignment: None) -> None:
     cache = await cached(embedder)
     encoder, states = encoder_of(cache.embedder), cache.token_states
     assert getattr(encoder, "_sink", None) is None and states is not None
@@ -191,3 +198,17 @@ async def test_other_embedders_keep_the_separate_pass(embedder: str) -> None:
     found = await cache.lookup(req("What are tips to extend my laptop's battery life on trips?", tenant=embedder))
     assert found.status == CacheStatus.HIT_SEMANTIC, found.reason
     assert aligned(cache) == before + 1 and states.passes >= passes + 1  # a pass for the query at least
+
+
+async def test_a_pair_no_alignment_can_change_is_judged_without_token_states() -> None:
+    """No modifier swapped, far from the bar: the verdict is known without the token states, so the
+    stored text needs no pass of its own, whether or not an embedding handed its states over."""
+    cache = await cached()
+    encoder, states = encoder_of(cache.embedder), cache.token_states
+    assert isinstance(encoder, OnnxMiniLMEmbedder) and states is not None
+    await remember(cache, "How can I make my laptop battery last longer when travelling?", tenant="bound")
+    states._offered.clear()  # as if another replica had stored it
+    runs, passes, before = encoder.runs, states.passes, aligned(cache)
+    found = await cache.lookup(req("What are tips to extend my laptop's battery life on trips?", tenant="bound"))
+    assert found.status == CacheStatus.HIT_SEMANTIC, found.reason
+    assert aligned(cache) == before and states.passes == passes and encoder.runs == runs + 1

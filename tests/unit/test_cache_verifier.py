@@ -144,3 +144,36 @@ def test_two_prompts_of_function_words_only_never_share_an_answer(a: str, b: str
             verdict = verify(x, y, similarity=0.99, conversation=conversation)
             assert not verdict.ok and verdict.reason == "empty"
     assert verify("Why?", "why", similarity=0.9).ok  # the same words, other punctuation
+
+
+def test_a_verdict_without_token_alignment_is_the_one_any_alignment_gives() -> None:
+    """`judge_without_alignment` decides only where no token alignment in its range could change the
+    verdict: for every pair here, at many similarities and random alignments, a verdict it gives equals
+    `judge`'s; and it decides most pairs, so the token states' encoder pass is rare."""
+    import random
+
+    from fleetgate.cache.pairfeatures import swapped_surfaces
+    from fleetgate.cache.tokenalign import ALIGN_FEATURES
+    from fleetgate.cache.verifier import Pending, judge, judge_without_alignment, precheck
+
+    rng = random.Random(3)
+    pending = [step for a, b, *_ in SAME + NEAR_MISSES for step in [precheck(a, b)] if isinstance(step, Pending)]
+    assert len(pending) >= 15
+    decided = asked = 0
+    for step in pending:
+        for similarity in (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99):
+            for conversation in (False, True):
+                asked += 1
+                known = judge_without_alignment(step, similarity=similarity, conversation=conversation)
+                if known is None:
+                    continue
+                decided += 1
+                swaps = swapped_surfaces(step.a, step.b, match=step.match)
+                for _ in range(20):
+                    align = [rng.uniform(0.0, 1.0) if name == "align_unaligned" else rng.uniform(-1.0, 1.0)
+                             for name in ALIGN_FEATURES]
+                    if not swaps:  # `align_features` gives align_swap 1.0 when no modifier is swapped
+                        align[ALIGN_FEATURES.index("align_swap")] = 1.0
+                    verdict = judge(step, similarity=similarity, align=align, conversation=conversation)
+                    assert known.ok == verdict.ok, (step.text_a, step.text_b, similarity, align)
+    assert decided >= 0.8 * asked
