@@ -254,12 +254,13 @@ async def _evaluate(args: argparse.Namespace) -> int:
 
         rows = sets["dev"]["pairs"]
         pairs = [(str(r["a"]), str(r["b"])) for r in rows if r["a"] != r["b"]]
-        close = [(a, b) for a, b in pairs
-                 if float(np.dot(*embedder.embed([embedding_text(a), embedding_text(b)]))) >= sem.threshold]
-        cheap, model_t = verification_cost(close, states=default_states())
+        scored = [(a, b, float(np.dot(*embedder.embed([embedding_text(a), embedding_text(b)])))) for a, b in pairs]
+        close = [(a, b, sim) for a, b, sim in scored if sim >= sem.threshold]
+        cheap, bound, model_t = verification_cost(close, states=default_states())
         print(f"\nverification per candidate ({len(close)} dev pairs above the similarity threshold; "
-              f"{len(model_t.seconds)} reach the pair model):")
-        for t in (cheap, model_t):
+              f"{len(bound.seconds) + len(model_t.seconds)} reach the pair model, {len(model_t.seconds)} of them "
+              "need token states):")
+        for t in (cheap, bound, model_t):
             if t.seconds:
                 print(f"  {t.name:<12} p50 {t.pct(50):8.3f} ms   p99 {t.pct(99):8.3f} ms")
     if args.redis:

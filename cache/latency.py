@@ -25,7 +25,7 @@ from fleetgate.cache.sharedindex import LogEntry
 from fleetgate.cache.tokenalign import NEUTRAL, TokenStates, align_features
 from fleetgate.cache.twolayer import TwoLayerCache
 from fleetgate.cache.types import CacheRequest, CacheStatus
-from fleetgate.cache.verifier import Pending, alignment, judge, precheck
+from fleetgate.cache.verifier import Pending, alignment, judge, judge_without_alignment, precheck
 from fleetgate.core.kvstore import MemoryKVStore
 
 
@@ -65,31 +65,36 @@ async def redis_fetch(*, url: str, records: int = 2000, size: int = 2048, k: int
         await kv.close()
 
 
-def verification_cost(pairs: Sequence[tuple[str, str]], *, states: TokenStates) -> tuple[Timings, Timings]:
-    """CPU time of verifying real candidate pairs as a lookup does: (the cheap stages alone, for pairs they
-    settle; the whole verification, token states included, for pairs that reach the pair model). The stored
-    text's token states are computed beforehand (a stored entry's are kept); the query's are not: the model
-    stage includes the encoder pass a lookup pays for a query whose states its embedding pass did not give (a
-    corrected misspelling, an embedder other than the int8 ONNX one); with the int8 embedder a lookup's
-    query states come with its embedding."""
-    cheap, model = Timings("verify-cheap", []), Timings("verify-model", [])
+def verification_cost(pairs: Sequence[tuple[str, str, float]], *,
+                      states: TokenStates) -> tuple[Timings, Timings, Timings]:
+    """CPU time of verifying real candidate pairs (stored, query, similarity) as a lookup does: the cheap
+    stages alone, for pairs they settle; the pair model without token states, for pairs its bound settles
+    (`verifier.judge_without_alignment`); and with them, for the rest. The stored text's token states are
+    computed beforehand (a stored entry's are kept); the query's are not: that stage includes the encoder
+    pass a lookup pays for a query whose states its embedding pass did not give (a corrected misspelling, an
+    embedder other than the int8 ONNX one); with the int8 embedder a lookup's query states come with its
+    embedding."""
+    cheap, bound, model = Timings("verify-cheap", []), Timings("verify-bound", []), Timings("verify-states", [])
     uses = load_model().uses_alignment
-    for stored, _ in pairs:
+    for stored, _, _ in pairs:
         step = precheck(stored, stored)
         if isinstance(step, Pending):
             alignment(step, states)
         states.words(stored)
-    for stored, query in pairs:
+    for stored, query, similarity in pairs:
         s0 = time.perf_counter()
         step = precheck(stored, query)
         if not isinstance(step, Pending):
             cheap.seconds.append(time.perf_counter() - s0)
             continue
+        if uses and judge_without_alignment(step, similarity=similarity) is not None:
+            bound.seconds.append(time.perf_counter() - s0)
+            continue
         align = (align_features(states.words(stored), states.compute(query))  # the query's: a fresh pass
                  if uses else NEUTRAL)
-        judge(step, similarity=0.9, align=align)
+        judge(step, similarity=similarity, align=align)
         model.seconds.append(time.perf_counter() - s0)
-    return cheap, model
+    return cheap, bound, model
 
 
 # -- the shipped lookup path under load --------------------------------------------------------------------

@@ -212,3 +212,15 @@ async def test_a_pair_no_alignment_can_change_is_judged_without_token_states() -
     found = await cache.lookup(req("What are tips to extend my laptop's battery life on trips?", tenant="bound"))
     assert found.status == CacheStatus.HIT_SEMANTIC, found.reason
     assert aligned(cache) == before and states.passes == passes and encoder.runs == runs + 1
+
+
+def test_the_verification_cost_splits_pairs_by_what_decides_them(separate: TokenStates) -> None:
+    from fleetgate.cache.latency import verification_cost
+
+    cheap, bound, states = verification_cost([
+        ("What is 2+2?", "what is 2+2", 1.0),  # every word matches
+        ("How do I reset my password?", "I forgot my password, how do I reset it?", 0.94),  # no modifier swapped
+        ("How do I revert to the previous revision of a file in git?",
+         "How can I go back to the prior revision of a file in git?", 0.93),  # "previous" / "prior": aligned
+    ], states=separate)
+    assert (len(cheap.seconds), len(bound.seconds), len(states.seconds)) == (1, 1, 1)
