@@ -247,3 +247,47 @@ async def test_the_cache_keys_the_memo_by_partition() -> None:
     assert len(inner.calls) == 2 and batcher.memo_hits == 1  # alice's retry is free; bob's first ask is not
     await cache.aclose()
     await batcher.aclose()
+
+
+async def test_concurrent_callers_of_one_text_share_one_encode_and_get_their_own_copies() -> None:
+    hold = threading.Event()
+    inner = RecordingEmbedder(hold=hold)
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, max_wait_s=0.0)
+    running = asyncio.ensure_future(batcher.aembed("the nearest entry's text"))
+    await started(inner)  # being encoded: later callers join it
+    joined = [asyncio.ensure_future(batcher.aembed("the nearest entry's text")) for _ in range(5)]
+    queued = [asyncio.ensure_future(batcher.aembed("queued text")) for _ in range(3)]  # queued: they join too
+    other_scope = asyncio.ensure_future(batcher.aembed("queued text", scope="another tenant"))
+    await asyncio.sleep(0.02)
+    hold.set()
+    first, *rest = await asyncio.gather(running, *joined)
+    queued_vectors = await asyncio.gather(*queued)
+    await other_scope
+    assert inner.calls == [["the nearest entry's text"], ["queued text", "queued text"]]  # one per scope
+    assert batcher.coalesced == 5 + 2
+    assert all(np.array_equal(v, first) and v is not first for v in rest)
+    rest[0][:] = 0.0  # a caller changing its vector changes nobody else's
+    assert first.any() and queued_vectors[0] is not queued_vectors[1]
+    await batcher.aclose()
+
+
+async def test_a_shared_encode_survives_its_first_caller_leaving_and_is_dropped_when_all_leave() -> None:
+    hold = threading.Event()
+    inner = RecordingEmbedder(hold=hold)
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, max_wait_s=0.0)
+    blocker = asyncio.ensure_future(batcher.aembed("blocker"))
+    await started(inner)
+    first = asyncio.ensure_future(batcher.aembed("shared"))
+    second = asyncio.ensure_future(batcher.aembed("shared"))
+    gone = [asyncio.ensure_future(batcher.aembed("abandoned")) for _ in range(2)]
+    await asyncio.sleep(0.02)
+    first.cancel()  # the caller that queued it leaves; the other still gets its vector
+    for task in gone:
+        task.cancel()  # every caller of "abandoned" leaves: no encode is spent on it
+    hold.set()
+    assert (await second).shape == (32,) and (await blocker).shape == (32,)
+    assert inner.calls == [["blocker"], ["shared"]]
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert not batcher._inflight
+    await batcher.aclose()
