@@ -93,3 +93,8 @@ def cache_keys(req: CacheRequest) -> CacheKeys:
     partition = _digest(head, b"completions")
     return CacheKeys(partition=partition, exact=_digest(partition.encode(), _canonical(body.get("prompt"))),
                      semantic_text=None)
+
+
+def owns(record: Mapping[str, Any], req: CacheRequest, keys: CacheKeys) -> bool:
+    """Whether a stored record belongs to the request's tenant and partition (it may be served to it)."""
+    return record.get("tenant") == req.tenant and record.get("partition") == keys.partition

@@ -7,13 +7,14 @@ lookup(req):
    shared log if the index is older than `sync_interval_s`, search the request's partition for `top_k`
    neighbours with cosine >= `threshold`, fetch them in one MGET and serve the first (most similar) one
    whose record matches tenant and partition and that the near-miss verifier accepts.
-   With the static prefilter (`semantic.prefilter`, on with MiniLM) the encoder comes last: the static
-   vector (microseconds) finds the `prefilter_k` nearest entries, their records are fetched and the
-   verifier's text checks run on them; when every one is vetoed (or there is none) the lookup is a miss
-   without encoding, which the encoder could not have changed (a vetoed pair is rejected at any
-   similarity). When a survivor's every word matched the prompt's (`wordmatch.full_match`), it is served
-   without encoding (`_matched`). Otherwise the prompt is encoded, the encoder's own `top_k` neighbours join
-   the survivors (a survivor stored without the encoder's vector gets it now; `top_k` of them, most similar
+   With the static prefilter (`semantic.prefilter`, on with MiniLM; `fleetgate.cache.prefilter`) the
+   encoder comes last: the static vector (microseconds) finds the `prefilter_k` nearest entries, their
+   records are fetched and the verifier's text checks run on them; when every one is vetoed (or there is
+   none) the lookup is a miss without encoding, which the encoder could not have changed (a vetoed pair is
+   rejected at any similarity). When a survivor's every word matched the prompt's (`wordmatch.full_match`),
+   it is served without encoding (`StaticPrefilter.matched`). Otherwise the prompt is encoded, the encoder's
+   own `top_k` neighbours join the survivors (a survivor stored without the encoder's vector gets it now;
+   `top_k` of them, most similar
    first, are verified) and step 3 goes on as above.
 A hit returns the stored response with a fresh `id` and `created`; its `usage` is the original one (the
 tokens the cache saved).
@@ -50,10 +51,11 @@ import orjson
 from fleetgate.cache.answercheck import AnswerChecker, Ask
 from fleetgate.cache.config import CacheConfig
 from fleetgate.cache.embedding import Embedder, encoder_of
-from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns
+from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns, owns
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.pairmodel import load_model
 from fleetgate.cache.policy import Decision, decide, storable
+from fleetgate.cache.prefilter import StaticPrefilter, Survivors
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
 from fleetgate.cache.textnorm import embedding_text
 from fleetgate.cache.tokenalign import NEUTRAL
@@ -91,6 +93,11 @@ class TwoLayerCache:
             ann_lists=sem.ann_lists, ann_probe=sem.ann_probe,
             static_dim=self.prefilter.dim if self.prefilter is not None else None,
         )
+        self._prefilter: StaticPrefilter | None = None
+        if self.prefilter is not None and self.index.static is not None:
+            self._prefilter = StaticPrefilter(embedder=self.prefilter, index=self.index.static, kv=kvstore,
+                                              metrics=metrics, config=sem, record_key=self._key,
+                                              forget=self.index.remove)
         self._log = f"{config.key_prefix}log"
         self._log_max_len = config.log_max_len or 2 * config.max_entries
         self._sync_lock = asyncio.Lock()
@@ -252,9 +259,6 @@ class TwoLayerCache:
             self.metrics.at(self.metrics.lookups, "none", "error").inc()
             return CacheLookup(status=CacheStatus.BYPASS, reason=_DOWN)
 
-    def _owned(self, req: CacheRequest, keys: CacheKeys, record: Mapping[str, Any]) -> bool:
-        return record.get("tenant") == req.tenant and record.get("partition") == keys.partition
-
     def _served(self, record: Mapping[str, Any], req: CacheRequest) -> dict[str, Any]:
         response = dict(record["response"])
         response["id"] = ("chatcmpl-" if req.kind == "chat" else "cmpl-") + "fgc" + uuid.uuid4().hex
@@ -266,28 +270,26 @@ class TwoLayerCache:
         raw = await self.kv.get(self._key(keys.exact))
         self.metrics.at(self.metrics.lookup_seconds, "exact").observe(time.perf_counter() - start)
         record = orjson.loads(raw) if raw else None
-        if record is None or not self._owned(req, keys, record):
+        if record is None or not owns(record, req, keys):
             self.metrics.at(self.metrics.lookups, "exact", "miss").inc()
             return None
         self.metrics.at(self.metrics.lookups, "exact", "hit").inc()
         return CacheLookup(status=CacheStatus.HIT_EXACT, response=self._served(record, req))
 
     async def embed(self, text: str, *, scope: str = "") -> np.ndarray:
-        """`scope`: the partition, which keeps the batcher's embedding memo per tenant (no timing side channel)."""
+        """`scope`: the partition, which keeps the batcher's embedding memo per tenant (no timing side channel).
+        Misspellings are corrected first: "revrese a lsit" is embedded as "reverse a list"."""
+        return await self._encode(embedding_text(text), scope=scope)
+
+    async def _encode(self, seen: str, *, scope: str) -> np.ndarray:
+        """The encoder's vector of a text already spelling-corrected (`embedding_text`)."""
         assert self.embedder is not None
         start = time.perf_counter()
-        text = embedding_text(text)  # misspellings corrected: "revrese a lsit" is embedded as "reverse a list"
         aembed = getattr(self.embedder, "aembed", None)  # a BatchingEmbedder batches concurrent lookups
-        vector = (await aembed(text, scope=scope) if aembed is not None
-                  else (await asyncio.to_thread(self.embedder.embed, [text]))[0])
+        vector = (await aembed(seen, scope=scope) if aembed is not None
+                  else (await asyncio.to_thread(self.embedder.embed, [seen]))[0])
         self.metrics.at(self.metrics.stage_seconds, "embed").observe(time.perf_counter() - start)
         return vector
-
-    def _static(self, text: str) -> np.ndarray:
-        """The prefilter's vector of `text`, spelled as the encoder would see it (`embedding_text`: a heavy
-        typo otherwise scatters the static tokens; the corrections are cached per word for the encoder)."""
-        assert self.prefilter is not None
-        return self.prefilter.embed([embedding_text(text)])[0]
 
     async def _semantic(self, req: CacheRequest, keys: CacheKeys, state: dict[str, Any]) -> CacheLookup:
         sem = self.config.semantic
@@ -295,16 +297,17 @@ class TwoLayerCache:
         assert text is not None
         start = time.perf_counter()
         result = CacheLookup(status=CacheStatus.MISS, reason="no similar entry", state=state)
-        survivors: dict[str, tuple[dict[str, Any], Pending | Verdict | None]] = {}
-        if self.prefilter is not None:
-            state["static"] = self._static(text)
+        seen = embedding_text(text)  # what the encoder and the static table see: misspellings corrected
+        survivors: Survivors = {}
+        if self._prefilter is not None:
+            state["static"] = self._prefilter.vector(seen)
             self.metrics.at(self.metrics.stage_seconds, "static").observe(time.perf_counter() - start)
             await self._timed_sync()
-            survivors = await self._prefiltered(req, keys, state["static"], result)
+            survivors = await self._prefilter.survivors(req, keys, state["static"], result)
             if not survivors:
                 self.metrics.at(self.metrics.prefilter, "skipped").inc()
                 return self._done(result, start, found=result.reason != "no similar entry")
-            matched = self._matched(survivors)
+            matched = StaticPrefilter.matched(survivors) if self.answer_check is None else None
             if matched is not None:
                 self.metrics.at(self.metrics.prefilter, "matched").inc()
                 state["entry"] = matched
@@ -312,13 +315,13 @@ class TwoLayerCache:
                                      response=self._served(survivors[matched][0], req))
                 return self._done(result, start, found=True)
             self.metrics.at(self.metrics.prefilter, "encoded").inc()
-        vector = await self.embed(text, scope=keys.partition)
+        vector = await self._encode(seen, scope=keys.partition)
         state["vector"] = vector
         # handed to the tier router only when it is the vector of the text as written: a spelling-corrected
         # text's vector is not what the router's scorer was trained on (it embeds the raw text itself then)
-        shared = vector if embedding_text(text) == text else None
+        shared = vector if seen == text else None
         result.embedding = shared
-        if self.prefilter is None:
+        if self._prefilter is None:
             await self._timed_sync()
         t = time.perf_counter()
         found = [c for c in self.index.vectors.search(partition=keys.partition, vector=vector, k=sem.top_k)
@@ -340,7 +343,7 @@ class TwoLayerCache:
                     self.index.remove(key)  # expired or evicted elsewhere
                     continue
                 record, step = orjson.loads(raw), None
-                if not self._owned(req, keys, record):
+                if not owns(record, req, keys):
                     continue
             if self.answer_check is not None and score < self.answer_check.bar(key):
                 result.reason = f"below the answer-checked bar (similarity {score:.3f})"
@@ -370,48 +373,7 @@ class TwoLayerCache:
         await self.sync()
         self.metrics.at(self.metrics.stage_seconds, "sync").observe(time.perf_counter() - t)
 
-    async def _prefiltered(self, req: CacheRequest, keys: CacheKeys, static: np.ndarray,
-                           result: CacheLookup) -> dict[str, tuple[dict[str, Any], Pending | Verdict | None]]:
-        """The prefilter: the nearest entries by static vector, fetched, owned, and not vetoed by the text
-        checks (key -> (record, the checks' outcome, kept for the verifier)). A vetoed candidate's reason goes
-        into `result.reason`, as the encoder path would report it."""
-        assert self.index.static is not None and keys.semantic_text is not None
-        sem = self.config.semantic
-        t = time.perf_counter()
-        near = [key for key, score in self.index.static.search(partition=keys.partition, vector=static,
-                                                                k=sem.prefilter_k)
-                if score >= sem.prefilter_threshold]
-        raws = await self.kv.mget([self._key(key) for key in near]) if near else []
-        out: dict[str, tuple[dict[str, Any], Pending | Verdict | None]] = {}
-        for key, raw in zip(near, raws, strict=True):
-            if raw is None:
-                self.index.remove(key)  # expired or evicted elsewhere
-                continue
-            record = orjson.loads(raw)
-            if not self._owned(req, keys, record):
-                continue
-            step = precheck(str(record.get("text", "")), keys.semantic_text) if sem.verify else None
-            if isinstance(step, Verdict) and not step.ok:
-                self.metrics.at(self.metrics.rejections, step.reason).inc()
-                result.reason = f"near miss rejected ({step.reason}, before encoding)"
-                continue
-            out[key] = (record, step)
-        self.metrics.at(self.metrics.stage_seconds, "prefilter").observe(time.perf_counter() - t)
-        return out
-
-    def _matched(self, survivors: Mapping[str, tuple[dict[str, Any], Pending | Verdict | None]]) -> str | None:
-        """The nearest survivor whose every word matched the prompt's (`wordmatch.full_match`: the same
-        question in other function words, a typo, a clause moved), or None. The verifier accepts such a pair
-        at any similarity above the gate, and on every development and frozen set (340 of 2,457 pairs) the
-        encoder put all of them above it but one, a true paraphrase under heavy typos ("how do i mkae a rouxe
-        for gravey", 0.23): the encoder has nothing to add, so the hit is served without it. Not with answer
-        checks on, whose per-entry bar is a similarity."""
-        if self.answer_check is not None:
-            return None
-        return next((key for key, (_, step) in survivors.items() if isinstance(step, Verdict) and step.ok), None)
-
-    async def _with_survivors(self, found: list[tuple[str, float]],
-                              survivors: Mapping[str, tuple[dict[str, Any], Pending | Verdict | None]],
+    async def _with_survivors(self, found: list[tuple[str, float]], survivors: Survivors,
                               vector: np.ndarray, keys: CacheKeys) -> list[tuple[str, float]]:
         """The encoder's candidates plus the prefilter's survivors scored by the encoder (a survivor stored
         without the encoder's vector is encoded now and keeps it), most similar first, >= `threshold`, at most
@@ -505,8 +467,8 @@ class TwoLayerCache:
                 if vector is None and static is None:  # the lookup did not get that far (warming up)
                     if self._warming is not None:
                         await asyncio.shield(self._warming)  # stores run after the response: waiting is fine
-                    if self.prefilter is not None:
-                        static = self._static(keys.semantic_text)
+                    if self._prefilter is not None:
+                        static = self._prefilter.vector(embedding_text(keys.semantic_text))
                     else:
                         vector = await self.embed(keys.semantic_text, scope=keys.partition)
             entry = LogEntry(key=keys.exact, partition=keys.partition,
