@@ -69,8 +69,9 @@ class SemanticConfig(BaseModel):
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
     top_k: int = Field(default=4, ge=1, le=64)  # candidates fetched and verified per lookup
     # A partition is searched exactly (flat scan) up to `ann_above` entries, then by an inverted-file index of
-    # `ann_lists` cells scanning the `ann_probe` nearest (`fleetgate.cache.vectorindex`): a flat scan costs
-    # ~0.25 ms at 10k entries and grows linearly; the IVF index stays at 0.1-0.25 ms at 100k.
+    # `ann_lists` cells scanning the `ann_probe` nearest (`fleetgate.cache.vectorindex`): a flat scan grows
+    # linearly (one core: ~0.16 ms at 10k x 256 dimensions, 4.5-6.3 ms at 100k), the IVF index searches 100k
+    # in 0.4 ms (`cache-eval --entries 100000`, recall of the exact top k 94-99%).
     ann_above: int = Field(default=10_000, ge=1)
     ann_lists: int = Field(default=256, ge=1, le=4096)
     ann_probe: int = Field(default=8, ge=1, le=4096)

@@ -14,8 +14,7 @@ lookup(req):
    rejected at any similarity). When a survivor's every word matched the prompt's (`wordmatch.full_match`),
    it is served without encoding (`StaticPrefilter.matched`). Otherwise the prompt is encoded, the encoder's
    own `top_k` neighbours join the survivors (a survivor stored without the encoder's vector gets it now;
-   `top_k` of them, most similar
-   first, are verified) and step 3 goes on as above.
+   `top_k` of them, most similar first, are verified) and step 3 goes on as above.
 A hit returns the stored response with a fresh `id` and `created`; its `usage` is the original one (the
 tokens the cache saved).
 

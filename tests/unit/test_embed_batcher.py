@@ -34,6 +34,16 @@ class RecordingEmbedder(HashingEmbedder):
         return super().embed(texts)
 
 
+async def held(first: str) -> tuple[threading.Event, RecordingEmbedder, BatchingEmbedder, asyncio.Future[np.ndarray]]:
+    """A batcher whose worker is busy encoding `first` until the returned event is set."""
+    hold = threading.Event()
+    inner = RecordingEmbedder(hold=hold)
+    batcher = BatchingEmbedder(embedder=inner, max_batch=32, max_wait_s=0.0)
+    running = asyncio.ensure_future(batcher.aembed(first))
+    await started(inner)
+    return hold, inner, batcher, running
+
+
 async def started(inner: RecordingEmbedder) -> None:
     """Until the worker thread has entered the (held) encode."""
     for _ in range(500):
@@ -78,11 +88,7 @@ async def test_a_lone_request_waits_at_most_max_wait() -> None:
 
 
 async def test_texts_arriving_during_an_encode_form_the_next_batch() -> None:
-    hold = threading.Event()
-    inner = RecordingEmbedder(hold=hold)
-    batcher = BatchingEmbedder(embedder=inner, max_batch=32, max_wait_s=0.0)
-    first = asyncio.ensure_future(batcher.aembed("first"))
-    await started(inner)
+    hold, inner, batcher, first = await held("first")
     later = [asyncio.ensure_future(batcher.aembed(f"later {i}")) for i in range(5)]
     await asyncio.sleep(0.05)
     hold.set()
@@ -250,11 +256,7 @@ async def test_the_cache_keys_the_memo_by_partition() -> None:
 
 
 async def test_concurrent_callers_of_one_text_share_one_encode_and_get_their_own_copies() -> None:
-    hold = threading.Event()
-    inner = RecordingEmbedder(hold=hold)
-    batcher = BatchingEmbedder(embedder=inner, max_batch=32, max_wait_s=0.0)
-    running = asyncio.ensure_future(batcher.aembed("the nearest entry's text"))
-    await started(inner)  # being encoded: later callers join it
+    hold, inner, batcher, running = await held("the nearest entry's text")  # being encoded: later callers join it
     joined = [asyncio.ensure_future(batcher.aembed("the nearest entry's text")) for _ in range(5)]
     queued = [asyncio.ensure_future(batcher.aembed("queued text")) for _ in range(3)]  # queued: they join too
     other_scope = asyncio.ensure_future(batcher.aembed("queued text", scope="another tenant"))
@@ -272,11 +274,7 @@ async def test_concurrent_callers_of_one_text_share_one_encode_and_get_their_own
 
 
 async def test_a_shared_encode_survives_its_first_caller_leaving_and_is_dropped_when_all_leave() -> None:
-    hold = threading.Event()
-    inner = RecordingEmbedder(hold=hold)
-    batcher = BatchingEmbedder(embedder=inner, max_batch=32, max_wait_s=0.0)
-    blocker = asyncio.ensure_future(batcher.aembed("blocker"))
-    await started(inner)
+    hold, inner, batcher, blocker = await held("blocker")
     first = asyncio.ensure_future(batcher.aembed("shared"))
     second = asyncio.ensure_future(batcher.aembed("shared"))
     gone = [asyncio.ensure_future(batcher.aembed("abandoned")) for _ in range(2)]
@@ -290,4 +288,19 @@ async def test_a_shared_encode_survives_its_first_caller_leaving_and_is_dropped_
     with pytest.raises(asyncio.CancelledError):
         await first
     assert not batcher._inflight
+    await batcher.aclose()
+
+
+async def test_callers_sharing_an_encode_that_fails_all_get_the_error_and_the_next_call_retries() -> None:
+    hold, inner, batcher, blocker = await held("blocker")
+    inner.fail = RuntimeError("model exploded")
+    joined = [asyncio.ensure_future(batcher.aembed("same text")) for _ in range(3)]
+    await asyncio.sleep(0.02)
+    hold.set()
+    results = await asyncio.gather(blocker, *joined, return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in results) and batcher.coalesced == 2
+    assert not batcher._inflight  # nothing left that a later caller could join
+    inner.fail = None
+    assert (await batcher.aembed("same text")).shape == (32,)
+    assert inner.calls[-1] == ["same text"]
     await batcher.aclose()
