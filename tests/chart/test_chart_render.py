@@ -98,8 +98,6 @@ def test_names_and_labels_fit_kubernetes_limits(chart: Any) -> None:
 def test_fullname_override_names_every_object(chart: Any) -> None:
     rendered = chart.render(set_values=["fullnameOverride=fleet"])
     for obj in rendered.objects:
-        if obj["kind"] == "ClusterKopfPeering":
-            continue  # shared on purpose with `fleetgate operator`'s default (--peering fleetgate)
         assert obj["metadata"]["name"].startswith("fleet-"), obj["metadata"]["name"]
 
 
