@@ -15,7 +15,7 @@ release but the CRDs.
 Why kubectl and not `helm install`: Helm keeps its release record in a Secret that client-go writes as
 protobuf, which kmock cannot read, and Helm's in-memory driver swaps in a fake client that applies
 nothing. The real `helm install`/`uninstall` run in test_chart_cluster.py when KUBECONFIG names a
-cluster. Two emulator gaps are patched below: kmock reports Kubernetes 1.26 (the chart needs 1.27+)
+cluster. Two emulator gaps are patched below: kmock reports Kubernetes 1.26 (the chart needs 1.28+)
 and names the core group "/v1" in discovery.
 """
 
