@@ -3,7 +3,8 @@
 plan with the log, and always stops the process group; a dead or stalled engine is reported, not awaited.
 
 The fake is a `vllm.entrypoints.openai.api_server` module placed first on PYTHONPATH (so the command is the
-one the Deployment runs), an aiohttp server that logs vLLM 0.32's CPU KV line and streams `max_tokens` chunks.
+one the Deployment runs), an aiohttp server that logs vLLM 0.32's CPU KV line, refuses token ids beyond the
+model's vocabulary (as vLLM does) and streams `max_tokens` chunks.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ async def completions(request):
     n = int(body["max_tokens"])
     if body["model"] not in [model, *adapters]:
         return web.json_response({"error": "no such model"}, status=404)
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and max(prompt) >= int(os.environ.get("FAKE_VOCAB", "128256")):
+        return web.json_response({"error": f"Token id {max(prompt)} is out of vocabulary"}, status=400)
     if not body.get("stream"):
         return web.json_response({"choices": [{"text": "x" * n}], "usage": {"completion_tokens": n}})
     resp = web.StreamResponse()

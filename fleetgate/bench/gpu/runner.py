@@ -59,7 +59,7 @@ class RunnerSetup:
     device: str  # "cuda" or "cpu"
     base_env: Mapping[str, str] = field(default_factory=dict)
     adapters: Mapping[str, Path] = field(default_factory=dict)  # config name -> generated adapter directory
-    vocab_limit: int = LAST_ID
+    vocab_limit: int = LAST_ID  # prompt token ids stay below this and below the model's vocabulary
 
 
 def _http_status(url: str, timeout_s: float = 2.0) -> int:
@@ -236,13 +236,15 @@ class EngineRunner:
             out["sense"] = asyncio.run(_sense(base_url=base_url, model=model))
             if not out["sense"]["ok"]:
                 out.update(status="failed", failure=f"sense check: {out['sense']['answer']!r}")
+        vocab = (config.spec.get("model", {}).get("architecture") or {}).get("vocabSize")
+        limit = min(self.setup.vocab_limit, int(vocab)) if vocab else self.setup.vocab_limit
         levels = []
         for concurrency in config.levels:
             if time.monotonic() > deadline - 5:
                 break
             level = asyncio.run(run_level(base_url=base_url, model=model, concurrency=concurrency,
                                           requests=requests_for(concurrency=concurrency, rounds=config.rounds),
-                                          deadline=deadline - 5, vocab_limit=self.setup.vocab_limit))  # fmt: skip
+                                          deadline=deadline - 5, vocab_limit=limit))  # fmt: skip
             levels.append(level.to_dict())
             ttft = f"{level.ttft_p50_s:.3f}s" if level.ttft_p50_s is not None else "none"
             self.log(f"{config.name}: {concurrency} streams: {level.output_tokens_per_s:.0f} tok/s, TTFT p50 {ttft}, "
