@@ -38,7 +38,7 @@ print("(EngineCore pid=1) INFO 11-27 14:00:01 [kv_cache_utils.py:2327] CPU KV ca
 adapters = []
 
 async def health(request):
-    return web.Response(status=200 if mode == "ok" else 503)
+    return web.Response(status=503 if mode == "stall" else 200)
 
 async def completions(request):
     body = await request.json()
@@ -48,6 +48,11 @@ async def completions(request):
     prompt = body["prompt"]
     if isinstance(prompt, list) and max(prompt) >= int(os.environ.get("FAKE_VOCAB", "128256")):
         return web.json_response({"error": f"Token id {max(prompt)} is out of vocabulary"}, status=400)
+    if os.environ.get("FAKE_MODE") == "stream-error" and body.get("stream"):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b'data: {"error": {"message": "boom", "code": 500}}\n\n')
+        return resp
     if not body.get("stream"):
         return web.json_response({"choices": [{"text": "x" * n}], "usage": {"completion_tokens": n}})
     resp = web.StreamResponse()
@@ -115,6 +120,16 @@ def test_serves_loads_an_adapter_measures_and_compares(setup: RunnerSetup, monke
     plan_tokens = record["plan"]["kvCacheTokens"]
     assert record["comparison"]["kv_tokens"]["error_pct"] == pytest.approx((plan_tokens - 1000) / 1000 * 100, abs=0.01)
     assert record["milestones"]["ready"] > 0 and "kv_allocated" in record["milestones"]
+
+
+def test_errors_inside_a_stream_count_as_failures(setup: RunnerSetup, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_MODE", "stream-error")
+    monkeypatch.setenv("FAKE_KV", "1")
+    monkeypatch.setenv("FAKE_CONC", "1")
+    record = EngineRunner(setup, log=lambda _m: None).run(_config(setup, "cpu-tiny"), slots=("cpu",),
+                                                          deadline=time.monotonic() + 60)  # fmt: skip
+    assert record["status"] == "served"  # it started and answered a plain completion
+    assert all(lv["ok"] == 0 and "boom" in lv["error"] for lv in record["bench"])
 
 
 def test_a_crashing_engine_is_failed_with_its_own_error(setup: RunnerSetup, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,8 @@ Each request is a streamed `/v1/completions` call whose prompt is a list of toke
 and whose answer is `max_tokens` tokens (`ignore_eos`). At a level of C streams, C workers send
 `C x rounds` requests back to back (3 at one stream, for three TTFT samples). Reported per level:
 output tokens/s = completion tokens of every request / the level's wall time; TTFT = time from sending a
-request to its first streamed chunk with a choice (p50, p90 over the level's requests). Everything is
+request to its first streamed chunk with a choice (p50, p90 over the level's requests). A request counts as
+ok only if it streamed exactly `max_tokens` tokens (an error event inside a 200 stream is a failure). Everything is
 bounded: a level stops starting requests at `deadline` (monotonic seconds) and every request has a
 timeout, so a stalled engine costs at most that.
 """
@@ -75,6 +76,8 @@ async def _one(
                 if not line.startswith("data: {"):
                     continue
                 chunk = json.loads(line[6:])
+                if "error" in chunk:  # vLLM reports a failure inside a stream that already answered 200
+                    return ttft, tokens, f"stream error: {str(chunk['error'])[:200]}"
                 if ttft is None and chunk.get("choices"):
                     ttft = time.monotonic() - start
                 usage = chunk.get("usage")
@@ -82,6 +85,8 @@ async def _one(
                     tokens = int(usage.get("completion_tokens") or 0)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         return ttft, tokens, f"{type(exc).__name__}: {exc}"[:200]
+    if tokens != max_tokens:  # ignore_eos: a whole answer is exactly max_tokens long
+        return ttft, tokens, f"incomplete answer: {tokens} of {max_tokens} tokens"
     return ttft, tokens, None
 
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from fleetgate.bench.gpu.matrix import SweepConfig
 
 OVERRUN = 1.6  # a configuration may run this much past its estimate (cold caches, slow compiles)
-STOP_S = 10.0
+STOP_S = 8.0
 
 
 class Runner(Protocol):
