@@ -101,8 +101,8 @@ def main() -> int:
     env["FLEETGATE_GPU_DEADLINE_S"] = f"{tier_s - 6:.0f}"  # pytest's own start and teardown
     say(f"GPU tier: pytest -m gpu tests/gpu, sweep deadline {tier_s - 6:.0f}s")
     pytest_log = args.work / "pytest.txt"
-    command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-p", "no:cacheprovider", "-rA", "-s",
-               "-o", "addopts=", f"--junitxml={args.work / 'junit.xml'}"]  # fmt: skip
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "--import-mode=importlib", "-p",
+               "no:cacheprovider", "-rA", "-s", "-o", "addopts=", f"--junitxml={args.work / 'junit.xml'}"]  # fmt: skip
     rc = _tee(command, env=env, log=pytest_log, timeout_s=tier_s)
     say(f"pytest exited {rc}")
     results = sweep_dir / "results.jsonl"

@@ -87,6 +87,7 @@ def test_throughput_file_holds_every_measured_configuration(sweep: SweepOutcome)
 
 def test_real_gemma_answers_sensibly(sweep: SweepOutcome) -> None:
     if "gemma3-270m-real" not in CONFIGS:
-        pytest.skip("the real Gemma 3 270M weights are not here (FLEETGATE_GEMMA_DIR, or `fleetgate prepare-model`)")
+        pytest.skip("no real Gemma 3 270M in this sweep: its weights are not here (FLEETGATE_GEMMA_DIR, or "
+                    "`fleetgate prepare-model`) or it was not selected")
     record = _record(sweep, "gemma3-270m-real")
     assert record["status"] == "served" and record["sense"]["ok"], record.get("sense") or record.get("failure")
