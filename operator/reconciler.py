@@ -43,7 +43,7 @@ from fleetgate.operator.resolve import Resolved, resolve
 from fleetgate.operator.resync import Key, Resync
 from fleetgate.operator.settings import OperatorSettings
 from fleetgate.operator.shared_names import shared_with
-from fleetgate.operator.spec import InferenceServiceSpec, parse_spec
+from fleetgate.operator.spec import InferenceServiceSpec, parse_spec, validation_message
 from fleetgate.operator.status import compute_status
 
 _MAX_ADAPTER_EVENTS = 20  # per pass: a fleet-wide outage must not flood the namespace with Events
@@ -81,14 +81,6 @@ class Outcome:
 
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err.get("loc", ())) or "spec"
-        parts.append(f"spec.{where}: {err.get('msg')}")
-    return "; ".join(parts)
 
 
 def _comparable(previous: dict[str, Any] | None, status: dict[str, Any]) -> dict[str, Any]:
@@ -170,7 +162,7 @@ class Reconciler:
             spec = parse_spec(body.get("spec") or {})
             return spec, resolve(spec=spec, name=owner.name, profiles=self._settings.profiles)
         except ValidationError as exc:
-            raise SpecRejected(_validation_message(exc)) from None
+            raise SpecRejected(validation_message(exc)) from None
         except ConfigError as exc:
             raise SpecRejected(str(exc)) from None
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from fleetgate.operator.profiles import Profiles
 
-DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.32.0"  # the vLLM release whose flags fleetgate.engine.args renders
+# The vLLM release the GPU tier proved (tests/gpu, docs/reports/gpu-h100.md); engine_image/Dockerfile.gpu pins it too.
+DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.26.0"
 
 
 @dataclass(frozen=True, kw_only=True)

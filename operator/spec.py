@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from fleetgate.core.adapters import ADAPTER_NAME_MAX, ADAPTER_NAME_PATTERN
 from fleetgate.engine.args import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
@@ -19,7 +19,9 @@ from fleetgate.engine.kube_names import GROUP, KIND, PLURAL, VERSION
 from fleetgate.operator.spec_base import Model, empty_default, rules
 from fleetgate.operator.spec_pod import PodSettings
 
-__all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "InferenceServiceSpec", "parse_spec", "served_name"]
+__all__ = [
+    "GROUP", "KIND", "PLURAL", "VERSION", "InferenceServiceSpec", "parse_spec", "served_name", "validation_message",
+]
 
 SINGULAR = "inferenceservice"
 SHORT_NAMES = ("fgis", "fgisvc")  # not `isvc`: KServe owns that short name for its own InferenceService
@@ -56,6 +58,24 @@ class Architecture(_Model):
         default=None, ge=1, description="vocab_size: 4-bit checkpoints keep embeddings and lm_head in 16 bits."
     )
     tied_embeddings: bool = Field(default=False, description="tie_word_embeddings.")
+    intermediate_size: int | None = Field(
+        default=None, ge=1, description="intermediate_size (one expert's for a mixture of experts): sizes activations."
+    )
+    experts_per_token: int | None = Field(
+        default=None, ge=1, le=1024, description="num_experts_per_tok of a mixture-of-experts model."
+    )
+    sliding_window_layers: int | None = Field(
+        default=None, ge=0, le=1000, description="Layers that attend only to the last slidingWindow tokens (Gemma 3)."
+    )
+    sliding_window: int | None = Field(default=None, ge=1, description="sliding_window, in tokens.")
+
+    @model_validator(mode="after")
+    def _window(self) -> Architecture:
+        if self.sliding_window_layers and self.sliding_window is None:
+            raise ValueError("slidingWindowLayers needs slidingWindow")
+        if (self.sliding_window_layers or 0) > self.layers:
+            raise ValueError("slidingWindowLayers exceeds layers")
+        return self
 
 
 class ModelSource(_Model):
@@ -320,6 +340,15 @@ class InferenceServiceSpec(_Model):
 def parse_spec(data: Any) -> InferenceServiceSpec:
     """Validate a CR's `spec` mapping; raises pydantic.ValidationError with field paths."""
     return InferenceServiceSpec.model_validate(data)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """One line naming each invalid field (`spec.engine.maxNumSeqs: ...`), for status and Events."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ())) or "spec"
+        parts.append(f"spec.{where}: {err.get('msg')}")
+    return "; ".join(parts)
 
 
 def served_name(*, spec: InferenceServiceSpec, name: str) -> str:
