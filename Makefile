@@ -21,7 +21,7 @@ docs-ref: install
 	PYTHONSAFEPATH=1 .venv/bin/python -m fleetgate.docsgen
 
 docs: docs-ref
-	PYTHONSAFEPATH=1 .venv/bin/python -m mkdocs build --strict
+	PYTHONSAFEPATH=1 NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict
 
 docs-serve: docs-ref
-	PYTHONSAFEPATH=1 .venv/bin/python -m mkdocs serve --dev-addr 127.0.0.1:8000
+	PYTHONSAFEPATH=1 NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs serve --dev-addr 127.0.0.1:8000
