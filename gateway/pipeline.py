@@ -23,7 +23,6 @@ import orjson
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.core.errors import (
     FleetGateError,
-    NotFoundError,
     UpstreamBadResponseError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
@@ -31,7 +30,13 @@ from fleetgate.core.errors import (
 from fleetgate.core.types import Usage
 from fleetgate.gateway.answercheck import start_answer_check
 from fleetgate.gateway.assembly import StreamAssembler
-from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorize_model, authorized_decision, shown
+from fleetgate.gateway.authorization import (
+    REFUSED_MODEL,
+    UNKNOWN_MODEL,
+    authorized_decision,
+    unknown_model,
+    visible_to,
+)
 from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
 from fleetgate.gateway.discovery import context_length, models_page, served_names, serves
@@ -88,6 +93,14 @@ class Pipeline:
     async def authenticate(self, *, headers: Mapping[str, str]) -> Tenant:
         """The caller's tenant from the `authorization` header alone (cheap: one hash and a dict lookup)."""
         return await self._s.auth.authenticate(headers.get("authorization"))
+
+    async def is_admin(self, *, headers: Mapping[str, str]) -> bool:
+        """Whether the `authorization` header holds an admin key (no key, a wrong one, or auth off: False)."""
+        try:
+            tenant = await self._s.auth.authenticate(headers.get("authorization"))
+        except FleetGateError:
+            return False
+        return tenant.is_admin
 
     def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse:
         """The answer to a request refused before its body was read (counted like any other)."""
@@ -153,13 +166,13 @@ class Pipeline:
         # Until the name is authorized and known it is the client's arbitrary string: records, ledger rows
         # and metric labels get a fixed placeholder instead, so they cannot grow with what clients send.
         ctx.model_label = REFUSED_MODEL
-        authorize_model(self._s.auth, ctx.tenant, parsed.model, source=self._s.endpoint_source)
+        self._s.auth.authorize(ctx.tenant, parsed.model)  # the tenant's own model list: 403
         ctx.model_label = UNKNOWN_MODEL
-        if not serves(self._s.endpoint_source, parsed.model) and parsed.model not in self._s.tiers.aliases():
-            names = ", ".join([*served_names(self._s.endpoint_source, visible_to=ctx.tenant.id),
-                               *self._s.tiers.aliases()]) or "(none configured)"
-            raise NotFoundError(f"model {shown(parsed.model)} does not exist; available models: {names}",
-                                param="model")
+        source = self._s.endpoint_source
+        known = serves(source, parsed.model) or parsed.model in self._s.tiers.aliases()
+        if not known or not visible_to(ctx.tenant, parsed.model, source=source):
+            raise unknown_model(parsed.model, names=[*served_names(source, visible_to=ctx.tenant.id),
+                                                     *self._s.tiers.aliases()])
         ctx.model_label = parsed.model
         estimate = estimate_request(parsed)
         ctx.prompt_estimate = estimate.prompt_tokens

@@ -23,6 +23,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from fleetgate.sim.openai_fields import requested_max_tokens
+
 
 @dataclass(slots=True)
 class FakeEngineConfig:
@@ -145,7 +147,7 @@ class FakeEngine:
         if cfg.garbage:
             return web.Response(body=b"<html>oops</html>", content_type="text/html")
         chat = request.path.endswith("/chat/completions")
-        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or cfg.default_max_tokens)
+        n = int(requested_max_tokens(body, chat=chat) or cfg.default_max_tokens)
         prompt = body.get("prompt")
         prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) else 1
         choices = int(body.get("n") or 1) * prompts  # vLLM: n completions for each prompt of a list
