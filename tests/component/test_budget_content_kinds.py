@@ -148,3 +148,60 @@ async def test_three_replicas_racing_with_thinking_parts_stay_within_the_budget(
     assert set(codes) == {200, 429}
     assert totals["cost_micros"] == processed == counter
     assert BUDGET * 0.5 <= processed <= BUDGET  # spent, and never past it (was 3.95x)
+
+
+def _nested(levels: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = {"a": [value]}
+    return value
+
+
+HOSTILE: list[tuple[str, bytes]] = [
+    ("chat", orjson.dumps({"tools": [{"type": "function", "function": {"name": "f", "parameters": _nested(120)}}],
+                           "messages": [{"role": "user", "content": "x"}]})),
+    ("chat", orjson.dumps({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{{{ not json"}},
+        {"id": "2", "type": "function", "function": {"name": "f", "arguments": orjson.dumps(_nested(120)).decode()}},
+        {"id": "3", "type": "function", "function": {"name": 7, "arguments": 12}}]},
+        {"role": "user", "content": "y"}]})),
+    ("chat", orjson.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": 5}, {"type": "input_audio"}, {"type": "video_url", "video_url": [1]},
+        {"type": "thinking"}, {"type": "refusal", "refusal": None}, {"type": "x" * 5000, "y": _nested(50)}]}]})),
+    ("chat", orjson.dumps({"messages": [{"role": "user", "content": "\u0000\u202e\ufdfa\U0010ffff" * 500}],
+                           "chat_template_kwargs": {"k" * 1000: [1e308, -0.0, 2**63 - 1, None, True]}})),
+    ("chat", b'{"model":"m1","max_tokens":5,"messages":[{"role":"user","content":"' + b"\\ud83e\\uddea" * 3000
+     + b'"}],"big":123456789012345678901234567890}'),
+    ("chat", orjson.dumps({"messages": [{"role": "user", "content": "z"}] * 5000})),
+    ("chat", b'{"model":"m1","max_tokens":5,"messages":[{"role":"user","content":"\\ud800"}]}'),
+    ("completions", orjson.dumps({"prompt": list(range(100_000))})),
+    ("completions", orjson.dumps({"prompt": [[1, 2], "mixed"]})),
+    ("completions", orjson.dumps({"prompt": ["p"] * 2000, "n": 3})),
+]
+
+
+async def test_hostile_content_shapes_get_no_5xx_and_never_overspend(
+    redis_url: str, start_engine: Callable[..., Awaitable[FakeEngine]],
+    start_gateway: Callable[..., Awaitable[RunningGateway]],
+) -> None:
+    """Malformed and extreme content the estimator walks (deep tool schemas, arguments that are not JSON,
+    media parts of the wrong shape, escapes, 5,000 messages, 100,000 token ids): a clean answer, never a 5xx
+    or a traceback, and the budget still holds with the counter equal to the ledger."""
+    engine = await start_engine(model="m1", prompt_count="bytes")
+    gw = await start_gateway(tenant_settings(engine, redis_url))
+    statuses: list[int] = []
+    async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
+        for kind, raw in HOSTILE * 2:
+            if raw.startswith(b'{"model"'):
+                body = raw
+            else:
+                body = orjson.dumps({"model": "m1", "max_tokens": MAX_TOKENS, **orjson.loads(raw)})
+            path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+            r = await c.post(path, content=body, headers={**auth("acme"), "content-type": "application/json"})
+            statuses.append(r.status_code)
+            assert r.status_code < 500 and "Traceback" not in r.text and r.headers.get("x-request-id"), r.text[:300]
+    totals, counter = await spend(gw, engine)
+    processed = cost_micros(Usage(prompt_tokens=engine.stats.prompt_tokens,
+                                  completion_tokens=engine.stats.completion_tokens), RATES)
+    assert {200, 400, 429} <= set(statuses), statuses
+    assert totals["cost_micros"] == processed == counter <= BUDGET
