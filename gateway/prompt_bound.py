@@ -36,12 +36,15 @@ is refused by the engine (no charge), so each prompt's bound is capped at the co
 `typical` is a rough count (about 4 bytes a token), never above the bound: what a request whose engine
 reported no usage is charged.
 
-Cost: one pass over the body's containers (strings are measured by C calls, not per character): about
-10-30 us for ordinary chat requests (`fleetgate bench estimate` measures it).
+Cost: one pass over the messages and their content parts (strings are measured by C calls, not per
+character); tool definitions and other JSON documents are measured from two orjson serialisations
+(`_json_at_c_speed`). A few microseconds for a short chat, about 15 for 10 turns with 5 tools
+(`fleetgate bench estimate`, `docs/reports/prompt-bound.md`).
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -100,14 +103,16 @@ class PromptTally:
     templated: bool = True  # chat: the template's per-request text applies; a raw completion prompt: no
 
     def bound(self, profile: PromptProfile) -> int:
-        media = sum(n * profile.tokens_per_media.get(kind, max(profile.tokens_per_media.values(), default=0))
-                    for kind, n in self.media.items())
         fixed = profile.tokens_per_request if self.templated else PROMPT_SPECIAL_TOKENS
-        return self.bytes + self.token_ids + media + self.messages * profile.tokens_per_message + fixed
+        total = self.bytes + self.token_ids + self.messages * profile.tokens_per_message + fixed
+        if self.media:
+            most = max(profile.tokens_per_media.values(), default=0)  # a modality the profile does not name
+            total += sum(n * profile.tokens_per_media.get(kind, most) for kind, n in self.media.items())
+        return total
 
-    def typical(self, profile: PromptProfile) -> int:
+    def typical(self) -> int:
         """A rough count (about 4 bytes a token, template markers at 5 a message), never above `bound`."""
-        media = sum(self.media.values()) * 256
+        media = sum(self.media.values()) * 256 if self.media else 0
         return max(1, self.bytes // 4 + self.token_ids + media + self.messages * 5 + PROMPT_SPECIAL_TOKENS)
 
 
@@ -134,8 +139,43 @@ def json_bytes(s: str) -> int:
     return quoted if s.isascii() else quoted + text_bytes(s) - len(s.encode())
 
 
-def add_json(tally: PromptTally, value: Any, depth: int = 0) -> None:
-    """Count `value` as a template's `tojson(indent=JSON_INDENT)` could render it."""
+# A media part or a message inside a JSON value: the value needs the walk (placeholders, turn markers).
+_WALK_MARK = re.compile(rb'"type":"(?:' + b"|".join(k.encode() for k in MEDIA) + rb')"|"role":')
+
+
+def _json_at_c_speed(tally: PromptTally, value: Any, depth: int) -> bool:
+    """Count a container with no media part and no message inside from two orjson serialisations (C code).
+
+    With L the compact length, P2 the length with `indent=2` and N its newlines: every line of the pretty
+    form carries 2 spaces per level, so the sum S of line depths is at most (P2 - L - N) / 2, and the form
+    with `indent=4` (what `tojson(indent=4)` writes) is P2 + 2S <= 2 P2 - L - N, plus 4 spaces per line for
+    each level `depth` this value sits below the rendered root. One byte per element more (every `,`, `[`,
+    `{` of the compact form, an upper bound on the elements) covers Python writing `1e+308` for `1e308`."""
+    try:
+        compact = orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):
+        return False  # an integer past 64 bits: the walk measures it
+    if _WALK_MARK.search(compact):
+        return False
+    pretty = orjson.dumps(value, option=orjson.OPT_INDENT_2)
+    lines = pretty.count(b"\n")
+    elements = compact.count(b",") + compact.count(b"[") + compact.count(b"{") + 1
+    size = 2 * len(pretty) - len(compact) - lines + JSON_INDENT * depth * (lines + 1) + elements
+    if not compact.isascii():
+        text = compact.decode()
+        size += max(len(unicodedata.normalize("NFKC", text).encode()),
+                    len(unicodedata.normalize("NFC", text).encode())) - len(compact)
+    tally.bytes += size
+    return True
+
+
+def add_json(tally: PromptTally, value: Any, depth: int = 0, *, structured: bool = False) -> None:
+    """Count `value` as a template's `tojson(indent=JSON_INDENT)` could render it. `structured`: a field that
+    is usually a JSON document (tool definitions, tool-call arguments, template kwargs), measured at C speed
+    unless it holds media or messages; content parts are walked (their text is measured string by string,
+    never serialised whole)."""
+    if structured and isinstance(value, Mapping | list) and value and _json_at_c_speed(tally, value, depth):
+        return
     if isinstance(value, str):
         tally.bytes += json_bytes(value)
     elif isinstance(value, Mapping):
@@ -198,11 +238,11 @@ def add_message(tally: PromptTally, message: Any) -> None:
                 function = call.get("function") if isinstance(call, Mapping) else None
                 if isinstance(function, Mapping) and "arguments" in function:
                     call = {**call, "function": {**function, "arguments": _arguments(function["arguments"])}}
-                add_json(tally, call, 1)
+                add_json(tally, call, 1, structured=True)
         elif key in TEXT_FIELDS:
             add_text(tally, value, 1)
         else:
-            add_json(tally, value, 1)
+            add_json(tally, value, 1, structured=True)
 
 
 def _prompt_tallies(prompt: Any) -> list[PromptTally]:
@@ -237,7 +277,7 @@ def bound_request(
             add_text(shared, value)
         else:
             shared.bytes += json_bytes(key)  # a template may render it with its name
-            add_json(shared, value)
+            add_json(shared, value, structured=True)
     if prompts_field is None:
         tallies = [shared]
     else:  # every prompt carries what the rest of the body adds (e.g. `prompt_embeds`)
@@ -249,5 +289,5 @@ def bound_request(
     bounds = [t.bound(profile) for t in tallies]
     if context is not None:
         bounds = [min(b, context) for b in bounds]
-    typical = sum(min(t.typical(profile), b) for t, b in zip(tallies, bounds, strict=True))
+    typical = sum(min(t.typical(), b) for t, b in zip(tallies, bounds, strict=True))
     return PromptBound(tokens=sum(bounds), typical=typical, prompts=len(tallies))

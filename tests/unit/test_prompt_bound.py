@@ -29,6 +29,8 @@ from fleetgate.gateway.prompt_bound import (
     MEDIA,
     NOT_RENDERED,
     PromptProfile,
+    PromptTally,
+    add_json,
     bound_request,
     text_bytes,
 )
@@ -244,3 +246,22 @@ def test_fuzzed_requests_never_exceed_the_bound(messages: list[dict[str, Any]], 
     if kwargs is not None:
         body["chat_template_kwargs"] = kwargs
     assert bound(body) >= worst_tokens(body)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=st.lists(_json, min_size=1, max_size=4) | st.dictionaries(_text, _json, min_size=1, max_size=4),
+       depth=st.integers(0, 3))
+def test_json_documents_measured_at_c_speed_cover_their_indented_rendering(value: Any, depth: int) -> None:
+    """Tool definitions and other JSON documents are measured from two orjson serialisations, not walked:
+    still at least `tojson(indent=4)` of the value, nested `depth` levels below the rendered root."""
+    tally = PromptTally(templated=False)
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return  # integers past 64 bits never come out of a parsed request body
+    add_json(tally, value, depth, structured=True)
+    first, *rest = json.dumps(value, ensure_ascii=False, indent=4).split("\n")  # the first line follows its key
+    text = "\n".join([first, *(" " * (4 * depth) + line for line in rest)])
+    worst = max(len(text.encode()), len(unicodedata.normalize("NFKC", text).encode()),
+                len(unicodedata.normalize("NFC", text).encode()))
+    assert tally.bytes >= worst
