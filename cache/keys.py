@@ -6,12 +6,15 @@ Inputs: a `CacheRequest` (tenant, concrete model, kind, the client's body).
   output (`TRANSPORT_FIELDS`: stream, stream_options, user, metadata, ...). A deny-list, not an
   allow-list, so an unknown field (a new sampling knob) separates entries instead of being ignored.
 - `partition` = sha256(canonical JSON of [tenant, model, kind, params, prefix]) where `prefix` is every
-  chat message before the last one (system prompt and earlier turns, verbatim). For completions the
-  prefix is empty. A semantic hit never crosses a partition, so two requests can only share an answer when
-  tenant, model, parameters, system prompt and the whole history are identical.
+  turn before the last one (system prompt and earlier turns, verbatim): chat and Anthropic `messages`, or a
+  Responses `input` (which holds the whole stored conversation of a follow-up; its `previous_response_id`
+  and `instructions` are params). For completions the prefix is empty. A semantic hit never crosses a
+  partition, so two requests can only share an answer when tenant, model, parameters, system prompt and the
+  whole history are identical.
 - `exact` = sha256(partition, canonical JSON of the last message) (or of the prompt).
 - `semantic_text`: the last message's text when it is a plain user message (string content or text parts
-  only); `None` otherwise (tool results, images, assistant prefill), which makes the request exact-only.
+  only); `None` otherwise (tool results, images, assistant prefill, a Responses follow-up), which makes the
+  request exact-only.
 
 Canonical JSON: keys sorted, no whitespace (orjson), so key order in the client's body does not matter.
 """
@@ -79,17 +82,45 @@ def follows_user_turns(messages: Any) -> bool:
         isinstance(m, Mapping) and m.get("role") == "user" for m in messages[:-1])
 
 
+def _conversation(req: CacheRequest) -> list[Any] | None:
+    """The turns of a conversation-shaped request (chat and messages: `messages`; responses: `input` items,
+    a string being one user turn); None for a prompt-shaped one (completions)."""
+    body = req.body
+    if req.kind == "responses":
+        value = body.get("input")
+        return [{"role": "user", "content": value}] if isinstance(value, str) else list(value or [])
+    if req.kind in ("chat", "messages"):
+        messages = body.get("messages")
+        return messages if isinstance(messages, list) else []
+    return None
+
+
+def _last_text(req: CacheRequest, last: Any) -> str | None:
+    """The last turn's text for the semantic layer; None makes the request exact-only: a stateful Responses
+    follow-up (its whole input must match) and any turn that is not a plain user text."""
+    if not isinstance(last, Mapping) or (req.kind == "responses" and req.body.get("previous_response_id")):
+        return None
+    if req.kind == "responses" and last.get("type", "message") == "message":
+        parts = last.get("content")
+        if isinstance(parts, list) and all(isinstance(p, Mapping) and p.get("type") == "input_text" for p in parts):
+            last = {"role": last.get("role"), "content": [{"type": "text", "text": p.get("text")} for p in parts]}
+        else:
+            last = {k: v for k, v in last.items() if k != "type"}
+    return message_text(last)
+
+
 def cache_keys(req: CacheRequest) -> CacheKeys:
     body = req.body
-    head = _canonical([req.tenant, req.model, req.kind, output_params(body)])
-    if req.kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            messages = []
-        prefix, last = messages[:-1], (messages[-1] if messages else None)
+    params = output_params(body)
+    if req.kind == "responses":
+        params.pop("input", None)
+    head = _canonical([req.tenant, req.model, req.kind, params])
+    turns = _conversation(req)
+    if turns is not None:
+        prefix, last = turns[:-1], (turns[-1] if turns else None)
         partition = _digest(head, _canonical(prefix))
-        text = message_text(last) if isinstance(last, Mapping) else None
-        return CacheKeys(partition=partition, exact=_digest(partition.encode(), _canonical(last)), semantic_text=text)
+        return CacheKeys(partition=partition, exact=_digest(partition.encode(), _canonical(last)),
+                         semantic_text=_last_text(req, last))
     partition = _digest(head, b"completions")
     return CacheKeys(partition=partition, exact=_digest(partition.encode(), _canonical(body.get("prompt"))),
                      semantic_text=None)

@@ -17,8 +17,10 @@
 
 `storable(response, config)` accepts only a complete success: an OpenAI object with at least one choice,
 every `finish_reason` == "stop" (or "length" when `store_truncated`), no tool calls, no error, and a body
-below `max_response_bytes`. "length" is refused by default: a truncated answer is an incomplete one and
-clients usually retry it with a larger `max_tokens`.
+below `max_response_bytes`; a Responses answer `completed` with message items only; an Anthropic message
+ended by `end_turn` or a stop sequence, without tool_use. Embeddings are never served nor stored. "length"
+is refused by default: a truncated answer is an incomplete one and clients usually retry it with a larger
+`max_tokens`.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def _number(value: Any, default: float) -> float:
 
 def _bypass_reason(req: CacheRequest, config: CacheConfig) -> str:
     body = req.body
+    if req.kind == "embeddings":
+        return "embeddings"
     if any(body.get(k) not in (None, [], "none") for k in ("tools", "functions", "tool_choice", "function_call")):
         return "tools"
     if _number(body.get("n"), 1) > 1 or _number(body.get("best_of"), 1) > 1:
@@ -82,10 +86,42 @@ def decide(req: CacheRequest, config: CacheConfig, *, semantic_text: str | None)
     return Decision(serve=True, store=True, semantic=semantic)
 
 
+def _storable_response(response: Mapping[str, Any], config: CacheConfig) -> str:
+    """A Responses API answer: completed (or incomplete at its output limit, when truncated answers are
+    stored), with messages only (no tool calls, no reasoning items)."""
+    status = response.get("status")
+    if status != "completed" and not (config.store_truncated and status == "incomplete"):
+        return f"status {status!r}"
+    output = response.get("output")
+    if not isinstance(output, list) or not output:
+        return "no output"
+    if any(not isinstance(item, Mapping) or item.get("type") != "message" for item in output):
+        return "tool calls"
+    return ""
+
+
+def _storable_message(response: Mapping[str, Any], config: CacheConfig) -> str:
+    """An Anthropic message: ended by the model or a stop sequence (or at `max_tokens`, when truncated
+    answers are stored), with no tool_use block."""
+    allowed = {"end_turn", "stop_sequence", "max_tokens"} if config.store_truncated else {"end_turn", "stop_sequence"}
+    if response.get("stop_reason") not in allowed:
+        return f"stop_reason {response.get('stop_reason')!r}"
+    content = response.get("content")
+    if not isinstance(content, list) or not content:
+        return "no content"
+    if any(not isinstance(b, Mapping) or b.get("type") == "tool_use" for b in content):
+        return "tool calls"
+    return ""
+
+
 def storable(response: Mapping[str, Any], config: CacheConfig) -> str:
     """"" when `response` may be stored, else why not."""
-    if "error" in response:
+    if "error" in response and response.get("error") is not None:
         return "error response"
+    if response.get("object") == "response":
+        return _storable_response(response, config)
+    if response.get("type") == "message":
+        return _storable_message(response, config)
     choices = response.get("choices")
     if not isinstance(choices, list) or not choices:
         return "no choices"

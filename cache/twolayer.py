@@ -73,6 +73,7 @@ from fleetgate.core.kvstore import KVStore, MemoryKVStore, StoreUnavailableError
 
 log = logging.getLogger("fleetgate.cache")
 _DOWN = "cache backend unavailable"
+_ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_", "messages": "msg_"}
 
 
 class TwoLayerCache:
@@ -259,9 +260,13 @@ class TwoLayerCache:
             return CacheLookup(status=CacheStatus.BYPASS, reason=_DOWN)
 
     def _served(self, record: Mapping[str, Any], req: CacheRequest) -> dict[str, Any]:
+        """A stored answer as served now: a new id (in the API's own form) and creation time."""
         response = dict(record["response"])
-        response["id"] = ("chatcmpl-" if req.kind == "chat" else "cmpl-") + "fgc" + uuid.uuid4().hex
-        response["created"] = int(time.time())
+        response["id"] = _ID_PREFIX.get(req.kind, "cmpl-") + "fgc" + uuid.uuid4().hex
+        if req.kind in ("chat", "completions"):
+            response["created"] = int(time.time())
+        elif req.kind == "responses":
+            response["created_at"] = int(time.time())
         return response
 
     async def _exact(self, req: CacheRequest, keys: CacheKeys) -> CacheLookup | None:

@@ -25,7 +25,7 @@ class CacheStatus(StrEnum):
 class CacheRequest:
     tenant: str
     model: str  # concrete model (after tier resolution)
-    kind: Literal["chat", "completions"]
+    kind: Literal["chat", "completions", "responses", "messages", "embeddings"]
     body: Mapping[str, Any]  # the client's request body
     no_cache: bool = False  # Cache-Control: no-cache -> do not serve from cache (may still store)
     no_store: bool = False  # Cache-Control: no-store -> neither serve nor store

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from fleetgate.cache.types import ResponseCache
 from fleetgate.core.errors import FleetGateError, InvalidRequestError, UpstreamUnavailableError
 from fleetgate.core.kvstore import KVStore, make_kvstore
+from fleetgate.gateway.api_wiring import api_handlers, api_pipelines, install_api_routes, install_unknown_route
 from fleetgate.gateway.context import request_id_from
 from fleetgate.gateway.discovery import EndpointSource
 from fleetgate.gateway.errors import error_body, internal_error_body
@@ -177,10 +178,14 @@ def create_app(
         path: completion_handler(kind, pipeline=pipeline, max_body_bytes=limit, body_timeout_s=body_s)
         for path, kind in routes
     }
+    apis = api_pipelines(pipeline, settings=settings, kvstore=store)  # responses, messages, embeddings
+    app.hot_routes.update(api_handlers(apis, settings=settings))
     _install_error_handlers(app)
     install_routes(app, pipeline=pipeline, readiness=readiness)
+    install_api_routes(app, apis=apis, pipeline=pipeline)
     for router in [*build_routers(settings, stages=stages, registry=registry, kvstore=store), *routers]:
         app.include_router(router)
+    install_unknown_route(app, hot_paths=set(app.hot_routes))  # last: what no route takes
     app.state.settings = settings
     app.state.stages = stages
     app.state.pipeline = pipeline

@@ -8,11 +8,11 @@ returns None): rebuilding those exactly is not worth the risk of caching a wrong
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 
 class StreamAssembler:
-    def __init__(self, kind: Literal["chat", "completions"]) -> None:
+    def __init__(self, kind: str) -> None:  # "chat" or "completions"
         self._kind = kind
         self._id = ""
         self._created = 0

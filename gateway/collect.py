@@ -11,8 +11,8 @@ usage seen) the estimate of `engine_usage.fallback_usage`, and never less than i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -62,15 +62,29 @@ async def collect_stream(
     if streams is not None:
         streams.opened(relay)
     try:
-        async with asyncio.timeout(server.request_timeout_s):
-            async for _ in relay:
+        return await read_to_end(relay, timeout_s=server.request_timeout_s)
+    finally:
+        if streams is not None:
+            streams.closed(relay)
+
+
+class Closable(Protocol):
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    def close(self, *, cancelled: bool = False) -> None: ...
+
+
+async def read_to_end(stream: Closable, *, timeout_s: float) -> bool:
+    """Read a relayed stream to its end, for nobody (True: `timeout_s` ran out first). It is closed whatever
+    happens (a cancelled caller: the client left), so its outcome is reported exactly once."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for _ in stream:
                 pass
     except TimeoutError:
         return True
     finally:
-        relay.close(cancelled=True)  # `cancelled` only counts when the stream had not ended
-        if streams is not None:
-            streams.closed(relay)
+        stream.close(cancelled=True)  # `cancelled` only counts when the stream had not ended
     return False
 
 

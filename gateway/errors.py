@@ -33,17 +33,17 @@ def error_body(exc: FleetGateError) -> bytes:
     return orjson.dumps(exc.to_openai())
 
 
+class InternalGatewayError(FleetGateError):
+    """An unexpected failure inside the gateway: the client learns its request id, never the traceback."""
+
+    code = "internal_error"
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"internal gateway error (request id {request_id}); see the gateway log")
+
+
 def internal_error_body(request_id: str) -> bytes:
-    return orjson.dumps(
-        {
-            "error": {
-                "message": f"internal gateway error (request id {request_id}); see the gateway log",
-                "type": "server_error",
-                "param": None,
-                "code": "internal_error",
-            }
-        }
-    )
+    return error_body(InternalGatewayError(request_id))
 
 
 def safe_message(message: str) -> str | None:

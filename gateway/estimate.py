@@ -104,22 +104,26 @@ async def _exact(counter: TokenCounter | None, parsed: ParsedRequest, estimate: 
 
 async def reserve_request(
     *, limiter: Limiter, tenant: Tenant, parsed: ParsedRequest, estimate: RequestEstimate, context: int | None,
-    default: int, counter: TokenCounter | None = None,
+    default: int, counter: TokenCounter | None = None, completion: int | None = None,
 ) -> tuple[Reservation, RequestEstimate]:
     """Reserve the most the request can cost; the estimate that was reserved (exact where the bound was
     refused). A completion sized by the context that the budget did not lower is not set upstream
     (`Reservation.max_tokens` None): the engine stops at its context length. One the budget lowered is set,
-    at most what the context leaves after the prompt's bound, when that is known to be positive."""
-    completion = parsed.max_tokens or default_max_tokens(context=context, default=default)
+    at most what the context leaves after the prompt's bound, when that is known to be positive.
+    `completion`: the completion tokens per sequence when the route fixes them (0: an embedding request,
+    which generates none); never lowered."""
+    fixed = completion is not None
+    if completion is None:
+        completion = parsed.max_tokens or default_max_tokens(context=context, default=default)
     try:
-        reservation = await _reserve(limiter, tenant, parsed, estimate, completion)
+        reservation = await _reserve(limiter, tenant, parsed, estimate, completion, fit=not fixed)
     except RateLimitError as exc:
         tokens = exc.limit is not None and exc.limit != "rpm"  # a token or dollar window, not a request count
         exact = await _exact(counter, parsed, estimate, context) if tokens else None
         if exact is None:
             raise
         estimate = exact
-        reservation = await _reserve(limiter, tenant, parsed, estimate, completion)
+        reservation = await _reserve(limiter, tenant, parsed, estimate, completion, fit=not fixed)
     reservation.completion_per_seq = completion
     if context is not None and parsed.max_tokens is None:
         if reservation.max_tokens == completion:
@@ -130,8 +134,8 @@ async def reserve_request(
 
 
 async def _reserve(limiter: Limiter, tenant: Tenant, parsed: ParsedRequest, estimate: RequestEstimate,
-                   completion: int) -> Reservation:
+                   completion: int, *, fit: bool) -> Reservation:
     return await limiter.reserve(
         tenant, parsed.model, prompt_tokens=estimate.prompt_tokens, max_tokens=completion,
-        sequences=estimate.sequences, fit_max_tokens=parsed.max_tokens is None,
+        sequences=estimate.sequences, fit_max_tokens=fit and parsed.max_tokens is None,
     )  # fmt: skip

@@ -1,15 +1,18 @@
 """The completion routes as bare ASGI handlers, dispatched before FastAPI's middleware and router.
 
 Measured on this machine (py-spy over 6,000 requests, 16 connections): Starlette's middleware
-stack, router and `Request` object took about a sixth of the gateway's CPU per request. The two
-completion routes do not need any of it (the pipeline parses and validates itself), so
-`GatewayApp.__call__` hands them to these handlers; every other route goes through FastAPI.
+stack, router and `Request` object took about a sixth of the gateway's CPU per request. The POST
+routes with a body (chat, completions, and the other APIs' `api_pipeline`) do not need any of it (the
+pipeline parses and validates itself), so `GatewayApp.__call__` hands them to these handlers; every other
+route goes through FastAPI.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
@@ -20,6 +23,7 @@ from fleetgate.gateway.errors import error_body
 from fleetgate.gateway.parsing import Kind
 from fleetgate.gateway.pipeline import Pipeline
 from fleetgate.gateway.responses import ClientWatch, StreamResponse
+from fleetgate.gateway.stages import Tenant
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -85,17 +89,52 @@ async def send_json(send: Send, result: GatewayResponse) -> None:
     await send({"type": "http.response.body", "body": result.body})
 
 
+class BodyRoute(Protocol):
+    """A POST route whose body the pipeline reads: chat and completions here, the other APIs' `ApiPipeline`."""
+
+    def render_error(self, exc: FleetGateError) -> bytes: ...
+
+    async def authenticate(self, *, headers: Mapping[str, str]) -> Tenant: ...
+
+    def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse: ...
+
+    async def handle(self, *, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None) -> GatewayResponse:
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRoute:
+    kind: Kind
+    pipeline: Pipeline
+
+    def render_error(self, exc: FleetGateError) -> bytes:
+        return error_body(exc)
+
+    async def authenticate(self, *, headers: Mapping[str, str]) -> Tenant:
+        return await self.pipeline.authenticate(headers=headers)
+
+    def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse:
+        return self.pipeline.refuse(headers=headers, exc=exc)
+
+    async def handle(self, *, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None) -> GatewayResponse:
+        return await self.pipeline.handle(kind=self.kind, raw=raw, headers=headers, tenant=tenant)
+
+
 def completion_handler(
     kind: Kind, *, pipeline: Pipeline, max_body_bytes: int, body_timeout_s: float | None = None
 ) -> Handler:
+    return body_handler(CompletionRoute(kind, pipeline), max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
+
+
+def body_handler(route: BodyRoute, *, max_body_bytes: int, body_timeout_s: float | None = None) -> Handler:
     async def handle(scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         # The key first, from the header alone: an unauthenticated body is never read into memory or
         # parsed (the server discards its bytes), so it costs no more than a 401.
         try:
-            tenant = await pipeline.authenticate(headers=headers)
+            tenant = await route.authenticate(headers=headers)
         except FleetGateError as exc:
-            refused = pipeline.refuse(headers=headers, exc=exc)
+            refused = route.refuse(headers=headers, exc=exc)
             if not _small(headers):  # close rather than receive (and discard) megabytes we will never use
                 refused.headers["connection"] = "close"
             await send_json(send, refused)
@@ -106,7 +145,7 @@ def completion_handler(
             answer = {"x-request-id": request_id_from(headers)}
             if isinstance(exc, BodyTimeoutError):  # a slow sender would keep dribbling: close its connection
                 answer["connection"] = "close"
-            await send_json(send, GatewayResponse(exc.status, answer, error_body(exc)))
+            await send_json(send, GatewayResponse(exc.status, answer, route.render_error(exc)))
             return
         except ClientLeft:
             return
@@ -114,7 +153,7 @@ def completion_handler(
         # streamed or not, must not keep a GPU busy.
         watch = ClientWatch(receive)
         try:
-            result = await pipeline.handle(kind=kind, raw=raw, headers=headers, tenant=tenant)
+            result = await route.handle(raw=raw, headers=headers, tenant=tenant)
             if result.stream is None:
                 await send_json(send, result)
             else:

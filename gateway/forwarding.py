@@ -43,6 +43,8 @@ from fleetgate.router.types import RoutingRequest, Scheduler
 log = logging.getLogger("fleetgate.gateway.upstream")
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+API_PATHS = {"responses": "/v1/responses", "messages": "/v1/messages", "embeddings": "/v1/embeddings"}
+BodyBuilder = Callable[[str, int | None], bytes]  # (served model name, max_tokens to set or None) -> body
 FORCED_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
@@ -111,11 +113,14 @@ class Forwarder:
             self.waker.end(self._base(attempt.model))
 
     async def open(
-        self, ctx: RequestContext, targets: list[tuple[str, str | None]], *, stream: bool
+        self, ctx: RequestContext, targets: list[tuple[str, str | None]], *, stream: bool,
+        build: BodyBuilder | None = None,
     ) -> tuple[Attempt, aiohttp.ClientResponse]:
+        """`build(served_name, max_tokens)`: the engine's body for a route other than chat and completions
+        (`api_route`); its path is the route's own."""
         parsed = ctx.parsed
         assert parsed is not None
-        path = PATHS[parsed.kind]
+        path = PATHS.get(parsed.kind) or API_PATHS[parsed.kind]
         timeout = self._server.first_byte_timeout_s if stream else self._server.request_timeout_s
         cap = ctx.reservation.max_tokens if ctx.reservation is not None and parsed.max_tokens is None else None
         problems: list[str] = []  # for the log: names endpoints and addresses
@@ -166,7 +171,8 @@ class Forwarder:
                         public.append(f"adapter {model!r} could not be loaded on an engine of {spec.base!r}")
                         continue
                 served = spec.name if spec is not None else endpoint.model
-                body = upstream_body(parsed.body, served_name=served, stream=stream, raw=parsed.raw, max_tokens=cap)
+                body = (build(served, cap) if build is not None else
+                        upstream_body(parsed.body, served_name=served, stream=stream, raw=parsed.raw, max_tokens=cap))
                 # on_start before sending and on_complete on every failure keep in-flight counts balanced.
                 self._scheduler.on_start(routing, endpoint)
                 try:

@@ -15,7 +15,8 @@ import orjson
 from fleetgate.core.errors import InvalidRequestError
 from fleetgate.gateway.validation import validate_body
 
-Kind = Literal["chat", "completions"]
+# The request kinds: chat and completions are parsed here; the other API routes parse their own (`api_route`).
+Kind = Literal["chat", "completions", "responses", "messages", "embeddings"]
 
 
 @dataclass(slots=True)
@@ -60,8 +61,8 @@ def _prompt_text(kind: Kind, body: Mapping[str, Any]) -> str:
     return "\n".join(" ".join(str(t) for t in p) for p in prompt)
 
 
-def parse_request(kind: Kind, raw: bytes, *, session_header: str | None = None) -> ParsedRequest:
-    """Raise `InvalidRequestError` (400, naming the parameter) for anything the gateway cannot forward."""
+def load_body(raw: bytes) -> dict[str, Any]:
+    """A request body: a JSON object with a non-empty string `model`; 400 otherwise."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -71,6 +72,12 @@ def parse_request(kind: Kind, raw: bytes, *, session_header: str | None = None) 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequestError("'model' is required and must be a non-empty string", param="model")
+    return body
+
+
+def parse_request(kind: Kind, raw: bytes, *, session_header: str | None = None) -> ParsedRequest:
+    """Raise `InvalidRequestError` (400, naming the parameter) for anything the gateway cannot forward."""
+    body = load_body(raw)
     validate_body(kind, body)
     stream = bool(body.get("stream"))
     options = body.get("stream_options") or {}
@@ -81,7 +88,7 @@ def parse_request(kind: Kind, raw: bytes, *, session_header: str | None = None) 
     return ParsedRequest(
         kind=kind,
         body=body,
-        model=model,
+        model=body["model"],
         stream=stream,
         include_usage=bool(options.get("include_usage")),
         continuous_usage=bool(options.get("continuous_usage_stats")),

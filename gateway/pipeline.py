@@ -6,6 +6,8 @@ against limits (429) -> cache lookup (hit: answer, settle zero engine usage) -> 
 concrete models are authorized too (`authorization`) -> endpoint picking and forwarding (fallbacks, one connect
 retry) -> optional cascade escalation (non-streaming) -> relay -> settle, record, cache store.
 Settling, recording and storing run after the response, in tasks the pipeline tracks (`drain`).
+`admit` (authorize to tier) and the finishing steps are shared with the other API routes (`api_pipeline`:
+`/v1/responses`, `/v1/messages`, `/v1/embeddings`), so every route is metered, budgeted and routed alike.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
 import aiohttp
 import orjson
@@ -42,14 +45,20 @@ from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, 
 from fleetgate.gateway.discovery import context_length, models_page, served_names, serves
 from fleetgate.gateway.drain import Activity
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
-from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
-from fleetgate.gateway.estimate import completion_cap, estimate_request, reserve_request
-from fleetgate.gateway.forwarding import Forwarder, assembled_upstream
+from fleetgate.gateway.errors import InternalGatewayError, error_body, from_engine
+from fleetgate.gateway.estimate import (
+    RequestEstimate,
+    TokenCounter,
+    completion_cap,
+    estimate_request,
+    reserve_request,
+)
+from fleetgate.gateway.forwarding import BodyBuilder, Forwarder, assembled_upstream
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
 from fleetgate.gateway.prompt_bound import DEFAULT_PROFILE
 from fleetgate.gateway.replay import replay_chunks
-from fleetgate.gateway.settings import GatewaySettings
+from fleetgate.gateway.settings import GatewaySettings, ServerSettings
 from fleetgate.gateway.stages import RequestRecord, Tenant
 from fleetgate.gateway.stageset import Stages
 from fleetgate.gateway.streaming import RelayStream, ReplayStream, StreamOutcome
@@ -62,6 +71,32 @@ SAMPLED_OPT_IN = "x-fleetgate-cache-sampled"
 # How a stream that did not end well is recorded (`StreamOutcome.error_kind`); anything else: 502.
 STREAM_END_STATUS = {"timeout": 504, "deadline": 504, "shutdown": 503}
 HITS = (CacheStatus.HIT_EXACT, CacheStatus.HIT_SEMANTIC)
+Estimator = Callable[..., RequestEstimate]  # (profile=..., context=...) -> the request's estimate
+ErrorRenderer = Callable[[FleetGateError], bytes]  # an error as the route's API writes it
+
+
+class AnswerShape(Protocol):
+    """Another API's non-streaming answer (`api_route`): whether `obj` is one, and its usage (None: unknown)."""
+
+    def is_answer(self, obj: dict[str, Any]) -> bool: ...
+
+    def usage_of(self, obj: dict[str, Any]) -> Usage | None: ...
+
+
+Runner = Callable[["RequestContext", Kind, bytes, Mapping[str, str], "Tenant | None"], Awaitable["GatewayResponse"]]
+
+
+@dataclass(slots=True)
+class Admitted:
+    """An admitted request: a cache hit to answer with (`decision` None), or the targets to route to, in order."""
+
+    lookup: CacheLookup
+    decision: TierDecision | None = None
+
+    @property
+    def targets(self) -> list[tuple[str, str | None]]:
+        assert self.decision is not None
+        return [(self.decision.model, self.decision.tier), *self.decision.fallbacks]
 
 
 class Pipeline:
@@ -114,29 +149,32 @@ class Pipeline:
             return False
         return tenant.is_admin
 
-    def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse:
+    def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError,
+               render: ErrorRenderer = error_body) -> GatewayResponse:
         """The answer to a request refused before its body was read (counted like any other)."""
         ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
-        return self._error(ctx, exc)
+        return self._error(ctx, exc, render)
 
     async def handle(
-        self, *, kind: Kind, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None
+        self, *, kind: Kind, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None,
+        run: Runner | None = None, render: ErrorRenderer = error_body,
     ) -> GatewayResponse:
         """`headers` must have lower-case names; `tenant`: already authenticated (`authenticate`).
-        Never raises: every failure becomes a response."""
+        Never raises: every failure becomes a response. `run`: another API route's own steps (`api_pipeline`),
+        whose errors `render` writes in that API's shape."""
         ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
         self._entered()
         try:
-            response = await self._run(ctx, kind, raw, headers, tenant)
+            response = await (run or self._run)(ctx, kind, raw, headers, tenant)
         except FleetGateError as exc:
-            response = self._error(ctx, exc)
+            response = self._error(ctx, exc, render)
         except asyncio.CancelledError:  # the client left before a non-streaming answer: engine call aborted
             self._left()
             self._finish(ctx, status=499, usage=ctx.unanswered_usage(), records=self._rejected_records(ctx, 499))
             raise
         except Exception:
             self._log.exception("unexpected error", extra={"request_id": ctx.request_id})
-            response = GatewayResponse(500, self._headers(ctx), internal_error_body(ctx.request_id))
+            response = GatewayResponse(500, self._headers(ctx), render(InternalGatewayError(ctx.request_id)))
             self._finish(ctx, status=500, usage=Usage(), records=[])
         if response.stream is None:
             self._left()
@@ -182,6 +220,22 @@ class Pipeline:
         ctx.tenant = tenant if tenant is not None else await self.authenticate(headers=headers)
         ctx.authenticated = True
         parsed = parse_request(kind, raw, session_header=headers.get("x-session-id"))
+        admitted = await self.admit(ctx, parsed, headers=headers, estimate=partial(estimate_request, parsed),
+                                    counter=self._counter)
+        if admitted.decision is None:
+            return self._serve_hit(ctx, parsed, admitted.lookup)
+        if parsed.stream:
+            return await self._stream(ctx, parsed, admitted.targets)
+        return await self._complete(ctx, parsed, admitted.targets)
+
+    async def admit(
+        self, ctx: RequestContext, parsed: ParsedRequest, *, headers: Mapping[str, str], estimate: Estimator,
+        counter: TokenCounter | None = None, completion: int | None = None, aliases: bool = True,
+    ) -> Admitted:
+        """Everything between a parsed request of an authenticated tenant and the choice of an engine, for every
+        API route: authorize the model (403), known model or alias (404), reserve `estimate(profile=, context=)`
+        against limits (429; `completion`: the completion tokens per sequence when the route fixes them, 0 for
+        embeddings), cache lookup, tier resolution (`aliases`: False for routes no alias may serve)."""
         ctx.parsed = parsed
         # Until the name is authorized and known it is the client's arbitrary string: records, ledger rows
         # and metric labels get a fixed placeholder instead, so they cannot grow with what clients send.
@@ -189,31 +243,27 @@ class Pipeline:
         self._s.auth.authorize(ctx.tenant, parsed.model)  # the tenant's own model list: 403
         ctx.model_label = UNKNOWN_MODEL
         source = self._s.endpoint_source
-        known = serves(source, parsed.model) or parsed.model in self._s.tiers.aliases()
+        names = self._s.tiers.aliases() if aliases else []
+        known = serves(source, parsed.model) or parsed.model in names
         if not known or not visible_to(ctx.tenant, parsed.model, source=source):
-            raise unknown_model(parsed.model, names=[*served_names(source, visible_to=ctx.tenant.id),
-                                                     *self._s.tiers.aliases()])
+            raise unknown_model(parsed.model, names=[*served_names(source, visible_to=ctx.tenant.id), *names])
         ctx.model_label = parsed.model
         context = self._context_of(parsed.model)
-        estimate = estimate_request(parsed, profile=self._profiles.get(parsed.model, DEFAULT_PROFILE),
-                                    context=context)
-        ctx.reservation, estimate = await reserve_request(
-            limiter=self._s.limiter, tenant=ctx.tenant, parsed=parsed, estimate=estimate, context=context,
-            default=self._server.default_max_tokens, counter=self._counter)
-        ctx.prompt_estimate = estimate.typical
+        reserved = estimate(profile=self._profiles.get(parsed.model, DEFAULT_PROFILE), context=context)
+        ctx.reservation, reserved = await reserve_request(
+            limiter=self._s.limiter, tenant=ctx.tenant, parsed=parsed, estimate=reserved, context=context,
+            default=self._server.default_max_tokens, counter=counter, completion=completion)
+        ctx.prompt_estimate = reserved.typical
         ctx.completion_cap = completion_cap(ctx.reservation, max_tokens=parsed.max_tokens,
-                                            sequences=estimate.sequences)
+                                            sequences=reserved.sequences)
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
-            return self._serve_hit(ctx, parsed, lookup)
+            return Admitted(lookup=lookup)
         decision = authorized_decision(await self._resolve(ctx, parsed, lookup), tenant=ctx.tenant, auth=self._s.auth,
                                        source=self._s.endpoint_source)
         ctx.tier = decision
         ctx.served_model, ctx.served_tier = decision.model, decision.tier  # until an engine call says otherwise
-        targets = [(decision.model, decision.tier), *decision.fallbacks]
-        if parsed.stream:
-            return await self._stream(ctx, parsed, targets)
-        return await self._complete(ctx, parsed, targets)
+        return Admitted(lookup=lookup, decision=decision)
 
     async def _lookup(self, ctx: RequestContext, parsed: ParsedRequest, headers: Mapping[str, str]) -> CacheLookup:
         directives = {d.strip().lower() for d in headers.get("cache-control", "").split(",")}
@@ -272,14 +322,16 @@ class Pipeline:
         return GatewayResponse(200, headers, stream=ReplayStream(chunks, on_done=done), media_type="text/event-stream")
 
     async def _call(
-        self, ctx: RequestContext, targets: list[tuple[str, str | None]]
+        self, ctx: RequestContext, targets: list[tuple[str, str | None]], *, shape: AnswerShape | None = None,
+        build: BodyBuilder | None = None,
     ) -> tuple[Attempt, dict[str, Any], Usage, bytes]:
         """One non-streaming engine call: the parsed answer and the bytes for the client (the engine's
         own unless the model name is rewritten or the answer was assembled from a stream). Engine errors
-        are raised as OpenAI-shaped errors; the engine's work so far is added to `ctx.spent` either way."""
+        are raised as OpenAI-shaped errors; the engine's work so far is added to `ctx.spent` either way.
+        `shape` and `build`: another API route's answer and body (`api_route`), never assembled."""
         assert ctx.parsed is not None
-        assembled = assembled_upstream(ctx.parsed.body)
-        attempt, resp = await self._forwarder.open(ctx, targets, stream=assembled)
+        assembled = shape is None and assembled_upstream(ctx.parsed.body)
+        attempt, resp = await self._forwarder.open(ctx, targets, stream=assembled, build=build)
         ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
         ep = attempt.endpoint
         if assembled and resp.status == 200:
@@ -294,13 +346,14 @@ class Pipeline:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 obj = None
-            if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
+            if not isinstance(obj, dict) or not (shape.is_answer(obj) if shape is not None
+                                                 else isinstance(obj.get("choices"), list)):
                 self._m.upstream_errors.labels(attempt.model, ep.id, "bad_response").inc()
-                raise UpstreamBadResponseError("the engine returned a response that is not an OpenAI completion")
+                raise UpstreamBadResponseError("the engine returned a response that is not an answer of the API")
         except (FleetGateError, asyncio.CancelledError):
             self._s.scheduler.on_complete(attempt.routing, ep, ok=False, usage=None)
             raise
-        usage = parse_usage(obj.get("usage"))
+        usage = shape.usage_of(obj) if shape is not None else parse_usage(obj.get("usage"))
         if usage is None:
             self._m.upstream_errors.labels(attempt.model, ep.id, "bad_usage").inc()
             usage = fallback_usage(prompt_estimate=ctx.prompt_estimate, output_chunks=0)
@@ -329,6 +382,13 @@ class Pipeline:
         timed_out = await collect_stream(resp, endpoint_id=ep.id, kind=ctx.parsed.kind, server=self._server,
                                          on_done=on_done, completion_cap=ctx.completion_cap, streams=self.activity)
         [(out, usage)] = done
+        self._check_collected(attempt, out, timed_out=timed_out)
+        obj = answer_of(out, usage, model=attempt.model if ep.model != attempt.model else ep.model)
+        return attempt, obj, usage, orjson.dumps(obj)
+
+    def _check_collected(self, attempt: Attempt, out: StreamOutcome, *, timed_out: bool) -> None:
+        """The error for a non-streaming answer whose engine stream did not end well (none when it did)."""
+        ep = attempt.endpoint
         if out.error_kind == "shutdown":
             raise UpstreamUnavailableError("the gateway is shutting down; retry the request")
         if timed_out or out.error_kind == "timeout":
@@ -337,8 +397,6 @@ class Pipeline:
         if not out.ok or out.assembled is None:
             self._m.upstream_errors.labels(attempt.model, ep.id, out.error_kind or "bad_response").inc()
             raise UpstreamBadResponseError("the engine broke off or sent an answer the gateway cannot assemble")
-        obj = answer_of(out, usage, model=attempt.model if ep.model != attempt.model else ep.model)
-        return attempt, obj, usage, orjson.dumps(obj)
 
     def _charged(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> Usage:
         if out.bad_usage:
@@ -383,18 +441,12 @@ class Pipeline:
         ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
         ep = attempt.endpoint
         if resp.status != 200:
-            ctx.spent = ctx.spent or Usage()  # the engine refused: no work done
-            try:
-                raw = await read_body(resp, endpoint=ep, timeout_s=self._server.first_byte_timeout_s)
-            finally:
-                self._s.scheduler.on_complete(attempt.routing, ep, ok=False, usage=None)
-            self._m.upstream_errors.labels(attempt.model, ep.id, "status").inc()
-            raise from_engine(resp.status, raw, endpoint=ep.id, retry_after=resp.headers.get("Retry-After"))
+            await self._refused(ctx, attempt, resp)
         assemble = ctx.lookup is not None and ctx.lookup.status == CacheStatus.MISS
 
         def done(out: StreamOutcome) -> None:
             self.activity.closed(relay)
-            self._stream_done(ctx, attempt, out)
+            self._stream_done(ctx, attempt, out, usage=self._charged(ctx, attempt, out), store=out.assembled)
 
         relay = RelayStream(
             response=resp,
@@ -412,9 +464,22 @@ class Pipeline:
         self.activity.opened(relay)
         return GatewayResponse(200, self._headers(ctx, attempt), stream=relay, media_type="text/event-stream")
 
-    def _stream_done(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> None:
+    async def _refused(self, ctx: RequestContext, attempt: Attempt, resp: aiohttp.ClientResponse) -> NoReturn:
+        """The engine answered a stream with an error status: relay its (sanitized) error; it did no work."""
+        ctx.spent = ctx.spent or Usage()
+        ep = attempt.endpoint
+        try:
+            raw = await read_body(resp, endpoint=ep, timeout_s=self._server.first_byte_timeout_s)
+        finally:
+            self._s.scheduler.on_complete(attempt.routing, ep, ok=False, usage=None)
+        self._m.upstream_errors.labels(attempt.model, ep.id, "status").inc()
+        raise from_engine(resp.status, raw, endpoint=ep.id, retry_after=resp.headers.get("Retry-After"))
+
+    def _stream_done(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome, *, usage: Usage,
+                     store: dict[str, Any] | None) -> None:
+        """A stream to the client ended (completed, broke off, timed out, or the client left): charge `usage`,
+        tell the scheduler, record, finish (`store`: the answer for the cache)."""
         self._left()
-        usage = self._charged(ctx, attempt, out)
         ep = attempt.endpoint
         self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok, usage=usage)
         if out.error_kind:
@@ -426,7 +491,7 @@ class Pipeline:
             record.ttft_s = out.first_token_at - ctx.received_at
         if out.cancelled:
             record.extra["cancelled"] = "client disconnected"
-        self._finish(ctx, status=status, usage=usage, records=[record], store=out.assembled, outcome=out)
+        self._finish(ctx, status=status, usage=usage, records=[record], store=store, outcome=out)
 
     # ---- responses, records, finishing --------------------------------------------------------
 
@@ -439,10 +504,10 @@ class Pipeline:
         return [self._record(ctx, model=model, tier=ctx.served_tier, endpoint=endpoint, usage=ctx.unanswered_usage(),
                              status=status)]
 
-    def _error(self, ctx: RequestContext, exc: FleetGateError) -> GatewayResponse:
+    def _error(self, ctx: RequestContext, exc: FleetGateError, render: ErrorRenderer = error_body) -> GatewayResponse:
         records = self._rejected_records(ctx, exc.status)
         self._finish(ctx, status=exc.status, usage=ctx.unanswered_usage(), records=records)
-        return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
+        return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, render(exc))
 
     def _headers(self, ctx: RequestContext, attempt: Attempt | None = None) -> dict[str, str]:
         headers = {"x-request-id": ctx.request_id}
@@ -540,3 +605,34 @@ class Pipeline:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    # ---- what the other API routes (`api_pipeline`: responses, messages, embeddings) use -------------------
+
+    @property
+    def stages(self) -> Stages:
+        return self._s
+
+    @property
+    def metrics(self) -> GatewayMetrics:
+        return self._m
+
+    @property
+    def server(self) -> ServerSettings:
+        return self._server
+
+    @property
+    def forwarder(self) -> Forwarder:
+        return self._forwarder
+
+    entered = _entered
+    left = _left
+    finish = _finish
+    record = _record
+    headers = _headers
+    rejected_records = _rejected_records
+    charged = _charged
+    spawn = _spawn
+    refused = _refused
+    stream_done = _stream_done
+    call = _call
+    check_collected = _check_collected

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetgate.cache.config import CacheConfig
 from fleetgate.core.adapters import ADAPTER_NAME_MAX, AdapterSpec, valid_adapter_name
+from fleetgate.gateway.api_settings import ResponsesSettings
 from fleetgate.gateway.prompt_bound import PromptProfile
 from fleetgate.gateway.tenancy.config import TenancyConfig
 from fleetgate.router.config import RoutingConfig
@@ -175,6 +176,7 @@ class GatewaySettings(_Strict):
     cache: CacheConfig = Field(default_factory=lambda: CacheConfig(enabled=False))  # no section: off
     tiers: TierConfig = Field(default_factory=TierConfig)
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
 
     @field_validator("models")
     @classmethod

@@ -24,7 +24,6 @@ the upstream connection if the stream did not finish (the engine aborts the requ
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ import orjson
 from fleetgate.gateway.assembly import StreamAssembler
 from fleetgate.gateway.engine_usage import parse_usage
 from fleetgate.gateway.errors import safe_message
+from fleetgate.gateway.stream_reads import StreamEnd, StreamReads
 
 DONE = b"data: [DONE]\n\n"
 
@@ -98,8 +98,8 @@ class RelayStream:
     ) -> None:
         self._resp = response
         self._endpoint_id = endpoint_id
-        self._first_timeout = first_byte_timeout_s
-        self._inter_timeout = inter_chunk_timeout_s
+        self._reads = StreamReads(response, endpoint_id=endpoint_id, first_byte_timeout_s=first_byte_timeout_s,
+                                  inter_chunk_timeout_s=inter_chunk_timeout_s, deadline=deadline)
         self._include_usage = include_usage
         self._continuous = include_usage and continuous_usage
         self._model_name = model_name
@@ -112,16 +112,10 @@ class RelayStream:
         self._pos = 0
         self._closed = False
         self._cap = completion_cap
-        self._deadline = deadline  # loop time by which the whole stream must end
-        self._interrupted: str | None = None
-        self._timer: asyncio.Timeout | None = None  # the running read's timeout, rescheduled by `interrupt`
 
     def interrupt(self, message: str) -> None:
         """End the stream at once with an error event saying `message` (the gateway is shutting down)."""
-        if self._interrupted is None:
-            self._interrupted = message
-        if self._timer is not None:
-            self._timer.reschedule(asyncio.get_running_loop().time())
+        self._reads.interrupt(message)
 
     def __aiter__(self) -> RelayStream:
         return self
@@ -146,34 +140,9 @@ class RelayStream:
                 return b"".join(parts)
             self._buf = buf[self._pos :]
             self._pos = 0
-            if self._interrupted is not None:
-                return self._fail("shutdown", self._interrupted, "server_shutting_down")
-            timeout = self._inter_timeout if self._outcome.chunks else self._first_timeout
-            loop = asyncio.get_running_loop()
-            when = loop.time() + timeout
-            if self._deadline is not None:
-                when = min(when, self._deadline)
-            try:
-                async with asyncio.timeout_at(when) as self._timer:
-                    data = await self._resp.content.readany()
-            except TimeoutError:
-                if self._interrupted is not None:
-                    return self._fail("shutdown", self._interrupted, "server_shutting_down")
-                if self._deadline is not None and loop.time() >= self._deadline:
-                    return self._fail("deadline", "the stream reached the gateway's deadline for a whole stream",
-                                      "stream_deadline")
-                return self._fail(
-                    "timeout", f"the engine sent nothing for {timeout:g}s", "upstream_timeout"
-                )
-            except aiohttp.ClientError as exc:
-                log.warning("engine stream broke off", extra={"endpoint": self._endpoint_id, "error": repr(exc)})
-                return self._fail("midstream", "the engine broke off the stream", "upstream_error")
-            finally:
-                self._timer = None
-            if not data:
-                return self._fail(
-                    "midstream", "the engine closed the stream before it finished", "upstream_error"
-                )
+            data = self._reads.shutdown() or await self._reads.read(started=bool(self._outcome.chunks))
+            if isinstance(data, StreamEnd):
+                return self._fail(data.kind, data.message, data.code)
             self._buf += data
 
     def _event(self, line: bytes) -> bytes | None:

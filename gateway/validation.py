@@ -213,14 +213,24 @@ def check_prompt(prompt: Any) -> None:
 def validate_body(kind: str, body: Mapping[str, Any]) -> None:
     """Raise `InvalidRequestError` naming the first invalid field; unknown fields are not checked."""
     check_depth(body)
-    checks = CHAT if kind == "chat" else COMPLETIONS
-    for name, value in body.items():
-        check = checks.get(name)
-        if check is not None and value is not None:
-            check(name, value)
+    check_fields(body, CHAT if kind == "chat" else COMPLETIONS)
     if body.get("stream_options") and not body.get("stream"):
         raise _fail("stream_options", "is only allowed when 'stream' is true")
     if kind == "chat":
         check_messages(body.get("messages"))
     else:
         check_prompt(body.get("prompt"))
+
+
+# The checks the other API routes' validators (`api_responses`, `api_messages`, `api_embeddings`) reuse.
+boolean, string, obj, integer, stop_field, tools_list, tool_choice = (
+    _boolean, _string, _obj, _integer, _stop, _tools, _tool_choice)
+fail = _fail
+
+
+def check_fields(body: Mapping[str, Any], checks: Mapping[str, Check]) -> None:
+    """Run the check of every field present (not null) in `body`; unknown fields are not checked."""
+    for name, value in body.items():
+        check = checks.get(name)
+        if check is not None and value is not None:
+            check(name, value)

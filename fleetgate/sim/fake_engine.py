@@ -4,7 +4,8 @@ Not a simulation of an LLM: it answers `/v1/chat/completions` and `/v1/completio
 shapes with deterministic text (`"t0 t1 ..."`, one token per chunk, `max_tokens` tokens, default
 16, `n` choices) and exact usage (`prompt_tokens_of`: the words, or with `prompt_count="bytes"` the UTF-8
 bytes, of every content kind a chat template renders), including vLLM's
-`stream_options.continuous_usage_stats`. It can be slow (prefill and inter-token delays), fail
+`stream_options.continuous_usage_stats`; `/v1/responses`, `/v1/messages` and `/v1/embeddings` alike
+(`fake_api_routes`). It can be slow (prefill and inter-token delays), fail
 (an HTTP status), drop the connection or go silent mid-stream, stream past `max_tokens`
 (`runaway_tokens`), and it records what it received and how many streams were cancelled by the client.
 `/health`, `/v1/models`, `/metrics` (a few vLLM metric names) and vLLM's `/tokenize` are served too.
@@ -24,6 +25,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from fleetgate.sim.fake_api_routes import FakeApiRoutes, dropped, paced_tokens
 from fleetgate.sim.openai_fields import requested_max_tokens
 
 
@@ -126,6 +128,7 @@ class FakeEngine:
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/tokenize", self._tokenize)
+        FakeApiRoutes(self).install(app)  # /v1/responses, /v1/messages, /v1/embeddings
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -258,21 +261,15 @@ class FakeEngine:
         if chat:
             await response.write(event({"index": 0, "delta": {"role": "assistant", "content": ""},
                                         "logprobs": None, "finish_reason": None}, 0))
-        for i in range(n):
-            if cfg.drop_after_chunks is not None and i >= cfg.drop_after_chunks:
-                if request.transport is not None:
-                    request.transport.close()
-                return response
-            if cfg.hang_after_chunks is not None and i >= cfg.hang_after_chunks:
-                await asyncio.sleep(3600)
-            if i and cfg.inter_token_delay_s:
-                await asyncio.sleep(cfg.inter_token_delay_s)
+        async for i in paced_tokens(request, cfg, n):
             finish = "length" if i == n - 1 else None
             for k in range(count):
                 choice = ({"index": k, "delta": {"content": f"t{i} "}, "logprobs": None, "finish_reason": finish}
                           if chat else {"index": k, "text": f"t{i} ", "logprobs": None, "finish_reason": finish})
                 self.stats.completion_tokens += 1  # generated, whether or not the client still reads it
                 await response.write(event(choice, i * count + k + 1))
+        if dropped(request):
+            return response
         if include_usage:
             final = usage if override is None else override
             await response.write(b"data: " + orjson.dumps({**base, "choices": [], "usage": final}) + b"\n\n")

@@ -152,7 +152,8 @@ class TenancyLimiter:
         sequences: int = 1, fit_max_tokens: bool = False,
     ) -> Reservation:
         await self._prices.refresh_if_stale(model)
-        per_seq = max_tokens if max_tokens and max_tokens > 0 else self._default_max_tokens
+        # None: the default; 0: no completion at all (an embedding request)
+        per_seq = max_tokens if max_tokens is not None and max_tokens >= 0 else self._default_max_tokens
         sequences = max(sequences, 1)
         prompt = max(prompt_tokens, 0)
         rates = self._prices.estimate_rates(model)
