@@ -39,7 +39,7 @@ def messages_usage(raw: Any) -> dict[str, Any] | None:
     if not isinstance(raw, dict) or "input_tokens" not in raw or "output_tokens" not in raw:
         return None
     parts = [raw.get(k) or 0 for k in TOKENS]
-    if not all(isinstance(p, int) and not isinstance(p, bool) for p in parts):
+    if not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts):
         return None
     usage = {"prompt_tokens": sum(parts), "completion_tokens": raw["output_tokens"],
              "prompt_tokens_details": {"cached_tokens": parts[1]}}
@@ -62,9 +62,10 @@ class MessagesEvents(ApiEvents):
         if kind == "message_start" and isinstance(obj.get("message"), dict):
             served_model(obj["message"], self._model_name)
             self._message = {**obj["message"], "content": []}
-            self._merge_usage(obj["message"].get("usage"))
-            start = messages_usage({**self._usage, "output_tokens": 0})
-            if start is not None:
+            raw = obj["message"].get("usage")
+            start = messages_usage({**raw, "output_tokens": 0}) if isinstance(raw, dict) else None
+            if start is not None:  # the prompt the engine read, known before anything is generated
+                self._usage = {k: v for k, v in raw.items() if v is not None}
                 self.known_prompt = start["prompt_tokens"]
         elif kind == "content_block_start" and isinstance(obj.get("content_block"), dict):
             self._blocks[self._index(obj)] = dict(obj["content_block"])
@@ -82,13 +83,15 @@ class MessagesEvents(ApiEvents):
             delta = obj.get("delta")
             if isinstance(delta, dict):
                 self._message.update({k: delta[k] for k in ("stop_reason", "stop_sequence") if k in delta})
-            if obj.get("usage") is not None:
-                self._merge_usage(obj.get("usage"))
-                usage = messages_usage(self._usage)
-                if usage is None:
+            raw = obj.get("usage")
+            if raw is not None:
+                # The final usage; Anthropic's own sends only output_tokens here, vLLM's the input too.
+                merged = {**self._usage, **raw} if isinstance(raw, dict) else None
+                usage = messages_usage(merged)
+                if merged is None or usage is None:
                     self.outcome.bad_usage = True  # charged by estimate instead
                 else:
-                    self.outcome.usage = usage
+                    self._usage, self.outcome.usage = merged, usage
         elif kind == "message_stop":
             content = [self._blocks[i] for i in sorted(self._blocks)] or [{"type": "text", "text": ""}]
             self.outcome.assembled = {**self._message, "content": content, "usage": self._usage}
@@ -98,11 +101,6 @@ class MessagesEvents(ApiEvents):
         index = obj.get("index")
         return index if isinstance(index, int) else 0
 
-    def _merge_usage(self, raw: Any) -> None:
-        if isinstance(raw, dict):
-            self._usage.update({k: v for k, v in raw.items() if v is not None})
-        elif raw is not None:
-            self.outcome.bad_usage = True
 
     def _delta(self, index: int, delta: dict[str, Any]) -> None:
         block = self._blocks.setdefault(index, {"type": "text", "text": ""})
