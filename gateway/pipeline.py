@@ -39,21 +39,19 @@ from fleetgate.gateway.authorization import (
 )
 from fleetgate.gateway.collect import answer_of, capped, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import context_length, models_page, served_names, serves
+from fleetgate.gateway.discovery import models_page, served_names, serves
 from fleetgate.gateway.drain import Activity
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
-from fleetgate.gateway.estimate import completion_cap, estimate_request, reserve_request
 from fleetgate.gateway.forwarding import Forwarder, assembled_upstream
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
-from fleetgate.gateway.prompt_bound import DEFAULT_PROFILE
 from fleetgate.gateway.replay import replay_chunks
+from fleetgate.gateway.reserving import Reserver
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.stages import RequestRecord, Tenant
 from fleetgate.gateway.stageset import Stages
 from fleetgate.gateway.streaming import RelayStream, ReplayStream, StreamOutcome
-from fleetgate.gateway.token_count import EngineTokenCounter
 from fleetgate.gateway.upstream import read_body
 from fleetgate.gateway.wake import Waker
 from fleetgate.router.tiers.types import TierDecision
@@ -83,14 +81,8 @@ class Pipeline:
             metrics=metrics,
             session=session,
         )
-        self._context = {n: m.max_model_len for m in settings.models if m.max_model_len  # adapters: their base's
-                         for n in (m.name, *(a.name for a in m.adapters))}
-        self._profiles = {n: m.prompt_bound.profile() for m in settings.models
-                          for n in (m.name, *(a.name for a in m.adapters))}
-        self._counter: EngineTokenCounter | None = None  # exact prompt counts where the bound would refuse
-        if settings.server.exact_token_count:
-            self._counter = EngineTokenCounter(source=stages.endpoint_source, session=session,
-                                               timeout_s=settings.server.token_count_timeout_s)
+        self._reserver = Reserver(settings=settings, source=stages.endpoint_source, limiter=stages.limiter,
+                                  session=session)
         self._tasks: set[asyncio.Task[None]] = set()
         self.activity = Activity()  # requests in flight and open engine streams, for a draining shutdown
         self._log = logging.getLogger("fleetgate.gateway.requests")
@@ -163,10 +155,6 @@ class Pipeline:
                            tenant=tenant.id)
         return GatewayResponse(200, self._headers(ctx), body)
 
-    def _context_of(self, model: str) -> int | None:
-        """The model's context length: configured on its route, else what discovery knows."""
-        return self._context.get(model) or context_length(self._s.endpoint_source, model)
-
     async def drain(self) -> None:
         """Wait for the settle/record/store work of finished requests (and their scale-from-zero activity marks)."""
         while self._tasks:
@@ -194,15 +182,11 @@ class Pipeline:
             raise unknown_model(parsed.model, names=[*served_names(source, visible_to=ctx.tenant.id),
                                                      *self._s.tiers.aliases()])
         ctx.model_label = parsed.model
-        context = self._context_of(parsed.model)
-        estimate = estimate_request(parsed, profile=self._profiles.get(parsed.model, DEFAULT_PROFILE),
-                                    context=context)
-        ctx.reservation, estimate = await reserve_request(
-            limiter=self._s.limiter, tenant=ctx.tenant, parsed=parsed, estimate=estimate, context=context,
-            default=self._server.default_max_tokens, counter=self._counter)
-        ctx.prompt_estimate = estimate.typical
-        ctx.completion_cap = completion_cap(ctx.reservation, max_tokens=parsed.max_tokens,
-                                            sequences=estimate.sequences)
+        reserved = await self._reserver.reserve(
+            ctx.tenant, model=parsed.model, body=parsed.body, prompts_field=None if kind == "chat" else "prompt",
+            max_tokens=parsed.max_tokens, kind=kind)
+        ctx.reservation, ctx.completion_cap = reserved.reservation, reserved.completion_cap
+        ctx.prompt_estimate = reserved.estimate.typical
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
             return self._serve_hit(ctx, parsed, lookup)

@@ -102,8 +102,10 @@ async def test_tpm_reserves_prompt_plus_max_tokens_and_settle_refunds(counters: 
 
 async def test_request_without_max_tokens_reserves_the_configured_default(counters: CounterBackend) -> None:
     lim = make(counters, Clock(T0), tpm=5000)
-    r = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=0)
+    r = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=None)
     assert r.estimated_tokens == 10 + 1024
+    nothing = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=0)  # a route that generates nothing
+    assert nothing.estimated_tokens == 10
 
 
 async def test_daily_budget_reserves_dollars_and_retry_after_is_midnight(counters: CounterBackend) -> None:
