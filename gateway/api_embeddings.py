@@ -22,9 +22,9 @@ from fleetgate.core.types import Usage
 from fleetgate.gateway.api_events import ApiEvents
 from fleetgate.gateway.api_route import BaseRoute, load_object, parsed_request
 from fleetgate.gateway.engine_usage import parse_usage
-from fleetgate.gateway.estimate import RequestEstimate, estimate_body
+from fleetgate.gateway.estimate import RequestEstimate
 from fleetgate.gateway.parsing import Kind, ParsedRequest, chat_prompt_text
-from fleetgate.gateway.prompt_bound import PromptProfile
+from fleetgate.gateway.pipeline import ReserveShape
 from fleetgate.gateway.validation import Check, check_fields, check_messages, fail, int_in, string
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
@@ -63,6 +63,16 @@ CHECKS: dict[str, Check] = {
 }
 
 
+def _padded(estimate: RequestEstimate, context: int | None) -> RequestEstimate:
+    """vLLM pads each input to the model's length (`padding: max_length`): that many tokens each."""
+    if context is None:
+        raise InvalidRequestError("'padding: max_length' pads every input to the model's length, which the gateway "
+                                  "does not know for this model", param="padding")
+    tokens = context * estimate.prompts
+    return RequestEstimate(prompt_tokens=tokens, sequences=estimate.sequences, typical=tokens,
+                           prompts=estimate.prompts)
+
+
 def _prompt_text(body: Mapping[str, Any]) -> str:
     if "messages" in body:
         return chat_prompt_text(body["messages"])
@@ -90,21 +100,12 @@ class EmbeddingsRoute(BaseRoute):
         return parsed_request(self.kind, body, raw, max_tokens=None, prompt_text=_prompt_text(body),
                               session_key=headers.get("x-session-id"))
 
-    def estimate(self, parsed: ParsedRequest, *, profile: PromptProfile, context: int | None) -> RequestEstimate:
+    def reserve_shape(self, parsed: ParsedRequest) -> ReserveShape:
+        """Every input's bound and no completion (`max_tokens: 0`); padded inputs at the model's length each."""
         body = parsed.body
-        templated = "messages" in body
-        estimate = estimate_body(body, prompts_field=None if templated else "input", profile=profile,
-                                 context=context)
-        if body.get("padding") != "max_length":
-            return estimate
-        if context is None:
-            raise InvalidRequestError("'padding: max_length' pads every input to the model's length, which the "
-                                      "gateway does not know for this model", param="padding")
-        return RequestEstimate(prompt_tokens=context * estimate.prompts, sequences=estimate.sequences,
-                               typical=context * estimate.prompts, prompts=estimate.prompts)
-
-    def completion(self, parsed: ParsedRequest) -> int | None:
-        return 0
+        padded = body.get("padding") == "max_length"
+        return ReserveShape(body=body, prompts_field=None if "messages" in body else "input", max_tokens=0,
+                            adjust=_padded if padded else None)
 
     def upstream_body(self, parsed: ParsedRequest, *, served: str, max_tokens: int | None) -> bytes:
         if parsed.raw and parsed.body.get("model") == served:

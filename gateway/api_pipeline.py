@@ -35,11 +35,9 @@ from fleetgate.gateway.authorization import shown
 from fleetgate.gateway.collect import read_to_end
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext
 from fleetgate.gateway.discovery import adapter_named
-from fleetgate.gateway.estimate import RequestEstimate
 from fleetgate.gateway.event_relay import EventRelay
 from fleetgate.gateway.parsing import Kind, ParsedRequest
 from fleetgate.gateway.pipeline import Pipeline
-from fleetgate.gateway.prompt_bound import PromptProfile
 from fleetgate.gateway.stages import Tenant
 from fleetgate.gateway.streaming import ReplayStream, StreamOutcome
 
@@ -74,8 +72,8 @@ class ApiPipeline:
         parsed = route.parse(raw, headers)
         ctx.parsed = parsed
         await route.prepare(parsed, ctx.tenant)
-        admitted = await self._p.admit(ctx, parsed, headers=headers, estimate=partial(self._estimate, parsed),
-                                       completion=route.completion(parsed), aliases=route.aliases)
+        admitted = await self._p.admit(ctx, parsed, headers=headers, shape=route.reserve_shape(parsed),
+                                       aliases=route.aliases, accept=self._accept)
         if admitted.decision is None:
             return await self._serve_hit(ctx, parsed, admitted.lookup)
         if route.streamed:
@@ -87,14 +85,13 @@ class ApiPipeline:
         self._p.finish(ctx, status=200, usage=usage, records=[record])
         return GatewayResponse(200, self._p.headers(ctx, attempt), body)
 
-    def _estimate(self, parsed: ParsedRequest, *, profile: PromptProfile, context: int | None) -> RequestEstimate:
-        """The route's estimate, once the model is known to serve the route (a 400 before anything is reserved)."""
-        task = self._task(parsed.model)
+    def _accept(self, model: str) -> None:
+        """A 400 before anything is reserved for a model that does not serve this route, where discovery says."""
+        task = self._task(model)
         if task is not None and (task == "embed") != (self.route.kind == "embeddings"):
             what = "an embedding model (an encoder): it answers /v1/embeddings" if task == "embed" else \
                 "not an embedding model: /v1/embeddings needs one"
-            raise InvalidRequestError(f"model {shown(parsed.model)} is {what}", param="model")
-        return self.route.estimate(parsed, profile=profile, context=context)
+            raise InvalidRequestError(f"model {shown(model)} is {what}", param="model")
 
     def _task(self, model: str) -> str | None:
         """What discovery says `model` serves ("embed" or "generate"); None where it cannot say."""

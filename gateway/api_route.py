@@ -3,7 +3,7 @@
 The stages (tenancy, limits and budgets, cache, tiers, routing, accounting) are the chat pipeline's own
 (`pipeline.Pipeline.admit`, the forwarder, the finishing steps); a route supplies only what its API makes
 different: where the key is (`authorization`), parsing and validation with errors in its own shape
-(`parse`, `render_error`), what the engine will read and generate (`estimate`, `completion`), the engine's
+(`parse`, `render_error`), what the engine will read and generate (`reserve_shape`), the engine's
 body (`upstream_body`), and how its answers look (`rewriter` for event streams, `answer` for one JSON body,
 `replay` for a cache hit). `api_pipeline.ApiPipeline` drives a route through the stages.
 
@@ -20,9 +20,8 @@ from fleetgate.core.errors import FleetGateError
 from fleetgate.core.types import Usage
 from fleetgate.gateway.api_events import ApiEvents
 from fleetgate.gateway.errors import error_body
-from fleetgate.gateway.estimate import RequestEstimate, estimate_body
 from fleetgate.gateway.parsing import Kind, ParsedRequest, load_body
-from fleetgate.gateway.prompt_bound import PromptProfile
+from fleetgate.gateway.pipeline import ReserveShape
 from fleetgate.gateway.stages import Tenant
 from fleetgate.gateway.validation import check_depth
 
@@ -45,11 +44,8 @@ class ApiRoute(Protocol):
         """Complete the request before it is estimated (the stored conversation a follow-up names)."""
         ...
 
-    def estimate(self, parsed: ParsedRequest, *, profile: PromptProfile, context: int | None) -> RequestEstimate: ...
-
-    def completion(self, parsed: ParsedRequest) -> int | None:
-        """The completion tokens per sequence when the route fixes them (0: nothing is generated); None: from
-        `parsed.max_tokens`, or the context, as for chat."""
+    def reserve_shape(self, parsed: ParsedRequest) -> ReserveShape:
+        """What the request is reserved as: the body as the engine renders it, its prompts, its output limit."""
         ...
 
     def upstream_body(self, parsed: ParsedRequest, *, served: str, max_tokens: int | None) -> bytes:
@@ -99,7 +95,7 @@ def parsed_request(kind: Kind, body: dict[str, Any], raw: bytes, *, max_tokens: 
 
 
 class BaseRoute:
-    """An `ApiRoute`'s defaults: a bearer key, OpenAI's errors, no state, the completion from `max_tokens`."""
+    """An `ApiRoute`'s defaults: a bearer key, OpenAI's errors, no state."""
 
     streamed = True
     aliases = True
@@ -111,9 +107,6 @@ class BaseRoute:
         return error_body(exc)
 
     async def prepare(self, parsed: ParsedRequest, tenant: Tenant) -> None:
-        return None
-
-    def completion(self, parsed: ParsedRequest) -> int | None:
         return None
 
     def from_cache(self, parsed: ParsedRequest, response: dict[str, Any]) -> dict[str, Any]:
@@ -130,11 +123,11 @@ class TemplatedRoute(BaseRoute):
     def chat_tools(self, tools: list[Any]) -> list[Any]:
         raise NotImplementedError
 
-    def estimate(self, parsed: ParsedRequest, *, profile: PromptProfile, context: int | None) -> RequestEstimate:
+    def reserve_shape(self, parsed: ParsedRequest) -> ReserveShape:
         body = parsed.body
         tools = body.get("tools")
         view = {**body, "tools": self.chat_tools(tools)} if isinstance(tools, list) and tools else body
-        return estimate_body(view, prompts_field=None, profile=profile, context=context)
+        return ReserveShape(body=view, prompts_field=None, max_tokens=parsed.max_tokens)
 
 
 def served_model(obj: dict[str, Any], name: str | None) -> None:

@@ -15,10 +15,8 @@
 So the reservation is at least what the engine charges: prompt <= bound (or = the exact count) and
 completion <= cap per sequence, priced at the same rates.
 
-Reusing it for another route (`/v1/responses`, `/v1/messages`, `/v1/embeddings`): build a `RequestEstimate`
-with `estimate_body(body, prompts_field=..., n=..., profile=..., context=...)` (`prompts_field="input"`
-for embeddings, None for message-style APIs), then `reserve_request(...)` with the route's own `max_tokens`
-(0 for embeddings) and a `counter` only where the route's body is one `/tokenize` takes (chat or prompt).
+Routes call it through `reserving.Reserver` (one per app: each model's profile and context, the exact
+counter); see there for other request shapes.
 """
 
 from __future__ import annotations
@@ -81,16 +79,17 @@ def default_max_tokens(*, context: int | None, default: int) -> int:
 
 def completion_cap(reservation: Reservation, *, max_tokens: int | None, sequences: int) -> int:
     """The completion tokens the engine may be charged for over all sequences: what was reserved for them."""
-    per_seq = reservation.max_tokens or max_tokens or reservation.completion_per_seq
-    return per_seq * sequences
+    if reservation.max_tokens is not None:
+        return reservation.max_tokens * sequences  # what the gateway set upstream
+    return (max_tokens if max_tokens is not None else reservation.completion_per_seq) * sequences
 
 
-async def _exact(counter: TokenCounter | None, parsed: ParsedRequest, estimate: RequestEstimate,
-                 context: int | None) -> RequestEstimate | None:
+async def _exact(counter: TokenCounter | None, kind: Kind | None, model: str, body: Mapping[str, Any],
+                 estimate: RequestEstimate, context: int | None) -> RequestEstimate | None:
     """The estimate with the engine's exact prompt count, when that is lower than the bound."""
-    if counter is None:
+    if counter is None or kind is None:
         return None
-    counts = await counter.count(kind=parsed.kind, model=parsed.model, body=parsed.body)
+    counts = await counter.count(kind=kind, model=model, body=body)
     if counts is None or len(counts) != estimate.prompts:
         return None
     if context is not None:
@@ -103,29 +102,27 @@ async def _exact(counter: TokenCounter | None, parsed: ParsedRequest, estimate: 
 
 
 async def reserve_request(
-    *, limiter: Limiter, tenant: Tenant, parsed: ParsedRequest, estimate: RequestEstimate, context: int | None,
-    default: int, counter: TokenCounter | None = None, completion: int | None = None,
+    *, limiter: Limiter, tenant: Tenant, model: str, body: Mapping[str, Any], max_tokens: int | None,
+    estimate: RequestEstimate, context: int | None, default: int, counter: TokenCounter | None = None,
+    kind: Kind | None = None,
 ) -> tuple[Reservation, RequestEstimate]:
     """Reserve the most the request can cost; the estimate that was reserved (exact where the bound was
-    refused). A completion sized by the context that the budget did not lower is not set upstream
-    (`Reservation.max_tokens` None): the engine stops at its context length. One the budget lowered is set,
-    at most what the context leaves after the prompt's bound, when that is known to be positive.
-    `completion`: the completion tokens per sequence when the route fixes them (0: an embedding request,
-    which generates none); never lowered."""
-    fixed = completion is not None
-    if completion is None:
-        completion = parsed.max_tokens or default_max_tokens(context=context, default=default)
+    refused and `counter` could count `kind`). A completion sized by the context that the budget did not lower
+    is not set upstream (`Reservation.max_tokens` None): the engine stops at its context length. One the budget
+    lowered is set, at most what the context leaves after the prompt's bound, when that is known to be positive."""
+    fit = max_tokens is None  # 0 is a limit: a route that generates nothing (embeddings)
+    completion = default_max_tokens(context=context, default=default) if max_tokens is None else max_tokens
     try:
-        reservation = await _reserve(limiter, tenant, parsed, estimate, completion, fit=not fixed)
+        reservation = await _reserve(limiter, tenant, model, estimate, completion, fit)
     except RateLimitError as exc:
         tokens = exc.limit is not None and exc.limit != "rpm"  # a token or dollar window, not a request count
-        exact = await _exact(counter, parsed, estimate, context) if tokens else None
+        exact = await _exact(counter, kind, model, body, estimate, context) if tokens else None
         if exact is None:
             raise
         estimate = exact
-        reservation = await _reserve(limiter, tenant, parsed, estimate, completion, fit=not fixed)
+        reservation = await _reserve(limiter, tenant, model, estimate, completion, fit)
     reservation.completion_per_seq = completion
-    if context is not None and parsed.max_tokens is None:
+    if context is not None and fit:
         if reservation.max_tokens == completion:
             reservation.max_tokens = None
         elif reservation.max_tokens is not None and context - estimate.prompt_tokens >= 1:
@@ -133,9 +130,7 @@ async def reserve_request(
     return reservation, estimate
 
 
-async def _reserve(limiter: Limiter, tenant: Tenant, parsed: ParsedRequest, estimate: RequestEstimate,
-                   completion: int, *, fit: bool) -> Reservation:
-    return await limiter.reserve(
-        tenant, parsed.model, prompt_tokens=estimate.prompt_tokens, max_tokens=completion,
-        sequences=estimate.sequences, fit_max_tokens=fit and parsed.max_tokens is None,
-    )  # fmt: skip
+async def _reserve(limiter: Limiter, tenant: Tenant, model: str, estimate: RequestEstimate, completion: int,
+                   fit: bool) -> Reservation:
+    return await limiter.reserve(tenant, model, prompt_tokens=estimate.prompt_tokens, max_tokens=completion,
+                                 sequences=estimate.sequences, fit_max_tokens=fit)

@@ -42,27 +42,20 @@ from fleetgate.gateway.authorization import (
 )
 from fleetgate.gateway.collect import answer_of, capped, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import context_length, models_page, served_names, serves
+from fleetgate.gateway.discovery import models_page, served_names, serves
 from fleetgate.gateway.drain import Activity
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import InternalGatewayError, error_body, from_engine
-from fleetgate.gateway.estimate import (
-    RequestEstimate,
-    TokenCounter,
-    completion_cap,
-    estimate_request,
-    reserve_request,
-)
+from fleetgate.gateway.estimate import RequestEstimate
 from fleetgate.gateway.forwarding import BodyBuilder, Forwarder, assembled_upstream
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
-from fleetgate.gateway.prompt_bound import DEFAULT_PROFILE
 from fleetgate.gateway.replay import replay_chunks
+from fleetgate.gateway.reserving import Reserver
 from fleetgate.gateway.settings import GatewaySettings, ServerSettings
 from fleetgate.gateway.stages import RequestRecord, Tenant
 from fleetgate.gateway.stageset import Stages
 from fleetgate.gateway.streaming import RelayStream, ReplayStream, StreamOutcome
-from fleetgate.gateway.token_count import EngineTokenCounter
 from fleetgate.gateway.upstream import read_body
 from fleetgate.gateway.wake import Waker
 from fleetgate.router.tiers.types import TierDecision
@@ -71,7 +64,20 @@ SAMPLED_OPT_IN = "x-fleetgate-cache-sampled"
 # How a stream that did not end well is recorded (`StreamOutcome.error_kind`); anything else: 502.
 STREAM_END_STATUS = {"timeout": 504, "deadline": 504, "shutdown": 503}
 HITS = (CacheStatus.HIT_EXACT, CacheStatus.HIT_SEMANTIC)
-Estimator = Callable[..., RequestEstimate]  # (profile=..., context=...) -> the request's estimate
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveShape:
+    """What a request is reserved as (`reserving.Reserver.reserve`): the body to bound (as the engine renders it),
+    its prompts field, the client's output limit (0: nothing is generated), the kind `/tokenize` can count (None:
+    the bound decides) and a route's own adjustment of the estimate (`adjust(estimate, context)`)."""
+
+    body: Mapping[str, Any]
+    prompts_field: str | None
+    max_tokens: int | None
+    kind: Kind | None = None
+    adjust: Callable[[RequestEstimate, int | None], RequestEstimate] | None = None
+
 ErrorRenderer = Callable[[FleetGateError], bytes]  # an error as the route's API writes it
 
 
@@ -118,14 +124,8 @@ class Pipeline:
             metrics=metrics,
             session=session,
         )
-        self._context = {n: m.max_model_len for m in settings.models if m.max_model_len  # adapters: their base's
-                         for n in (m.name, *(a.name for a in m.adapters))}
-        self._profiles = {n: m.prompt_bound.profile() for m in settings.models
-                          for n in (m.name, *(a.name for a in m.adapters))}
-        self._counter: EngineTokenCounter | None = None  # exact prompt counts where the bound would refuse
-        if settings.server.exact_token_count:
-            self._counter = EngineTokenCounter(source=stages.endpoint_source, session=session,
-                                               timeout_s=settings.server.token_count_timeout_s)
+        self._reserver = Reserver(settings=settings, source=stages.endpoint_source, limiter=stages.limiter,
+                                  session=session)
         self._tasks: set[asyncio.Task[None]] = set()
         self.activity = Activity()  # requests in flight and open engine streams, for a draining shutdown
         self._log = logging.getLogger("fleetgate.gateway.requests")
@@ -201,10 +201,6 @@ class Pipeline:
                            tenant=tenant.id)
         return GatewayResponse(200, self._headers(ctx), body)
 
-    def _context_of(self, model: str) -> int | None:
-        """The model's context length: configured on its route, else what discovery knows."""
-        return self._context.get(model) or context_length(self._s.endpoint_source, model)
-
     async def drain(self) -> None:
         """Wait for the settle/record/store work of finished requests (and their scale-from-zero activity marks)."""
         while self._tasks:
@@ -220,8 +216,9 @@ class Pipeline:
         ctx.tenant = tenant if tenant is not None else await self.authenticate(headers=headers)
         ctx.authenticated = True
         parsed = parse_request(kind, raw, session_header=headers.get("x-session-id"))
-        admitted = await self.admit(ctx, parsed, headers=headers, estimate=partial(estimate_request, parsed),
-                                    counter=self._counter)
+        shape = ReserveShape(body=parsed.body, prompts_field=None if kind == "chat" else "prompt",
+                             max_tokens=parsed.max_tokens, kind=kind)
+        admitted = await self.admit(ctx, parsed, headers=headers, shape=shape)
         if admitted.decision is None:
             return self._serve_hit(ctx, parsed, admitted.lookup)
         if parsed.stream:
@@ -229,13 +226,13 @@ class Pipeline:
         return await self._complete(ctx, parsed, admitted.targets)
 
     async def admit(
-        self, ctx: RequestContext, parsed: ParsedRequest, *, headers: Mapping[str, str], estimate: Estimator,
-        counter: TokenCounter | None = None, completion: int | None = None, aliases: bool = True,
+        self, ctx: RequestContext, parsed: ParsedRequest, *, headers: Mapping[str, str], shape: ReserveShape,
+        aliases: bool = True, accept: Callable[[str], None] | None = None,
     ) -> Admitted:
         """Everything between a parsed request of an authenticated tenant and the choice of an engine, for every
-        API route: authorize the model (403), known model or alias (404), reserve `estimate(profile=, context=)`
-        against limits (429; `completion`: the completion tokens per sequence when the route fixes them, 0 for
-        embeddings), cache lookup, tier resolution (`aliases`: False for routes no alias may serve)."""
+        API route: authorize the model (403), known model or alias (404), `accept(model)` (a route's own refusal
+        of a model, 400), reserve what `shape` says the request may cost against limits and budgets (429), cache
+        lookup, tier resolution (`aliases`: False for routes no alias may serve)."""
         ctx.parsed = parsed
         # Until the name is authorized and known it is the client's arbitrary string: records, ledger rows
         # and metric labels get a fixed placeholder instead, so they cannot grow with what clients send.
@@ -248,14 +245,13 @@ class Pipeline:
         if not known or not visible_to(ctx.tenant, parsed.model, source=source):
             raise unknown_model(parsed.model, names=[*served_names(source, visible_to=ctx.tenant.id), *names])
         ctx.model_label = parsed.model
-        context = self._context_of(parsed.model)
-        reserved = estimate(profile=self._profiles.get(parsed.model, DEFAULT_PROFILE), context=context)
-        ctx.reservation, reserved = await reserve_request(
-            limiter=self._s.limiter, tenant=ctx.tenant, parsed=parsed, estimate=reserved, context=context,
-            default=self._server.default_max_tokens, counter=counter, completion=completion)
-        ctx.prompt_estimate = reserved.typical
-        ctx.completion_cap = completion_cap(ctx.reservation, max_tokens=parsed.max_tokens,
-                                            sequences=reserved.sequences)
+        if accept is not None:
+            accept(parsed.model)
+        reserved = await self._reserver.reserve(
+            ctx.tenant, model=parsed.model, body=shape.body, prompts_field=shape.prompts_field,
+            max_tokens=shape.max_tokens, kind=shape.kind, adjust=shape.adjust)
+        ctx.reservation, ctx.completion_cap = reserved.reservation, reserved.completion_cap
+        ctx.prompt_estimate = reserved.estimate.typical
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
             return Admitted(lookup=lookup)

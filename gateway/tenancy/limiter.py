@@ -1,12 +1,12 @@
 """The `Limiter` stage: reserve an estimate against every limit at request start, settle to real usage.
 
 reserve(tenant, model, prompt_tokens, max_tokens):
-    estimate = 1 request, prompt_tokens + max_tokens tokens (`default_max_tokens` when the request sets
-    none), and the cost of those tokens at the model's current rates (no prefix-cache discount: an upper
-    bound). A name without a price (a tier alias) is estimated at the highest rates in the price book,
-    since any model may serve it. All windows are checked and reserved in one atomic step
-    (`CounterBackend.reserve`), so N concurrent requests on any number of replicas can overshoot a limit
-    by at most what they reserved while under it and then used beyond their estimate.
+    estimate = 1 request, prompt_tokens + max_tokens tokens (`default_max_tokens` when None; 0 reserves no
+    completion: a route that generates nothing), and the cost of those tokens at the model's current rates
+    (no prefix-cache discount: an upper bound). A name without a price (a tier alias) is estimated at the
+    highest rates in the price book, since any model may serve it. All windows are checked and reserved in
+    one atomic step (`CounterBackend.reserve`), so N concurrent requests on any number of replicas can
+    overshoot a limit by at most what they reserved while under it and then used beyond their estimate.
 settle(reservation, usage):
     adds (real - estimate) to the token and dollar counters the reservation touched (the windows in which
     the request started), also for failed and cancelled requests; rpm stays counted. Where the store lost
@@ -152,7 +152,6 @@ class TenancyLimiter:
         sequences: int = 1, fit_max_tokens: bool = False,
     ) -> Reservation:
         await self._prices.refresh_if_stale(model)
-        # None: the default; 0: no completion at all (an embedding request)
         per_seq = max_tokens if max_tokens is not None and max_tokens >= 0 else self._default_max_tokens
         sequences = max(sequences, 1)
         prompt = max(prompt_tokens, 0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from fleetgate.gateway.serve import build_server
 from fleetgate.gateway.settings import GatewaySettings, ModelRoute, ServerSettings
 from fleetgate.local.config import EngineConfig
 from fleetgate.local.engines import EngineFleet, free_port
 from fleetgate.local.model_prep import prepare_model
 from fleetgate.local.vllm_command import vllm_specs
 
+from .gateway_thread import gateway_in_thread
 from .http_json import request_json
 
 pytestmark = pytest.mark.real_engine
@@ -59,18 +58,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             server=ServerSettings(port=port, log_requests=False, auth="open"),
             models=[ModelRoute(name=MODEL, endpoints=fleet.urls)],
         )
-        server = build_server(settings, metrics_port=0)
-        thread = threading.Thread(target=server.run, name="gateway", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "the gateway did not start"
-            time.sleep(0.05)
-        try:
-            yield Stack(gateway=f"http://127.0.0.1:{port}", engine=fleet.urls[0])
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)
+        with gateway_in_thread(settings) as url:
+            yield Stack(gateway=url, engine=fleet.urls[0])
 
 
 def test_chat_completion_answers_with_real_text(stack: Stack) -> None:

@@ -14,7 +14,6 @@ with a budget gets two such requests served and the third refused, charged exact
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +27,6 @@ import pytest
 from fleetgate.core.types import Usage
 from fleetgate.gateway.estimate import estimate_request
 from fleetgate.gateway.parsing import parse_request
-from fleetgate.gateway.serve import build_server
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.tenancy.config import ListPrice
 from fleetgate.gateway.tenancy.keys import new_key
@@ -38,6 +36,7 @@ from fleetgate.local.engines import EngineFleet, free_port
 from fleetgate.local.model_prep import prepare_model
 from fleetgate.local.vllm_command import vllm_specs
 
+from .gateway_thread import gateway_in_thread
 from .http_json import request_json
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1200)]
@@ -81,22 +80,13 @@ KINDS: dict[str, dict[str, Any]] = {
 }
 
 
-def _gateway(engine_url: str, budget_micros: int) -> tuple[Any, threading.Thread, str]:
-    port = free_port()
-    settings = GatewaySettings.model_validate({
-        "server": {"port": port, "log_requests": False, "auth": "api_key"},
+def tenant_settings(engine_url: str, budget_micros: int) -> GatewaySettings:
+    return GatewaySettings.model_validate({
+        "server": {"port": free_port(), "log_requests": False, "auth": "api_key"},
         "models": [{"name": MODEL, "endpoints": [engine_url], "max_model_len": CONTEXT}],
         "tenancy": {"admin_key_hashes": [ADMIN_HASH], "prices": {MODEL: PRICE}, "tenants": [
             {"id": "acme", "key_hashes": [KEY_HASH], "daily_budget_usd": str(budget_micros / 1e6)}]},
     })
-    server = build_server(settings, metrics_port=0)
-    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the gateway did not start"
-        time.sleep(0.05)
-    return server, thread, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
@@ -150,15 +140,11 @@ def test_a_tenants_budget_holds_for_every_kind_on_the_real_engine(engine_url: st
         _, answer = request_json(f"{engine_url}/v1/chat/completions", body)
         one = cost_micros(Usage(prompt_tokens=answer["usage"]["prompt_tokens"],
                                 completion_tokens=answer["usage"]["completion_tokens"]), RATES)
-        server, thread, url = _gateway(engine_url, budget_micros=int(2.5 * one))
-        try:
+        with gateway_in_thread(tenant_settings(engine_url, budget_micros=int(2.5 * one))) as url:
             codes = [_post(f"{url}/v1/chat/completions", body)[0] for _ in range(3)]
             time.sleep(0.5)  # settle and record run after each response
             status, report = _get(f"{url}/v1/usage", ADMIN)
             _, budgets = _get(f"{url}/v1/usage/budgets", KEY)
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)
         assert codes == [200, 200, 429], (kind, codes)
         totals = report["totals"]
         assert status == 200 and totals["cost_micros"] == 2 * one, (kind, totals)
@@ -166,15 +152,11 @@ def test_a_tenants_budget_holds_for_every_kind_on_the_real_engine(engine_url: st
 
 
 def test_an_image_on_a_text_model_is_refused_by_the_engine_and_not_charged(engine_url: str) -> None:
-    server, thread, url = _gateway(engine_url, budget_micros=10**9)
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
-    try:
+    with gateway_in_thread(tenant_settings(engine_url, budget_micros=10**9)) as url:
         status, answer = _post(f"{url}/v1/chat/completions", {"model": MODEL, "max_tokens": 1, "messages": [
             {"role": "user", "content": [{"type": "text", "text": "what is this"}, image]}]})
         time.sleep(0.5)
         _, report = _get(f"{url}/v1/usage", ADMIN)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
     assert 400 <= status < 500, answer
     assert report["totals"]["cost_micros"] == 0

@@ -18,6 +18,7 @@ from fleetgate.gateway.api_embeddings import MAX_INPUTS, EmbeddingsRoute
 from fleetgate.gateway.api_messages import MessagesRoute, anthropic_error
 from fleetgate.gateway.api_responses import MAX_ITEMS, ResponsesRoute
 from fleetgate.gateway.conversations import ConversationStore
+from fleetgate.gateway.estimate import RequestEstimate, estimate_body
 from fleetgate.gateway.parsing import ParsedRequest
 from fleetgate.gateway.prompt_bound import DEFAULT_PROFILE
 from fleetgate.sim.fake_api_routes import messages_prompt, responses_prompt
@@ -31,6 +32,13 @@ EMBEDDINGS = EmbeddingsRoute()
 def parse(route: Any, body: dict[str, Any], **headers: str) -> ParsedRequest:
     parsed: ParsedRequest = route.parse(orjson.dumps(body), headers)
     return parsed
+
+
+def bound(route: Any, body: dict[str, Any], *, context: int | None = None) -> RequestEstimate:
+    """What the gateway reserves for `body` (`Reserver.reserve` with the route's shape)."""
+    shape = route.reserve_shape(parse(route, body))
+    estimate = estimate_body(shape.body, prompts_field=shape.prompts_field, profile=DEFAULT_PROFILE, context=context)
+    return shape.adjust(estimate, context) if shape.adjust is not None else estimate
 
 
 def refused(route: Any, body: dict[str, Any]) -> str | None:
@@ -152,17 +160,16 @@ MESSAGES_KINDS: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("kind", list(RESPONSES_KINDS))
 def test_the_responses_bound_covers_every_byte_an_engine_reads(kind: str) -> None:
     body = {"model": "m", "max_output_tokens": 5, **RESPONSES_KINDS[kind]}
-    bound = RESPONSES.estimate(parse(RESPONSES, body), profile=DEFAULT_PROFILE, context=None)
+    reserved = bound(RESPONSES, body)
     # The fake engine with `prompt_count="bytes"` is the worst tokenizer: one token per byte of every string.
-    assert bound.prompt_tokens >= prompt_tokens_of(responses_prompt(body), count="bytes")
-    assert bound.typical <= bound.prompt_tokens
+    assert reserved.prompt_tokens >= prompt_tokens_of(responses_prompt(body), count="bytes")
+    assert reserved.typical <= reserved.prompt_tokens
 
 
 @pytest.mark.parametrize("kind", list(MESSAGES_KINDS))
 def test_the_messages_bound_covers_every_byte_an_engine_reads(kind: str) -> None:
     body = {"model": "m", "max_tokens": 5, **MESSAGES_KINDS[kind]}
-    bound = MESSAGES.estimate(parse(MESSAGES, body), profile=DEFAULT_PROFILE, context=None)
-    assert bound.prompt_tokens >= prompt_tokens_of(messages_prompt(body), count="bytes")
+    assert bound(MESSAGES, body).prompt_tokens >= prompt_tokens_of(messages_prompt(body), count="bytes")
 
 
 def test_tools_are_measured_in_the_shape_the_engine_renders_them() -> None:
@@ -170,26 +177,22 @@ def test_tools_are_measured_in_the_shape_the_engine_renders_them() -> None:
     bound measures that shape, a little larger than the client's."""
     body = {"model": "m", "max_output_tokens": 5, "input": "hi", "tools": [TOOL] * 3}
     plain = {**body, "tools": None}
-    with_tools = RESPONSES.estimate(parse(RESPONSES, body), profile=DEFAULT_PROFILE, context=None).prompt_tokens
-    without = RESPONSES.estimate(parse(RESPONSES, plain), profile=DEFAULT_PROFILE, context=None).prompt_tokens
+    with_tools, without = bound(RESPONSES, body).prompt_tokens, bound(RESPONSES, plain).prompt_tokens
     wrapped = len(orjson.dumps(RESPONSES.chat_tools([TOOL] * 3)))
     assert with_tools - without > wrapped
 
 
 def test_embeddings_reserve_every_input_and_no_completion() -> None:
-    one = EMBEDDINGS.estimate(parse(EMBEDDINGS, {"model": "m", "input": "a b c"}), profile=DEFAULT_PROFILE,
-                              context=None)
-    many = EMBEDDINGS.estimate(parse(EMBEDDINGS, {"model": "m", "input": ["a b c"] * 10}), profile=DEFAULT_PROFILE,
-                               context=None)
-    ids = EMBEDDINGS.estimate(parse(EMBEDDINGS, {"model": "m", "input": [[1, 2, 3], [4] * 50]}),
-                              profile=DEFAULT_PROFILE, context=None)
+    one = bound(EMBEDDINGS, {"model": "m", "input": "a b c"})
+    many = bound(EMBEDDINGS, {"model": "m", "input": ["a b c"] * 10})
+    ids = bound(EMBEDDINGS, {"model": "m", "input": [[1, 2, 3], [4] * 50]})
     assert many.prompt_tokens == 10 * one.prompt_tokens and many.prompts == 10
     assert ids.prompt_tokens == 3 + 50 + 2 * 2  # token ids exactly, plus the special tokens each prompt may get
-    assert EMBEDDINGS.completion(parse(EMBEDDINGS, {"model": "m", "input": "a"})) == 0
-    padded = parse(EMBEDDINGS, {"model": "m", "input": ["a", "b"], "padding": "max_length"})
-    assert EMBEDDINGS.estimate(padded, profile=DEFAULT_PROFILE, context=256).prompt_tokens == 512
+    assert EMBEDDINGS.reserve_shape(parse(EMBEDDINGS, {"model": "m", "input": "a"})).max_tokens == 0
+    padded = {"model": "m", "input": ["a", "b"], "padding": "max_length"}
+    assert bound(EMBEDDINGS, padded, context=256).prompt_tokens == 512
     with pytest.raises(InvalidRequestError) as err:  # no length known: no bound
-        EMBEDDINGS.estimate(padded, profile=DEFAULT_PROFILE, context=None)
+        bound(EMBEDDINGS, padded)
     assert err.value.param == "padding"
 
 

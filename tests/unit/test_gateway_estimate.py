@@ -13,6 +13,7 @@ import pytest
 from fleetgate.core.errors import RateLimitError
 from fleetgate.core.types import Usage
 from fleetgate.gateway.collect import capped
+from fleetgate.gateway.discovery import StaticEndpointSource
 from fleetgate.gateway.engine_usage import fallback_usage, is_malformed, parse_usage
 from fleetgate.gateway.estimate import (
     RequestEstimate,
@@ -24,6 +25,8 @@ from fleetgate.gateway.estimate import (
 from fleetgate.gateway.forwarding import assembled_upstream, upstream_body
 from fleetgate.gateway.parsing import Kind, parse_request
 from fleetgate.gateway.prompt_bound import DEFAULT_PROFILE
+from fleetgate.gateway.reserving import Reserver
+from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.stages import Reservation, Tenant
 from fleetgate.gateway.token_count import tokenize_bodies
 
@@ -92,8 +95,9 @@ async def reserve(limiter: RefusingLimiter, counter: Counter | None, *, context:
     parsed = parse_request("chat", orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                                  **body}))
     estimate = estimate_request(parsed, context=context)
-    return await reserve_request(limiter=limiter, tenant=Tenant(id="t"), parsed=parsed, estimate=estimate,
-                                 context=context, default=16, counter=counter)
+    return await reserve_request(limiter=limiter, tenant=Tenant(id="t"), model="m", body=parsed.body,
+                                 max_tokens=parsed.max_tokens, estimate=estimate, context=context, default=16,
+                                 counter=counter, kind="chat")
 
 
 async def test_the_exact_count_is_asked_only_where_the_bound_is_refused() -> None:
@@ -127,6 +131,25 @@ async def test_a_context_sized_completion_is_capped_by_the_reservation() -> None
     assert completion_cap(fitted, max_tokens=9, sequences=3) == 21
     assert capped(Usage(prompt_tokens=5, completion_tokens=99), 21) == Usage(prompt_tokens=5, completion_tokens=21)
     assert capped(Usage(prompt_tokens=5, completion_tokens=9), 21) == Usage(prompt_tokens=5, completion_tokens=9)
+
+
+async def test_the_reserver_serves_other_request_shapes() -> None:
+    """How a new route reserves: an embeddings request generates nothing (completion 0, cap 0); an
+    Anthropic-style body is one templated prompt; the model's profile and context apply."""
+    settings = GatewaySettings.model_validate({"models": [
+        {"name": "m", "endpoints": ["http://127.0.0.1:9"], "max_model_len": 300,
+         "prompt_bound": {"tokens_per_request": 10, "tokens_per_message": 2}}]})
+    limiter = RefusingLimiter(10**6)
+    reserver = Reserver(settings=settings, source=StaticEndpointSource(settings.models), limiter=limiter,
+                        session=lambda: None)  # type: ignore[arg-type,return-value]
+    embed = await reserver.reserve(Tenant(id="t"), model="m", body={"model": "m", "input": ["a b", [1, 2, 3]]},
+                                   prompts_field="input", max_tokens=0)
+    assert embed.completion_cap == 0 and embed.reservation.completion_per_seq == 0
+    assert limiter.asked[-1] == embed.estimate.prompt_tokens == (4 + 2) + (3 + 2)
+    messages = await reserver.reserve(Tenant(id="t"), model="m", prompts_field=None, max_tokens=7, body={
+        "model": "m", "max_tokens": 7, "system": "s" * 1000, "messages": [{"role": "user", "content": "x"}]})
+    assert messages.estimate.prompt_tokens == 300  # capped at the model's context
+    assert messages.completion_cap == 7
 
 
 def test_tokenize_requests_carry_everything_the_chat_route_renders() -> None:

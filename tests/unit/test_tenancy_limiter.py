@@ -104,6 +104,8 @@ async def test_request_without_max_tokens_reserves_the_configured_default(counte
     lim = make(counters, Clock(T0), tpm=5000)
     r = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=None)
     assert r.estimated_tokens == 10 + 1024
+    nothing = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=0)  # a route that generates nothing
+    assert nothing.estimated_tokens == 10
 
 
 async def test_a_request_that_generates_nothing_reserves_its_prompt_alone(counters: CounterBackend) -> None:
