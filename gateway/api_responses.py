@@ -33,6 +33,7 @@ from fleetgate.core.types import Usage
 from fleetgate.gateway.api_events import ApiEvents
 from fleetgate.gateway.api_responses_events import ResponsesEvents, replay_events, responses_usage
 from fleetgate.gateway.api_route import TemplatedRoute, load_object, parsed_request
+from fleetgate.gateway.chat_views import as_items, chat_tool
 from fleetgate.gateway.conversations import ConversationStore, StoredResponse, checked_id
 from fleetgate.gateway.engine_usage import parse_usage
 from fleetgate.gateway.parsing import Kind, ParsedRequest
@@ -152,11 +153,6 @@ CHECKS: dict[str, Check] = {
 }
 
 
-def as_items(value: Any) -> list[Any]:
-    """`input` as a list of items (a string is one user message)."""
-    return [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
-
-
 def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -212,9 +208,7 @@ class ResponsesRoute(TemplatedRoute):
         parsed.raw = b""
 
     def chat_tools(self, tools: list[Any]) -> list[Any]:
-        """Function tools as vLLM hands them to a chat template: `{"type": "function", "function": {...}}`."""
-        return [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
-                if isinstance(t, Mapping) and t.get("type") == "function" else t for t in tools]
+        return [chat_tool(t) for t in tools]
 
     def upstream_body(self, parsed: ParsedRequest, *, served: str, max_tokens: int | None) -> bytes:
         out = {k: v for k, v in parsed.body.items() if k not in UPSTREAM_DROPPED}

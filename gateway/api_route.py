@@ -118,7 +118,8 @@ class BaseRoute:
 
 class TemplatedRoute(BaseRoute):
     """A route the engine turns into a chat request and renders with the chat template (responses, messages):
-    its bound is the chat bound of the body, with the tools in the chat shape the engine converts them to."""
+    its bound is the chat bound of the body, with the tools in the chat shape the engine converts them to; where
+    the bound would refuse, the engine's exact count (`token_count`, `chat_views`)."""
 
     def chat_tools(self, tools: list[Any]) -> list[Any]:
         raise NotImplementedError
@@ -127,7 +128,8 @@ class TemplatedRoute(BaseRoute):
         body = parsed.body
         tools = body.get("tools")
         view = {**body, "tools": self.chat_tools(tools)} if isinstance(tools, list) and tools else body
-        return ReserveShape(body=view, prompts_field=None, max_tokens=parsed.max_tokens)
+        return ReserveShape(body=view, prompts_field=None, max_tokens=parsed.max_tokens, kind=parsed.kind,
+                            count_body=body)
 
 
 def served_model(obj: dict[str, Any], name: str | None) -> None:

@@ -77,6 +77,7 @@ class ReserveShape:
     max_tokens: int | None
     kind: Kind | None = None
     adjust: Callable[[RequestEstimate, int | None], RequestEstimate] | None = None
+    count_body: Mapping[str, Any] | None = None  # the request as the exact counter takes it, when `body` is a view
 
 ErrorRenderer = Callable[[FleetGateError], bytes]  # an error as the route's API writes it
 
@@ -249,7 +250,7 @@ class Pipeline:
             accept(parsed.model)
         reserved = await self._reserver.reserve(
             ctx.tenant, model=parsed.model, body=shape.body, prompts_field=shape.prompts_field,
-            max_tokens=shape.max_tokens, kind=shape.kind, adjust=shape.adjust)
+            max_tokens=shape.max_tokens, kind=shape.kind, adjust=shape.adjust, count_body=shape.count_body)
         ctx.reservation, ctx.completion_cap = reserved.reservation, reserved.completion_cap
         ctx.prompt_estimate = reserved.estimate.typical
         lookup = await self._lookup(ctx, parsed, headers)

@@ -15,7 +15,8 @@ Calling it from a route:
 - `/v1/chat/completions`: `prompts_field=None, kind="chat"`; `/v1/completions`: `"prompt"`, `"completions"`.
 - `/v1/messages` (Anthropic), `/v1/responses`: `prompts_field=None` (the whole body is one templated prompt:
   `system`/`instructions`, messages or input items, content blocks, tools, all counted), their own
-  `max_tokens` / `max_output_tokens`, `kind=None` (`/tokenize` takes neither shape: the bound decides).
+  `max_tokens` / `max_output_tokens`, `kind="messages"` / `"responses"` (counted as vLLM renders them:
+  `chat_views`).
 - `/v1/embeddings`: `prompts_field="input"` (a string, token ids, or a list of either), `max_tokens=0`
   (nothing is generated: only the prompt is reserved, and `completion_cap` is 0), `kind=None`.
 """
@@ -67,15 +68,19 @@ class Reserver:
 
     async def reserve(self, tenant: Tenant, *, model: str, body: Mapping[str, Any], prompts_field: str | None,
                       max_tokens: int | None, kind: Kind | None = None,
-                      adjust: Callable[[RequestEstimate, int | None], RequestEstimate] | None = None) -> Reserved:
+                      adjust: Callable[[RequestEstimate, int | None], RequestEstimate] | None = None,
+                      count_body: Mapping[str, Any] | None = None) -> Reserved:
         """Raise `RateLimitError` (429) when even the exact count does not fit (see `estimate`). `adjust(estimate,
-        context)`: a route's own change to the bound (vLLM's embeddings padded to the model's length)."""
+        context)`: a route's own change to the bound (vLLM's embeddings padded to the model's length);
+        `count_body`: what the exact counter gets when `body` is a view the bound measures (tools in the shape the
+        engine renders them, `api_route`)."""
         context = self.context_of(model)
         estimate = estimate_body(body, prompts_field=prompts_field, profile=self.profile_of(model), context=context)
         if adjust is not None:
             estimate = adjust(estimate, context)
         reservation, estimate = await reserve_request(
-            limiter=self._limiter, tenant=tenant, model=model, body=body, max_tokens=max_tokens, estimate=estimate,
+            limiter=self._limiter, tenant=tenant, model=model, body=count_body if count_body is not None else body,
+            max_tokens=max_tokens, estimate=estimate,
             context=context, default=self._default, counter=self._counter, kind=kind)
         cap = completion_cap(reservation, max_tokens=max_tokens, sequences=estimate.sequences)
         return Reserved(reservation=reservation, estimate=estimate, completion_cap=cap)

@@ -27,6 +27,7 @@ import aiohttp
 import orjson
 
 from fleetgate.core.types import Endpoint
+from fleetgate.gateway.chat_views import MESSAGES_COUNT_FIELDS, responses_as_chat
 from fleetgate.gateway.discovery import EndpointSource, adapter_named
 from fleetgate.gateway.parsing import Kind
 from fleetgate.gateway.prompt_bound import PromptTally, add_json
@@ -39,14 +40,23 @@ TEMPLATE_KWARGS = ("documents", "reasoning_effort")  # the chat route passes the
 UNCOUNTED = ("tool_choice", "response_format")  # may be rendered by the chat route; `/tokenize` takes neither
 
 
+COUNT_PATHS = {"messages": "/v1/messages/count_tokens"}  # the kinds vLLM counts elsewhere than `/tokenize`
+
+
 def _count(answer: Any) -> int | None:
-    count = answer.get("count") if isinstance(answer, dict) else None
+    """`/tokenize`'s `count`, or `/v1/messages/count_tokens`'s `input_tokens`."""
+    count = (answer.get("count", answer.get("input_tokens"))) if isinstance(answer, dict) else None
     return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
 
 
 def tokenize_bodies(kind: Kind, body: Mapping[str, Any], *, served: str) -> tuple[list[dict[str, Any]], int]:
-    """The `/tokenize` requests for one request, and the tokens to add to their counts (see module doc);
-    ([], 0) when nothing needs counting (token-id prompts)."""
+    """The counting requests for one request (to `/tokenize`, or the kind's `COUNT_PATHS`), and the tokens to
+    add to their counts (see module doc); ([], 0) when nothing needs counting (token-id prompts). Responses and
+    Messages requests are counted as vLLM renders them (`chat_views`)."""
+    if kind == "responses":
+        return tokenize_bodies("chat", responses_as_chat(body), served=served)
+    if kind == "messages":
+        return [{"model": served, **{k: body[k] for k in MESSAGES_COUNT_FIELDS if body.get(k) is not None}}], 0
     if kind == "chat":
         out: dict[str, Any] = {"model": served, **{k: body[k] for k in CHAT_FIELDS if body.get(k) is not None}}
         extra = {k: body[k] for k in TEMPLATE_KWARGS if body.get(k) is not None}
@@ -95,7 +105,7 @@ class EngineTokenCounter:
             return None
         try:
             async with asyncio.timeout(self._timeout_s):
-                counts = [await self._one(endpoint, r) for r in requests]
+                counts = [await self._one(endpoint, r, path=COUNT_PATHS.get(kind, "/tokenize")) for r in requests]
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             log.warning("exact token count failed", extra={"endpoint": endpoint.id, "error": repr(exc)})
             return None
@@ -103,9 +113,9 @@ class EngineTokenCounter:
             return None
         return [c + margin for c in counts if c is not None]
 
-    async def _one(self, endpoint: Endpoint, request: dict[str, Any]) -> int | None:
+    async def _one(self, endpoint: Endpoint, request: dict[str, Any], *, path: str) -> int | None:
         headers = {"Content-Type": "application/json", "User-Agent": "fleetgate", "Accept-Encoding": "identity"}
-        async with self._session().post(endpoint.url + "/tokenize", data=orjson.dumps(request),
+        async with self._session().post(endpoint.url + path, data=orjson.dumps(request),
                                         headers=headers) as resp:
             raw = await resp.read()
             if resp.status != 200:

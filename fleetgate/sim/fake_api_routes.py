@@ -4,8 +4,9 @@ Same deterministic behaviour as its chat route (`fake_engine`): the text is `"t0
 delta event, as many as the request's output limit (`max_output_tokens`, `max_tokens`; the config's default
 otherwise), exact usage, and the same faults (a failing status in the API's error shape, garbage, a usage
 override, dropping or going silent after some deltas, running past the limit). The prompt it reads is counted
-as for chat (`prompt_tokens_of`) over what vLLM renders: a Responses request's `instructions` and every input
-item, a Messages request's `system` and messages, and the tools. Streams are named events ending with
+as for chat (`prompt_tokens_of`) over what vLLM renders: a Responses request's `instructions` and what each input
+item holds (`_read`), a Messages request's `system` and messages, and the tools; `/v1/messages/count_tokens`
+counts a Messages request the same way. Streams are named events ending with
 `response.completed` / `message_stop` and no `[DONE]`, as vLLM's; usage arrives only at the end, as there.
 """
 
@@ -53,12 +54,34 @@ def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
 
 
+def _read(item: Any) -> dict[str, Any]:
+    """What vLLM reads of one input item: a message's content (an output message's first part), a tool call's
+    id, name and arguments, a tool output's id and output, a reasoning item's text; never item ids or statuses."""
+    if not isinstance(item, dict):
+        return {"role": "user", "content": item}
+    kind = item.get("type", "message" if "role" in item else None)
+    content = item.get("content")
+    if kind == "message":
+        if item.get("role") == "assistant" and isinstance(content, list) and content:
+            content = content[0].get("text") if isinstance(content[0], dict) else content[0]
+        return {"role": item.get("role"), "content": content}
+    if kind in ("function_call", "custom_tool_call"):
+        return {"role": "assistant", "content": [item.get("call_id"), item.get("name"),
+                                                 item.get("arguments", item.get("input"))]}
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        return {"role": "tool", "content": [item.get("call_id"), item.get("output")]}
+    if kind == "reasoning":
+        parts = content or item.get("summary") or []
+        return {"role": "assistant", "content": parts[0].get("text") if parts and isinstance(parts[0], dict) else ""}
+    return {"role": "user", "content": None}
+
+
 def responses_prompt(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request as the chat messages (and tools) vLLM renders from it."""
     value = body.get("input")
     items = [{"role": "user", "content": value}] if isinstance(value, str) else list(value or [])
     system = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
-    return {"messages": system + items, "tools": body.get("tools")}
+    return {"messages": system + [_read(item) for item in items], "tools": body.get("tools")}
 
 
 def messages_prompt(body: dict[str, Any]) -> dict[str, Any]:
@@ -75,6 +98,7 @@ class FakeApiRoutes:
     def install(self, app: web.Application) -> None:
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_post("/v1/embeddings", self._embeddings)
 
     # ---- shared --------------------------------------------------------------------------------------------
@@ -232,6 +256,15 @@ class FakeApiRoutes:
                     _event("message_stop", {})]
 
         return await self._run(lambda: self._stream(request, prompt=prompt, n=n, head=head, delta=delta, tail=tail))
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """vLLM's `/v1/messages/count_tokens`: the prompt a Messages request would make the engine read."""
+        from fleetgate.sim.fake_engine import prompt_tokens_of
+
+        body = orjson.loads(await request.read())
+        self._engine.stats.tokenized += 1
+        count = prompt_tokens_of(messages_prompt(body), count=self._engine.config.prompt_count)
+        return _json({"input_tokens": count, "context_management": {"original_input_tokens": count}})
 
     # ---- /v1/embeddings ------------------------------------------------------------------------------------
 

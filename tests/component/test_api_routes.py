@@ -266,3 +266,27 @@ async def test_unknown_routes_are_answered_by_the_gateway_never_proxied(
         assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
         assert (await c.post("/v1/models")).status_code == 405
     assert engine.stats.requests == 0 and not engine.received
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+async def test_the_bound_alone_never_refuses_what_the_engines_exact_count_lets_fit(
+    api: str, start_engine: Start, start_gateway: Start
+) -> None:
+    """Long words: the bound (bytes) is about 10x what the engine reads (words). A budget the bound would refuse
+    serves the request: the engine's exact count is asked (`/tokenize` with the chat vLLM renders for a Responses
+    request, `/v1/messages/count_tokens` for a Messages one) and reserved instead."""
+    engine = await start_engine(model="m1")
+    tenants = [{"id": "acme", "key_hashes": [KEYS["acme"][1]], "daily_budget_usd": "0.000500"}]  # 500 µ$
+    gw = await start_gateway(settings(engine.url, tenants=tenants))
+    text = " ".join(["abcdefghi"] * 100)  # 100 tokens for the engine, ~1,000 bytes for the bound
+    body = ({"model": "m1", "input": text, "max_output_tokens": 5} if api == "responses" else
+            {"model": "m1", "max_tokens": 5, "messages": [{"role": "user", "content": text}]})
+    async with httpx.AsyncClient(base_url=gw.url) as c:
+        first = await c.post(f"/v1/{api}", json=body, headers=auth("acme"))
+        assert first.status_code == 200, first.text
+        assert engine.stats.tokenized == 1 and engine.stats.prompt_tokens == 100
+        refused = [(await c.post(f"/v1/{api}", json=body, headers=auth("acme"))).status_code for _ in range(4)]
+    totals, counter = await ledger(gw)
+    assert refused.count(429) >= 1 and totals["cost_micros"] == counter <= 500
+    assert totals["cost_micros"] == cost_micros(Usage(prompt_tokens=engine.stats.prompt_tokens,
+                                                      completion_tokens=engine.stats.completion_tokens), RATES)

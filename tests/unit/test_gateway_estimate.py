@@ -166,6 +166,35 @@ def test_tokenize_requests_carry_everything_the_chat_route_renders() -> None:
     assert tokenize_bodies("completions", {"prompt": [1, 2, 3]}, served="s") == ([], 0)
 
 
+def test_responses_and_messages_are_counted_as_vllm_renders_them() -> None:
+    """A Responses request becomes the chat request vLLM renders (`chat_views`): instructions as a system turn,
+    an output message as its text, tool calls and their outputs as chat tool turns, flat function tools in
+    the chat shape, `reasoning.effort`; a Messages request goes to vLLM's own count endpoint with its fields."""
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    body = {"model": "m", "instructions": "be brief", "tools": [tool], "reasoning": {"effort": "low"},
+            "max_output_tokens": 9, "store": False, "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+                 "content": [{"type": "output_text", "text": "hello", "annotations": []}]},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "id": "fc_1"},
+                {"type": "function_call_output", "call_id": "c1", "output": "42"},
+                {"type": "computer_call", "action": {}}]}
+    [request], margin = tokenize_bodies("responses", body, served="s")
+    assert request["messages"] == [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]  # the kind vLLM cannot render: left out
+    assert request["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert request["chat_template_kwargs"]["reasoning_effort"] == "low" and request["model"] == "s"
+    assert margin >= len('"auto"')  # vLLM hands tool_choice "auto" to the template with tools
+    messages = {"model": "m", "max_tokens": 5, "system": "s", "stream": True, "metadata": {"user_id": "u"},
+                "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "t", "input_schema": {}}]}
+    assert tokenize_bodies("messages", messages, served="s") == ([
+        {"model": "s", "system": "s", "messages": messages["messages"], "tools": messages["tools"]}], 0)
+
+
 def test_upstream_body_sets_the_bounded_max_tokens_and_streams_when_assembling() -> None:
     p = parse_request("chat", orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
     sent = orjson.loads(upstream_body(p.body, served_name="m", stream=True, raw=p.raw, max_tokens=77))
