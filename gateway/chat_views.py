@@ -10,9 +10,11 @@ exact count is asked of the engine (`token_count`):
   (`vllm/entrypoints/openai/responses/utils.py`, `construct_input_messages`): `instructions` as a system turn,
   message items as turns (an output message as its first part's text), function and custom tool calls as
   assistant `tool_calls`, their outputs as `tool` turns, reasoning items as assistant `reasoning`, function
-  tools in the chat shape, `reasoning.effort` as the chat request's `reasoning_effort`; then `/tokenize`
-  counts it as a chat request. Where vLLM merges consecutive assistant items into one turn this view keeps
-  them apart, which can only add turn markers: the count stays at least what the engine reads.
+  tools in the chat shape, `reasoning.effort` as the chat request's `reasoning_effort`, content parts as chat
+  parts; then `/tokenize` counts it as a chat request, with `add_special_tokens` (vLLM's Responses path
+  tokenizes the rendered prompt with them: Gemma reads a second BOS there that chat requests do not). Where
+  vLLM merges consecutive assistant items into one turn this view keeps them apart, which can only add turn
+  markers: the count stays at least what the engine reads.
 """
 
 from __future__ import annotations
@@ -31,6 +33,23 @@ def chat_tool(tool: Any) -> Any:
     return tool
 
 
+def _part(part: Any) -> Any:
+    """A Responses content part as the chat part vLLM turns it into (`input_text`/`output_text` as text,
+    `input_image` as an image URL); any other part as it is (then `/tokenize` refuses it and the bound decides)."""
+    if not isinstance(part, Mapping):
+        return part
+    kind = part.get("type")
+    if kind in ("input_text", "output_text"):
+        return {"type": "text", "text": part.get("text")}
+    if kind == "input_image" and part.get("image_url") is not None:
+        return {"type": "image_url", "image_url": {"url": part.get("image_url")}}
+    return part
+
+
+def _content(content: Any) -> Any:
+    return [_part(p) for p in content] if isinstance(content, list) else content
+
+
 def _first_text(content: Any) -> Any:
     if isinstance(content, list) and content and isinstance(content[0], Mapping):
         return content[0].get("text")
@@ -42,14 +61,14 @@ def _turn(item: Mapping[str, Any]) -> dict[str, Any] | None:
     if kind == "message":
         content = item.get("content")
         return {"role": item.get("role"), "content": _first_text(content) if item.get("role") == "assistant"
-                else content}
+                else _content(content)}
     if kind in ("function_call", "custom_tool_call"):
         arguments = item.get("arguments") if kind == "function_call" else item.get("input")
         return {"role": "assistant", "content": None, "tool_calls": [{
             "id": item.get("call_id"), "type": "function",
             "function": {"name": item.get("name"), "arguments": arguments}}]}
     if kind in ("function_call_output", "custom_tool_call_output"):
-        return {"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output")}
+        return {"role": "tool", "tool_call_id": item.get("call_id"), "content": _content(item.get("output"))}
     if kind == "reasoning":
         text = _first_text(item.get("content")) or _first_text(item.get("summary")) or ""
         return {"role": "assistant", "content": None, "reasoning": text}

@@ -168,12 +168,13 @@ def test_tokenize_requests_carry_everything_the_chat_route_renders() -> None:
 
 def test_responses_and_messages_are_counted_as_vllm_renders_them() -> None:
     """A Responses request becomes the chat request vLLM renders (`chat_views`): instructions as a system turn,
-    an output message as its text, tool calls and their outputs as chat tool turns, flat function tools in
-    the chat shape, `reasoning.effort`; a Messages request goes to vLLM's own count endpoint with its fields."""
+    text parts as chat parts, an output message as its text, tool calls and their outputs as chat tool turns,
+    flat function tools in the chat shape, `reasoning.effort`; a Messages request goes to vLLM's own count
+    endpoint with its fields."""
     tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
     body = {"model": "m", "instructions": "be brief", "tools": [tool], "reasoning": {"effort": "low"},
             "max_output_tokens": 9, "store": False, "input": [
-                {"role": "user", "content": "hi"},
+                {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
                 {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
                  "content": [{"type": "output_text", "text": "hello", "annotations": []}]},
                 {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "id": "fc_1"},
@@ -181,13 +182,14 @@ def test_responses_and_messages_are_counted_as_vllm_renders_them() -> None:
                 {"type": "computer_call", "action": {}}]}
     [request], margin = tokenize_bodies("responses", body, served="s")
     assert request["messages"] == [
-        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
         {"role": "assistant", "content": "hello"},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "42"}]  # the kind vLLM cannot render: left out
     assert request["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     assert request["chat_template_kwargs"]["reasoning_effort"] == "low" and request["model"] == "s"
+    assert request["add_special_tokens"] is True  # as vLLM's Responses path tokenizes (a second BOS on Gemma)
     assert margin >= len('"auto"')  # vLLM hands tool_choice "auto" to the template with tools
     messages = {"model": "m", "max_tokens": 5, "system": "s", "stream": True, "metadata": {"user_id": "u"},
                 "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "t", "input_schema": {}}]}
