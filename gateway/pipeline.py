@@ -401,7 +401,7 @@ class Pipeline:
         usage = self._charged(ctx, attempt, out)
         ep = attempt.endpoint
         self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok, usage=usage)
-        if out.error_kind:
+        if out.error_kind and out.error_kind != "shutdown":  # ended by this gateway, not the engine's fault
             self._m.upstream_errors.labels(attempt.model, ep.id, out.error_kind).inc()
         status = 200 if out.ok else 499 if out.cancelled else STREAM_END_STATUS.get(out.error_kind or "", 502)
         record = self._record(ctx, model=attempt.model, tier=attempt.tier, endpoint=ep.id, usage=usage, status=status)
