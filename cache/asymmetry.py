@@ -20,7 +20,7 @@ constraint pairs of `cache/data/` among them).
 Interface: a function of the two prompts' token states grouped into words (`tokenalign.Words`), the same
 input the token alignment needs, so an embedder that hands over token states (the int8 ONNX one, or a remote
 encoder that returns them) gives everything this needs; no second model and no second encoder pass.
-Cost: one (words x words) cosine matrix, already computed once for the alignment, and a dot product of
+Cost: a second (words x words) cosine matrix like the alignment's, and a dot product of
 2 x 384 numbers, only for the pairs that reach the pair model and need token states.
 """
 

@@ -11,16 +11,19 @@ paraphrases), so a semantic candidate must also pass, on the two last user messa
    every word matched, in order or with one clause moved (`wordmatch.full_match`), the two prompts ask
    the same thing in other function words, and the pair passes;
 3. otherwise the learned pair model (`fleetgate.cache.pairmodel`) scores the difference (its size, what it
-   is made of, where it sits, the embedding similarity, surface similarity, and the token alignment of
-   `fleetgate.cache.tokenalign`, MiniLM's contextual token states) and the pair passes when the
+   is made of, where it sits, the embedding similarity, surface similarity, the token alignment of
+   `fleetgate.cache.tokenalign`, MiniLM's contextual token states, and the residual head of
+   `fleetgate.cache.asymmetry`, what those states say about the words one side adds) and the pair passes when the
    probability is >= the model's cross-validated threshold (or `min_confidence` when set).
 `precheck` runs stages 1-2 (cheap, on the event loop); `alignment` + `judge` run stage 3 (the cache runs it
 in a worker thread, for the few candidates that get there). Its token states come with the cache's own
 embedding pass of each text when the embedder is the int8 ONNX one (`tokenalign.TokenStates.share`); a text
 embedded in another spelling, or with another embedder, costs an encoder pass of its own. Before any of
-that the cache asks `judge_without_alignment`, which settles the pair when no token alignment in its
-range could change the verdict (most pairs: the shipped model weighs two alignment features, one of them
-exactly 1.0 when no modifier is swapped), so the states are computed only for the pairs they can decide.
+that the cache asks `judge_without_alignment`, which settles the pair when no token-state feature in its
+range could change the verdict, so the states are computed only for the pairs they can decide. Since issue
+30 that is most near misses (the residual head's score is clipped to [-1.5, 1.0], and a clear near miss stays
+one at its best score: all of `bench gateway`'s varied misses), while a pair the model may accept needs its
+states, to show that neither side asks for something the other does not (`fleetgate.cache.asymmetry`).
 
 A rejection by the model is reported by what the difference holds, for the rejection metric: `entity` for
 a swapped modifier of a shared word ("overnight" / "standard delivery"), the first critical kind among the

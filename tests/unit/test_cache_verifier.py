@@ -180,7 +180,7 @@ def test_a_verdict_without_token_alignment_is_the_one_any_alignment_gives() -> N
     """`judge_without_alignment` decides only where no token-state features in their range could change the
     verdict: for every pair here, at many similarities and random alignments and residual scores, a verdict it
     gives equals `judge`'s; and it settles most near misses, so a lookup that misses rarely needs token states.
-    (Since issue 30 the residual head's score weighs 1.4 over a range of 2.5, so a pair the model might accept
+    (Since issue 30 the residual head's score weighs 1.47 over a range of 2.5, so a pair the model might accept
     needs its states: an accept must show that nothing was added. Round 3's model settled 80% of all these.)"""
     import random
 
