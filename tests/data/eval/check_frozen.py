@@ -2,10 +2,11 @@
 
 Usage (from the repository root):
 
-    PYTHONSAFEPATH=1 .venv/bin/python tests/data/eval/check_frozen.py [--set frozen|frozen2|frozen3|frozen4] [--dev DEV_DIR]
+    PYTHONSAFEPATH=1 .venv/bin/python tests/data/eval/check_frozen.py [--set NAME] [--dev DEV_DIR]
 
 Checks every row of `cache_pairs.<set>.jsonl` and `cache_conversations.<set>.jsonl` (set `frozen`, the default,
-ids `cp-frz-`/`cc-frz-`; `frozen2`, ids `cp-fz2-`/`cc-fz2-`; or `frozen3`, ids `cp-fz3-`/`cc-fz3-`; `frozen4`, ids `cp-fz4-`/`cc-fz4-`)
+ids `cp-frz-`/`cc-frz-`; `frozen2`, ids `cp-fz2-`/`cc-fz2-`; `frozen3`, ids `cp-fz3-`/`cc-fz3-`;
+or `frozen4`, ids `cp-fz4-`/`cc-fz4-`)
 against the schema of the shared README (keys, id format, kind/label consistency, message shape, the structural
 rule of each conversation kind), that ids and pairs are unique, and, with `--dev`, that no prompt or message text equals
 (case-insensitively) one in the dev files. Prints the count tables used in this folder's README.
