@@ -39,10 +39,9 @@ def test_preflight_runs_beside_the_caller_and_answers_within_its_wait() -> None:
     start = time.monotonic()
     check = Preflight(configs=configs, run=slow)
     assert time.monotonic() - start < 0.2  # the caller goes on at once (the GPUs start engines)
-    assert check.pending("refused-maxnumseqs") and not check.pending("llama8b-bf16")
+    assert check.checks("refused-maxnumseqs") and not check.checks("llama8b-bf16")
     assert check.verdicts(0.05) == {}  # not done yet: nothing, and no wait beyond what was allowed
     assert set(check.verdicts(5.0)) == {"refused-maxnumseqs", "refused-tp3-qwen"}
-    assert not check.pending("refused-maxnumseqs")
     assert Preflight(configs=[], run=slow).verdicts(0.0) == {}  # nothing to check: no thread
 
 

@@ -124,20 +124,22 @@ class Engine:
                 self.milestones[name] = round(time.monotonic() - self._started, 1)
 
     def wait_ready(self, *, base_url: str, deadline: float, extend_to: float | None = None) -> str | None:
-        """None when /health answers 200; else why not ("exited", "timeout"). Once the engine is initialised
-        (or its API server listens) the wait runs to `extend_to` instead of `deadline`."""
-        while time.monotonic() < deadline:
+        """None when /health answers 200; else why not ("exited", "timeout"). An engine still starting at
+        `deadline` whose log says it is initialised (or whose API server listens) is waited for up to
+        `extend_to` (milestone `deadline_extended`: when that happened)."""
+        while True:
             self._note_milestones()
-            if extend_to is not None and extend_to > deadline and self.initialised():
-                deadline = extend_to
-                self.milestones["deadline_extended"] = round(time.monotonic() - self._started, 1)
             if not self.alive():
                 return "exited"
             if _http_status(base_url + "/health") == 200:
                 self.milestones["ready"] = round(time.monotonic() - self._started, 1)
                 return None
+            if time.monotonic() >= deadline:
+                if extend_to is None or extend_to <= deadline or not self.initialised():
+                    return "timeout"
+                deadline = extend_to
+                self.milestones["deadline_extended"] = round(time.monotonic() - self._started, 1)
             time.sleep(1.0)
-        return "timeout"
 
     def initialised(self) -> bool:
         return "engine_initialized" in self.milestones or "api_listening" in self.milestones

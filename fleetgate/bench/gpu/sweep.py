@@ -205,8 +205,8 @@ class Preflight:
               kwargs: dict[str, Any]) -> None:  # fmt: skip
         self._result = run(configs=configs, **kwargs)
 
-    def pending(self, name: str) -> bool:
-        return name in self.names and self._thread.is_alive()
+    def checks(self, name: str) -> bool:
+        return name in self.names
 
     def verdicts(self, timeout_s: float) -> dict[str, dict[str, Any]]:
         if self._thread.is_alive():
@@ -282,10 +282,10 @@ def run_sweep(options: SweepOptions) -> SweepOutcome:
                           log=log)  # fmt: skip
 
     def on_result(record: dict[str, Any]) -> None:
-        with lock:
-            if preflight.pending(record["name"]):
+        if preflight.checks(record["name"]):
+            with lock:
                 held.append(record)
-                return
+            return
         results_file.append(record)
 
     runner = EngineRunner(RunnerSetup(profiles=profiles, python=python, work_dir=work, log_dir=logs, device=device,
@@ -307,7 +307,7 @@ def run_sweep(options: SweepOptions) -> SweepOutcome:
             record["status"] = "refused_by_vllm"
     with lock:
         for record in held:
-            results_file.append(results.get(record["name"], record))
+            results_file.append(record)
         held.clear()
     ordered = {c.name: results[c.name] for c in configs if c.name in results}
     merged, report_configs = ordered, configs
