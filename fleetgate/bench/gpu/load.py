@@ -91,16 +91,8 @@ async def _one(
 
 
 async def run_level(
-    *,
-    base_url: str,
-    model: str,
-    concurrency: int,
-    requests: int,
-    deadline: float,
-    seed: int = 0,
-    prompt_tokens: int = PROMPT_TOKENS,
-    max_tokens: int = MAX_TOKENS,
-    vocab_limit: int = LAST_ID,
+    *, base_url: str, model: str, concurrency: int, requests: int, deadline: float, seed: int = 0,
+    prompt_tokens: int = PROMPT_TOKENS, max_tokens: int = MAX_TOKENS, vocab_limit: int = LAST_ID,
     request_timeout_s: float = 180.0,
 ) -> LevelResult:
     """One level: `concurrency` workers share `requests` requests; see the module docstring."""
