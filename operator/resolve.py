@@ -230,6 +230,7 @@ def reserve_for(
         enforce_eager=spec.engine.enforce_eager,
         activation_dtype_bytes=4.0 if spec.engine.dtype == "float32" else 2.0,
         num_speculative_tokens=speculative.num_tokens if speculative is not None else 0,
+        speculative_method=speculative.method if speculative is not None else None,
     )
     return vllm_reserve(arch=arch, inputs=inputs, tensor_parallel_size=spec.engine.tensor_parallel_size)
 
