@@ -10,7 +10,8 @@ A point (`run_point`):
    its tenants (`GET /v1/usage`, admin key) and its CPU time, and stops it.
 
 Figures (one JSON row): TTFT p50/p90/p99 at the client (all requests, and `steady`: those sent after the
-first third of the window, when caches are warm); output tokens/s from the engines' own
+first third of the window, when caches are warm; a request cut off at the drain deadline before its first
+token counts with its wait so far, `ttft_censored` of them); output tokens/s from the engines' own
 `generation_tokens` counters over the window (the rate the fleet delivered while the load was offered),
 per engine too; the prefix-cache hit rate from the engines' `prefix_cache_hits / prefix_cache_queries`
 over the point; the engines' prompt, uncached prompt and generated tokens; the tenants' charged prompt and
@@ -106,8 +107,15 @@ async def settled_usage(session: aiohttp.ClientSession, gateway: GatewayProcess,
 
 def summarize(results: list[LiveResult], *, window_s: float) -> dict[str, Any]:
     ok = [r for r in results if r.status == 200 and r.error is None]
-    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    steady = [r.ttft_s for r in ok if r.ttft_s is not None and r.sent_s >= window_s / 3]
+    # A request cut off at the drain deadline before its first token waited at least until then: it counts
+    # with that wait (a lower bound), so a profile whose backlog outlasts the drain is not flattered.
+    censored = [r for r in results if r.forced and r.ttft_s is None and r.error is None and r.status in (0, 200)
+                and r.done_s is not None]
+    waits = {id(r): (r.done_s or 0.0) - r.sent_s for r in censored}
+    ok_ids = {id(r) for r in ok}
+    timed = [r for r in results if (r.ttft_s is not None and id(r) in ok_ids) or id(r) in waits]
+    ttfts = [r.ttft_s if r.ttft_s is not None else waits[id(r)] for r in timed]
+    steady = [t for r, t in zip(timed, ttfts, strict=True) if r.sent_s >= window_s / 3]
     left = [r for r in results if r.cancelled or r.forced]
     return {
         "requests": len(results),
@@ -121,6 +129,7 @@ def summarize(results: list[LiveResult], *, window_s: float) -> dict[str, Any]:
         "ttft_p99_s": _pct(ttfts, 0.99),
         "ttft_steady_p50_s": _pct(steady, 0.5),
         "ttft_steady_p90_s": _pct(steady, 0.9),
+        "ttft_censored": len(censored),
         "client_chunks": sum(r.chunks for r in results),
         "spread": dict(sorted(Counter(r.endpoint or "?" for r in results).items())),
         "error_sample": next((r.error for r in results if r.error), None),

@@ -60,7 +60,8 @@ def table(group: list[dict[str, Any]], *, baseline: str) -> list[str]:
         p90 = _ratio(base.get("ttft_p90_s"), r["ttft_p90_s"], lower_is_better=True)
         tps = _ratio(base.get("output_tps"), r["output_tps"], lower_is_better=False)
         lines.append(
-            f"| {r['profile']} | {r['requests']} | {_f(r['ttft_p50_s'], '.3f')} | {_f(r['ttft_p90_s'], '.3f')} | "
+            f"| {r['profile']} | {r['requests']} | {_f(r['ttft_p50_s'], '.3f')} | {_f(r['ttft_p90_s'], '.3f')}"
+            f"{' (>=, ' + str(r['ttft_censored']) + ' cut off)' if r.get('ttft_censored') else ''} | "
             f"{_f(r['ttft_steady_p90_s'], '.3f')} | {r['output_tps']:,.0f} | {r['hit_rate']:.1%} | {_f(p50, '.2f')} | "
             f"{_f(p90, '.2f')} | {_f(tps, '.2f')} | {r['gateway_cpu_ms_per_request']:.2f} | "
             f"{', '.join(f'{k}: {v}' for k, v in r['spread'].items())} |")

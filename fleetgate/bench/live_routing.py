@@ -14,7 +14,7 @@ row per measurement to `results.jsonl` as soon as it is known (a run cut short k
 4. `point` rows (`fleetgate.bench.live_points`), in priority order: shared-prefix at the first two
    loads for every profile, the accounting point (the default profile at `accounting_load` with
    `accounting_cancel_share` of the requests leaving mid-stream), the gateway-overhead phase
-   (`fleetgate.bench.live_overhead`), shared-prefix at the other loads, unique prompts, chat. Every
+   (`fleetgate.bench.live_overhead`), unique prompts, shared-prefix at the other loads, chat. Every
    profile of one (workload, load) gets the same seed, so the same requests;
 5. `accounting`: the sum over every comparable row of the engines' prompt and generation token counters
    against what the gateway charged the tenants; `PASS` when nothing is lost either way.
@@ -55,7 +55,7 @@ class LiveOptions:
     short_window_s: float = 8.0  # points after the first two loads
     drain_s: float = 20.0
     unique_loads: list[float] = field(default_factory=lambda: [0.8])
-    unique_profiles: list[str] = field(default_factory=lambda: ["least-loaded", "default", "round-robin"])
+    unique_profiles: list[str] = field(default_factory=lambda: ["least-loaded", "default", "round-robin"])  # in turn
     chat_loads: list[float] = field(default_factory=lambda: [1.0])
     chat_users: int = 48
     chat_profiles: list[str] = field(default_factory=lambda: ["round-robin", "least-loaded", "default"])
@@ -180,11 +180,11 @@ def plan(options: LiveOptions, base_rate: float) -> list[PointSpec]:
     out.append(PointSpec(workload="shared-prefix", profile=o.overhead_profile, load=1.0, rate=base_rate,
                          window_s=o.overhead_window_s, drain_s=o.drain_s, seed=_seed(o.seed, "overhead", 1.0),
                          tag="overhead"))
-    shared(o.loads[2:], o.short_window_s)
     for load in o.unique_loads:
         for profile in o.unique_profiles:
             out.append(PointSpec(workload="unique", profile=profile, load=load, rate=base_rate * load,
                                  window_s=o.short_window_s, drain_s=o.drain_s, seed=_seed(o.seed, "unique", load)))
+    shared(o.loads[2:], o.short_window_s)
     for load in o.chat_loads:
         users = max(1, round(o.chat_users * load))
         for profile in o.chat_profiles:

@@ -84,3 +84,23 @@ def test_tenants_own_groups_and_users() -> None:
     items = _items("shared-prefix", 3)
     for i in items:
         assert tenant_of(i, 4) == f"t{int(i.group[1:]) % 4}"
+
+
+def test_a_request_cut_off_before_its_first_token_counts_with_its_wait() -> None:
+    from fleetgate.bench.live_client import LiveResult
+    from fleetgate.bench.live_points import summarize
+
+    def res(i: int, **kw: object) -> LiveResult:
+        values: dict = {"id": f"r{i}", "path": "gateway", "tenant": "t0", "group": "g0", "sent_s": 1.0,
+                        "status": 200, "done_s": 2.0, "endpoint": "e0"}
+        values.update(kw)
+        return LiveResult(**values)
+
+    results = [res(i, ttft_s=0.1) for i in range(8)]
+    results += [res(8, forced=True, done_s=31.0), res(9, status=0, forced=True, done_s=21.0),
+                res(10, status=500, error="boom")]
+    s = summarize(results, window_s=9.0)
+    assert s["ttft_censored"] == 2 and s["forced"] == 2 and s["errors"] == 1
+    assert s["ttft_p50_s"] == 0.1
+    assert s["ttft_p99_s"] > 20  # waited 30 s and 20 s without a first token: not dropped from the tail
+    assert s["left_before_first_chunk"] == 2
