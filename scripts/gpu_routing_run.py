@@ -3,13 +3,14 @@
 
 On the GPU machine (fleetgate not installed; vLLM from the kit on PYTHONPATH), from the repository root:
 
-    T0=$(date +%s); source .gpu-kit/install.sh .gpu-kit || exit
-    python3 -P scripts/gpu_routing_run.py --out $OUT --started-at $T0 --deadline-s 550
+    source .gpu-kit/install.sh .gpu-kit || exit; python3 -P scripts/gpu_routing_run.py --out $OUT \
+        --started-at-pid $$ --deadline-s 545
 
 1. assembles the package tree (`scripts/static_checks.py`'s `assemble()`) and puts `build/tree` on the
    path of this process and of every child (the gateways);
-2. writes the model directory: the shape's `config.json` (`fleetgate.engine.shapes`, Llama 3.1 8B with the
-   Gemma vocabulary) and the Gemma tokenizer carried in `--tokenizer-dir` (`tokenizer.json.xz`);
+2. writes the model directory: the shape's `config.json` (`fleetgate.bench.gpu.models`, the GPU tier's
+   Llama 3.1 8B with the Gemma vocabulary) and the Gemma 3 tokenizer carried as `--tokenizer-archive`
+   (`build/gpu/gemma3-tokenizer.tar.xz`, made here by `scripts/gpu/pack_tokenizer.py`);
 3. starts `--replicas` vLLM engines at once (`--load-format dummy`, one GPU each, round-robin over the
    GPUs, `VLLM_SERVER_DEV_MODE=1` for `/reset_prefix_cache`, the KV cache capped at `--kv-blocks` blocks so
    that the shared-prefix workload saturates it within seconds, `PYTHONHASHSEED=0`, KV events published
@@ -22,8 +23,7 @@ Every step prints a stamped line (also kept in `progress.log`). Nothing runs pas
 after `--started-at` but the final writing and the engines' stop (about 20 s).
 
 `--engine vllm-cpu` runs the same on the local vLLM CPU engine serving the prepared Gemma 3 270M (a dry
-run of the mechanics); `--engine sim` on simulated engines. `--prepare-carry DIR` (here, once) writes the
-tokenizer files the GPU machine needs into DIR (to be carried: about 3.5 MB).
+run of the mechanics); `--engine sim` on simulated engines.
 """
 
 from __future__ import annotations
@@ -102,15 +102,15 @@ def process_start(pid: int) -> float | None:
 
 def gpu_info() -> dict[str, Any]:
     if shutil.which("nvidia-smi") is None:
-        return {"gpus": 0, "gpu": "none"}
+        return {"gpus": 0, "card": "none"}
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
-        return {"gpus": 0, "gpu": "unknown"}
+        return {"gpus": 0, "card": "unknown"}
     lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
     name = lines[0].split(",")[0].strip() if lines else "unknown"
-    return {"gpus": len(lines), "gpu": name.lower().replace(" ", "-"), "nvidia_smi": lines}
+    return {"gpus": len(lines), "card": name, "nvidia_smi": lines}
 
 
 def engine_version() -> str:
@@ -126,11 +126,11 @@ def engine_version() -> str:
 
 
 def vllm_specs(args: argparse.Namespace, *, model_dir: Path, served: str, workdir: Path, gpus: int,
-               kv_events: bool) -> tuple[list[Any], list[str]]:
+               kv_events: bool) -> tuple[list[Any], list[str], list[str]]:
     from fleetgate.engine.args import VLLM_MODULE, EngineArgs
     from fleetgate.local.engines import EngineSpec, free_port
 
-    specs, publishers = [], []
+    specs, publishers, replays = [], [], []
     cpu = args.engine == "vllm-cpu"
     for i in range(args.replicas):
         port = free_port()
@@ -138,10 +138,11 @@ def vllm_specs(args: argparse.Namespace, *, model_dir: Path, served: str, workdi
         if not cpu:
             extra += ["--load-format", "dummy", "--num-gpu-blocks-override", str(args.kv_blocks)]
         if kv_events:
-            events_port = free_port()
-            publishers.append(f"tcp://127.0.0.1:{events_port}")
+            publisher, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+            publishers.append(publisher)
+            replays.append(replay)
             extra += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                        "endpoint": f"tcp://127.0.0.1:{events_port}",
+                                                        "endpoint": publisher, "replay_endpoint": replay,
                                                         "topic": "kv-events"})]
         eargs = EngineArgs(model=str(model_dir), served_model_name=served, port=port,
                            dtype="bfloat16", max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -158,7 +159,7 @@ def vllm_specs(args: argparse.Namespace, *, model_dir: Path, served: str, workdi
         specs.append(EngineSpec(name=f"engine-{i}", argv=[sys.executable, "-m", VLLM_MODULE, *eargs.to_argv()],
                                 env=env, url=f"http://127.0.0.1:{port}", log_path=workdir / f"engine-{i}.log",
                                 expect_model=served))
-    return specs, publishers
+    return specs, publishers, replays
 
 
 def digest_logs(paths: list[Path], *, tail: int = 60) -> str:
@@ -173,30 +174,6 @@ def digest_logs(paths: list[Path], *, tail: int = 60) -> str:
     return "\n".join(parts) + "\n"
 
 
-def prepare_carry(dest: Path) -> None:
-    """Here: the prepared Gemma 3 tokenizer files into `dest`, tokenizer.json xz-compressed."""
-    import lzma
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from static_checks import assemble
-
-    sys.path.insert(0, str(assemble()))
-    from fleetgate.engine.shapes import TOKENIZER_FILES
-    from fleetgate.local.model_prep import prepare_model
-
-    src = prepare_model()
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if not (src / name).is_file():
-            continue
-        if name == "tokenizer.json":
-            (dest / "tokenizer.json.xz").write_bytes(lzma.compress((src / name).read_bytes(), preset=9))
-        else:
-            shutil.copyfile(src / name, dest / name)
-    size = sum(p.stat().st_size for p in dest.iterdir())
-    stamp(f"wrote {dest} ({size / 1e6:.1f} MB): {sorted(p.name for p in dest.iterdir())}")
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     from fleetgate.bench.live_cli import add_live_arguments
 
@@ -209,7 +186,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--engine", choices=["vllm", "vllm-cpu", "sim"], default="vllm")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--shape", default="llama-3.1-8b")
-    parser.add_argument("--tokenizer-dir", type=Path, default=ROOT / ".gpu-model")
+    parser.add_argument("--tokenizer-archive", type=Path, default=ROOT / "build" / "gpu" / "gemma3-tokenizer.tar.xz",
+                        help="the Gemma 3 tokenizer packed by scripts/gpu/pack_tokenizer.py (a carry path)")
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -250,9 +228,6 @@ async def _run(urls: list[str], options: Any, out: Path, workdir: Path) -> list[
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--prepare-carry"]:
-        prepare_carry(Path(argv[1]) if len(argv) > 1 else ROOT / ".gpu-model")
-        return 0
     out = Path(next((argv[i + 1] for i, a in enumerate(argv) if a == "--out"), "artifacts/gpu-routing"))
     out.mkdir(parents=True, exist_ok=True)
     sys.stdout = Tee(sys.stdout, out / "progress.log")  # type: ignore[assignment]
@@ -268,7 +243,6 @@ def main(argv: list[str]) -> int:
     from fleetgate.bench.live_gateway import resolve_profile
     from fleetgate.bench.live_report import write_reports
     from fleetgate.core.errors import ConfigError
-    from fleetgate.engine.shapes import write_dummy_model
     from fleetgate.local.engines import EngineFleet
 
     options = options_from_args(args)
@@ -281,8 +255,9 @@ def main(argv: list[str]) -> int:
             stamp("profile precise-prefix: no such preset in this build; it will be skipped")
     wants_events = wants_events or bool(options.profile_configs)
     info: dict[str, Any] = {"engine": args.engine, "replicas": args.replicas, "max_num_seqs": args.max_num_seqs,
-                            "model_shape": args.shape, "dtype": "bfloat16", "gpus_per_replica": 1,
-                            "kv_blocks": args.kv_blocks, "started_at": started, "argv": argv}
+                            "max_num_batched_tokens": args.max_num_batched_tokens, "model_shape": args.shape,
+                            "dtype": "bfloat16", "quantization": "none", "kv_cache_dtype": "auto",
+                            "enforce_eager": False, "kv_blocks": args.kv_blocks, "started_at": started, "argv": argv}
     workdir = Path(tempfile.mkdtemp(prefix="gpu-routing-"))
     fleet: EngineFleet | None = None
     rows: list[dict[str, Any]] = []
@@ -290,7 +265,7 @@ def main(argv: list[str]) -> int:
     try:
         if args.engine == "sim":
             preflight(workdir, every_profile, options.profile_configs)
-            info.update(engine_desc="simulated engines (gpu-8b profile)", gpu="none")
+            info.update(engine_desc="simulated engines (gpu-8b profile)", card="simulated", enforce_eager=True)
             options.budget_s = min(options.budget_s, deadline - time.time() - args.tail_s)
             with sim_engines(replicas=args.replicas, kv_blocks=args.kv_blocks, time_scale=1.0,
                              log_dir=workdir) as urls:
@@ -299,21 +274,28 @@ def main(argv: list[str]) -> int:
             gpus = gpu_info()
             info.update(gpus)
             info["engine_version"] = engine_version()
+            info["vllm_version"] = info["engine_version"].split(" ", 1)[-1]
             stamp(f"GPUs: {gpus.get('nvidia_smi', gpus)}; {info['engine_version']}")
             if args.engine == "vllm":
-                model_dir = write_dummy_model(workdir / args.shape, shape=args.shape, tokenizer_dir=args.tokenizer_dir)
+                from fleetgate.bench.gpu.models import model_config, prepare_models, unpack_tokenizer
+                from fleetgate.engine.hf_config import parameter_count
+
+                tokenizer = unpack_tokenizer(archive=args.tokenizer_archive, folder=workdir / "tokenizer")
+                dirs = prepare_models(root=workdir / "models", tokenizer_dir=tokenizer, names=[args.shape])
+                model_dir = dirs[args.shape]
+                info["parameters"] = parameter_count(model_config(args.shape))
                 served = args.shape
             else:
                 from fleetgate.local.model_prep import prepare_model
 
                 model_dir, served = prepare_model(), "gemma-3-270m"
-                info.update(model_shape="gemma-3-270m", gpu="cpu")
+                info.update(model_shape="gemma-3-270m", card="cpu", enforce_eager=True)
             options.model_dir = str(model_dir)
-            specs, publishers = vllm_specs(args, model_dir=model_dir, served=served, workdir=workdir,
-                                           gpus=int(gpus.get("gpus") or 1), kv_events=wants_events)
-            options.kv_events = publishers
+            specs, publishers, replays = vllm_specs(args, model_dir=model_dir, served=served, workdir=workdir,
+                                                    gpus=int(gpus.get("gpus") or 1), kv_events=wants_events)
+            options.kv_events, options.kv_replays = publishers, replays
             info["engine_desc"] = (f"{info['engine_version']}, {args.replicas}x {served} "
-                                   f"({'dummy weights, ' if args.engine == 'vllm' else ''}bf16) on {info.get('gpu')}")
+                                   f"({'dummy weights, ' if args.engine == 'vllm' else ''}bf16) on {info.get('card')}")
             timeout = min(args.startup_timeout, deadline - time.time() - args.tail_s - 60)
             fleet = EngineFleet(specs=specs, startup_timeout_s=timeout, progress=stamp, poll_s=1.0)
             stamp(f"starting {len(specs)} engines (timeout {timeout:.0f}s): {' '.join(specs[0].argv[1:])}")

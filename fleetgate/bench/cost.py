@@ -39,9 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated subset of: " + ", ".join(c.name for c in CONFIGS))
     parser.add_argument("--out", type=Path, default=Path("artifacts/cost-report"), help="output folder")
     parser.add_argument("--throughput", type=Path, default=None,
-                        help="a measured throughput file (fleetgate.engine.throughput, e.g. a GPU run's "
-                        "throughput.json): tiers whose model it holds run at the measured speed and are priced on "
-                        "its GPU; the others stay simulated (the report labels each)")
+                        help="a measured-throughput file (fleetgate.bench.measured_throughput: the GPU tier's or a "
+                        "live routing run's throughput.json): tiers whose model shape it holds run at the measured "
+                        "speed and are priced on its card; the others stay simulated (the report labels each)")
     parser.add_argument("--usd-per-gpu-hour", type=float, default=None,
                         help="with --throughput: the measured GPU's hourly price (default: a list price by card)")
     lora = parser.add_argument_group("LoRA comparison (--lora)")
@@ -117,10 +117,14 @@ async def _main(args: argparse.Namespace) -> int:
     labels = {d.tier: f"simulated (profile {d.profile.name})" for d in deployments}
     if args.throughput is not None:
         from fleetgate.bench.cost_measured import apply_throughput
-        from fleetgate.engine.throughput import load_throughput
+        from fleetgate.bench.measured_throughput import ThroughputFileError, load
 
-        deployments, labels = apply_throughput(deployments, load_throughput(args.throughput),
-                                               usd_per_gpu_hour=args.usd_per_gpu_hour)
+        try:
+            data = load(args.throughput)
+            deployments, labels = apply_throughput(deployments, data, usd_per_gpu_hour=args.usd_per_gpu_hour)
+        except (OSError, ThroughputFileError, ValueError) as exc:
+            print(f"fleetgate bench cost: --throughput {args.throughput}: {exc}", file=sys.stderr)
+            return 2
     mode = "measured" if any(v.startswith("measured") for v in labels.values()) else "simulated"
     _progress(f"throughput: {mode}; " + "; ".join(f"{tier} tier {label}" for tier, label in labels.items()))
     _progress(f"workload: {len(workload.items)} requests, seed {args.seed}, {workload.counts()}")

@@ -69,6 +69,8 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
                    "min(2.5, 0.75 x replicas))")
     g.add_argument("--tenants", type=int, default=8)
     g.add_argument("--kv-events", default="", help="the engines' KV-event publishers (comma-separated, engine order)")
+    g.add_argument("--kv-replays", default="", help="their replay addresses (comma-separated, engine order)")
+    g.add_argument("--kv-topic", default="kv-events", help="the topic they publish on")
     g.add_argument("--model-dir", default="", help="the engines' model directory (for ${MODEL_DIR})")
     g.add_argument("--out", type=Path, default=Path("artifacts/live-routing"), help="output folder")
     g.add_argument("--sim-replicas", type=int, default=2, help="without --urls: simulated engines to start")
@@ -96,6 +98,7 @@ def options_from_args(args: argparse.Namespace) -> LiveOptions:
         calibration_batches=tuple(int(x) for x in _floats(args.calibration_batches)),
         calibration_reps=args.calibration_reps, budget_s=args.budget,
         seed=args.live_seed, sizes=sizes, kv_tokens=args.kv_tokens, kv_events=_names(args.kv_events),
+        kv_replays=_names(args.kv_replays), kv_topic=args.kv_topic,
         model_dir=args.model_dir,
     )
 

@@ -14,8 +14,9 @@ JSON list), `KV_EVENTS_ENDPOINTS` (a JSON list of the engines' ZMQ publishers, i
 when the engines publish none), `MODEL_DIR` (the engines' model directory, for a tokenizer) and
 `BLOCK_SIZE` (tokens per KV block).
 
-The gateway serves the engines' model as `model`, plus `probe-<i>` (engine i alone) for the paired
-direct-vs-gateway latency probe. Tenants `t0..tN-1` and an admin key are provisioned; only hashes go into
+The gateway serves the engines' model as `model` (with the engines' KV-event addresses in its route's
+`kv_events` when they publish, for the precise-prefix scorer), plus `probe-<i>` (engine i alone) for the
+paired direct-vs-gateway latency probe. Tenants `t0..tN-1` and an admin key are provisioned; only hashes go into
 the config. `python -m fleetgate.bench.live_gateway CONFIG [--round-robin]` is the child's entry point.
 """
 
@@ -92,11 +93,28 @@ class Keys:
         return cls(tenants={f"t{i}": new_key()[0] for i in range(tenants)}, admin=new_key()[0])
 
 
+def kv_event_routes(*, urls: list[str], publishers: list[str], replays: list[str], topic: str
+                    ) -> list[dict[str, Any]]:
+    """The route's `kv_events` entries (engine i publishes on publishers[i], replays on replays[i])."""
+    routes = []
+    for i, (url, publisher) in enumerate(zip(urls, publishers, strict=False)):
+        entry: dict[str, Any] = {"endpoint": url, "publisher": publisher, "topic": topic}
+        if i < len(replays):
+            entry["replay"] = replays[i]
+        routes.append(entry)
+    return routes
+
+
 def gateway_settings(*, port: int, metrics_port: int, model: str, urls: list[str], keys: Keys,
-                     routing: dict[str, Any] | None) -> dict[str, Any]:
+                     routing: dict[str, Any] | None, kv_events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`kv_events`: where the engines publish KV events, for a precise-prefix profile; given to the route only
+    where this build's `ModelRoute` has the field (older builds have no precise scorer to use them)."""
+    from fleetgate.gateway.settings import ModelRoute
     from fleetgate.gateway.tenancy.keys import hash_key
 
     models: list[dict[str, Any]] = [{"name": model, "endpoints": urls}]
+    if kv_events and "kv_events" in ModelRoute.model_fields:
+        models[0]["kv_events"] = kv_events
     models += [{"name": f"probe-{i}", "endpoints": [u], "served_name": model} for i, u in enumerate(urls)]
     settings: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": port, "metrics_port": metrics_port, "log_requests": False,
@@ -145,11 +163,11 @@ def http_ok(url: str) -> bool:
 
 
 def start_gateway(profile: Profile, *, model: str, urls: list[str], keys: Keys, workdir: Path,
-                  timeout_s: float = 60.0) -> GatewayProcess:
+                  timeout_s: float = 60.0, kv_events: list[dict[str, Any]] | None = None) -> GatewayProcess:
     """Launch the gateway of `profile` and wait until it answers `/readyz` (its log is kept in `workdir`)."""
     port, metrics_port = free_port(), free_port()
     settings = gateway_settings(port=port, metrics_port=metrics_port, model=model, urls=urls, keys=keys,
-                                routing=profile.routing)
+                                routing=profile.routing, kv_events=kv_events)
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", profile.name)
     config = workdir / f"gateway-{safe}-{port}.yaml"
     config.write_text(yaml.safe_dump(settings), encoding="utf-8")

@@ -125,7 +125,7 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
     if ctx.resets:
         await live_engines.reset_prefix_caches(session, urls)
     gateway = await asyncio.to_thread(start_gateway, ctx.profiles[profile], model=ctx.model, urls=urls,
-                                      keys=ctx.keys, workdir=ctx.workdir)
+                                      keys=ctx.keys, workdir=ctx.workdir, kv_events=ctx.kv_events)
     try:
         prober = Prober(ctx, gateway.url)
         usage_before = usage_totals(await read_usage(session, gateway, ctx.keys.admin))

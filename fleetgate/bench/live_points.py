@@ -71,6 +71,7 @@ class LiveContext:
     workdir: Path
     profiles: dict[str, Profile]
     resets: bool = True  # engines serve /reset_prefix_cache
+    kv_events: list[dict[str, Any]] = field(default_factory=list)  # the route's kv_events entries
     log: Any = print
     gateways_started: list[float] = field(default_factory=list)
 
@@ -105,6 +106,15 @@ async def settled_usage(session: aiohttp.ClientSession, gateway: GatewayProcess,
     return last
 
 
+def in_flight(results: list[LiveResult]) -> float:
+    """Requests in flight on average over the point (Little's law: total time in the system / the span)."""
+    timed = [r for r in results if r.done_s is not None]
+    if not timed:
+        return 0.0
+    span = max(r.done_s or 0.0 for r in timed) - min(r.sent_s for r in timed)
+    return sum((r.done_s or 0.0) - r.sent_s for r in timed) / span if span > 0 else 0.0
+
+
 def summarize(results: list[LiveResult], *, window_s: float) -> dict[str, Any]:
     ok = [r for r in results if r.status == 200 and r.error is None]
     # A request cut off at the drain deadline before its first token waited at least until then: it counts
@@ -131,6 +141,7 @@ def summarize(results: list[LiveResult], *, window_s: float) -> dict[str, Any]:
         "ttft_steady_p90_s": _pct(steady, 0.9),
         "ttft_censored": len(censored),
         "client_chunks": sum(r.chunks for r in results),
+        "mean_in_flight": in_flight(results),
         "spread": dict(sorted(Counter(r.endpoint or "?" for r in results).items())),
         "error_sample": next((r.error for r in results if r.error), None),
     }
@@ -177,7 +188,7 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
     idle = await live_engines.wait_idle(session, urls, timeout_s=30)
     reset = await live_engines.reset_prefix_caches(session, urls) if ctx.resets else False
     gateway = await asyncio.to_thread(start_gateway, ctx.profiles[spec.profile], model=ctx.model, urls=urls,
-                                      keys=ctx.keys, workdir=ctx.workdir)
+                                      keys=ctx.keys, workdir=ctx.workdir, kv_events=ctx.kv_events)
     try:
         requests = build_requests(ctx, spec, gateway.url)
         usage_before = usage_totals(await read_usage(session, gateway, ctx.keys.admin))

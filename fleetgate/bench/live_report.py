@@ -1,8 +1,8 @@
 """The live routing benchmark's rows as a report: tables per workload and load, the targets, the files.
 
 `write_reports(rows, out_dir=..., info=...)` writes `report.md` (tables and the issue's targets, each
-met or missed with its figure) and, when the run has a calibration row, `throughput.json` (a
-`fleetgate.engine.throughput` record: the engine's fitted prefill and decode rates and every point's
+met or missed with its figure) and `throughput.json` (the GPU tier's measured-throughput file, see
+`fleetgate.bench.live_throughput`: the calibration probe, the capacity probe and every routing point's
 per-replica tokens/s). `python -m fleetgate.bench.live_report RESULTS.jsonl [OUT_DIR]` rebuilds both from
 a results file (e.g. the one a GPU run sent back).
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgate.bench.live_routing import accounting_line
-from fleetgate.engine.throughput import ThroughputFile, ThroughputPoint, ThroughputRecord, dump_throughput
+from fleetgate.bench.live_throughput import throughput_file
 
 NEAR = 1.0  # loads at or above this multiple of round-robin's capacity are "near saturation"
 
@@ -121,33 +121,6 @@ def targets(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None, str]]:
     return out
 
 
-def throughput_record(rows: list[dict[str, Any]], info: dict[str, Any]) -> ThroughputRecord | None:
-    cal = next((r for r in rows if r.get("kind") == "calibration"), None)
-    meta = next((r for r in rows if r.get("kind") == "meta"), {})
-    if cal is None or cal["prefill_s_per_token"] <= 0:
-        return None
-    seqs = int(info.get("max_num_seqs", 128))
-    step = max(0.0, float(cal["step_overhead_s"]))
-    tpot_full = step + max(1e-9, float(cal["decode_s_per_seq"])) * seqs
-    pts = []
-    for r in rows:
-        if r.get("kind") != "point" or "window_generation_tokens" not in r:
-            continue
-        pts.append(ThroughputPoint(
-            workload=r["workload"], label=f"{r['profile']} x{r['load']:g}" + ("" if r["tag"] == "routing" else
-                                                                               f" [{r['tag']}]"),
-            seconds=r["window_s"], replicas=int(meta.get("replicas", 1)), offered_rps=r["rate"],
-            prompt_tokens=r["window_prompt_tokens"], uncached_prompt_tokens=r["window_uncached_prompt_tokens"],
-            output_tokens=r["window_generation_tokens"], ttft_p50_s=r["ttft_p50_s"], ttft_p90_s=r["ttft_p90_s"]))
-    return ThroughputRecord(
-        model=str(info.get("model_shape", meta.get("model", "?"))), dtype=str(info.get("dtype", "bfloat16")),
-        quantization=str(info.get("quantization", "none")), kv_cache_dtype=str(info.get("kv_cache_dtype", "auto")),
-        gpu=str(info.get("gpu", "unknown")), gpus_per_replica=int(info.get("gpus_per_replica", 1)),
-        engine=str(info.get("engine", "")), max_num_seqs=seqs,
-        prefill_tokens_per_s=1.0 / float(cal["prefill_s_per_token"]), decode_tokens_per_s=seqs / tpot_full,
-        step_overhead_s=step, source=str(info.get("source", "fleetgate bench routing --live")), points=pts)
-
-
 def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
     meta = next((r for r in rows if r.get("kind") == "meta"), {})
     cap = next((r for r in rows if r.get("kind") == "capacity"), None)
@@ -207,10 +180,10 @@ def write_reports(rows: list[dict[str, Any]], *, out_dir: Path, engine: str = ""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "report.md"]
     paths[0].write_text(markdown(rows, info=info), encoding="utf-8")
-    record = throughput_record(rows, info)
-    if record is not None:
+    data = throughput_file(rows, info)
+    if data is not None:
         path = out_dir / "throughput.json"
-        path.write_text(dump_throughput(ThroughputFile(records=[record])) + "\n", encoding="utf-8")
+        path.write_text(data.to_json(), encoding="utf-8")
         paths.append(path)
     return paths
 

@@ -38,12 +38,13 @@ import aiohttp
 
 from fleetgate.bench import live_engines
 from fleetgate.bench.live_client import LiveRequest, LiveResult, stream_one
-from fleetgate.bench.live_gateway import Keys, Profile, resolve_profile, template_vars
+from fleetgate.bench.live_gateway import Keys, Profile, kv_event_routes, resolve_profile, template_vars
 from fleetgate.bench.live_overhead import run_overhead
 from fleetgate.bench.live_points import LiveContext, PointSpec, run_point
 from fleetgate.bench.live_workloads import Sizes, Target, sized_items, to_requests
 from fleetgate.core.errors import ConfigError
 from fleetgate.engine.vllm_counters import deltas, total
+from fleetgate.sim.report import quantile
 
 
 @dataclass
@@ -76,7 +77,9 @@ class LiveOptions:
     seed: int = 24
     sizes: Sizes = field(default_factory=Sizes)
     kv_tokens: int | None = None
-    kv_events: list[str] = field(default_factory=list)
+    kv_events: list[str] = field(default_factory=list)  # engine i's ZMQ publisher
+    kv_replays: list[str] = field(default_factory=list)  # engine i's replay address
+    kv_topic: str = "kv-events"
     model_dir: str = ""
     block_size: int = 16
 
@@ -140,7 +143,10 @@ async def capacity_probe(ctx: LiveContext, *, seconds: float, concurrency: int, 
     # (completions alone would be few and lumpy when a request lasts a good part of the probe).
     late = total(deltas(half, end))
     whole = total(deltas(before, end))
+    ttfts = [r.ttft_s for r in done if r.ttft_s is not None and r.error is None]
     return {"kind": "capacity", "seconds": seconds, "concurrency": concurrency, "completed": len(done),
+            "ttft_p50_s": quantile(ttfts, 0.5) if ttfts else None,
+            "ttft_p90_s": quantile(ttfts, 0.9) if ttfts else None,
             "base_rate": late.generation_tokens / (seconds / 2) / ctx.sizes.output_tokens,
             "output_tps": late.generation_tokens / (seconds / 2), "hit_rate": late.hit_rate,
             "uncached_prompt_tps": late.uncached_prompt_tokens / (seconds / 2),
@@ -259,10 +265,13 @@ async def _context(session: aiohttp.ClientSession, urls: list[str], options: Liv
                       sizes=options.sizes, chars_per_token=cpt, capacity_tokens=capacity, workdir=workdir,
                       profiles=profiles)
     ctx.resets = await live_engines.reset_prefix_caches(session, urls)
+    ctx.kv_events = kv_event_routes(urls=urls, publishers=options.kv_events, replays=options.kv_replays,
+                                    topic=options.kv_topic)
     meta = {"kind": "meta", "urls": urls, "model": model, "chars_per_token": cpt, "kv_capacity_tokens": capacity,
             "kv_capacity_reported": [s.kv_capacity_tokens for s in snaps], "replicas": len(urls),
             "groups": options.sizes.groups(capacity_tokens=capacity, replicas=len(urls)),
             "prefix_cache_reset": ctx.resets, "profiles": list(profiles), "unknown_profiles": unknown,
+            "kv_events": ctx.kv_events,
             "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
             "options": {k: v for k, v in asdict(options).items() if k != "sizes"}, "sizes": asdict(options.sizes)}
     return ctx, meta

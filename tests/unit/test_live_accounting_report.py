@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fleetgate.bench.live_report import targets, throughput_record, write_reports
+from fleetgate.bench.live_report import targets, write_reports
 from fleetgate.bench.live_routing import accounting_line, accounting_summary
-from fleetgate.core.errors import ConfigError
-from fleetgate.engine.throughput import ThroughputFile, load_throughput
+from fleetgate.bench.measured_throughput import load
 
 
 def point(profile: str, load: float, *, workload: str = "shared-prefix", p50: float = 1.0, p90: float = 2.0,
@@ -89,37 +87,39 @@ def test_overhead_target_needs_the_whole_interval_under_one_percent() -> None:
     assert [met for _, met, _ in targets([missed])] == [False]
 
 
-def test_the_throughput_file_holds_the_calibrated_rates_and_every_point(tmp_path: Path) -> None:
-    rows = [{"kind": "meta", "replicas": 2, "model": "llama-3.1-8b"},
+def test_the_throughput_file_holds_the_calibration_the_capacity_probe_and_every_point(tmp_path: Path) -> None:
+    rows = [{"kind": "meta", "replicas": 2, "model": "llama-3.1-8b", "options": {"calibration_reps": 3},
+             "sizes": {"prefix_tokens": 2048, "question_tokens": 96, "output_tokens": 64}},
             {"kind": "calibration", "prefill_s_per_token": 5e-5, "step_overhead_s": 0.01, "decode_s_per_seq": 2e-4,
-             "ttft_intercept_s": 0.02},
-            point("round-robin", 1.5, tps=3000)]
-    info = {"model_shape": "llama-3.1-8b", "gpu": "nvidia-h100-80gb-hbm3", "engine": "vllm 0.26.0",
-            "max_num_seqs": 100}
-    record = throughput_record(rows, info)
-    assert record is not None
-    assert record.prefill_tokens_per_s == pytest.approx(20_000)
-    assert record.decode_tokens_per_s == pytest.approx(100 / (0.01 + 0.02))
-    assert record.decode_s_per_seq == pytest.approx(2e-4)
-    assert record.points[0].output_tokens_per_s_per_replica == pytest.approx(1500)
+             "ttft_intercept_s": 0.02, "ttft_by_len": {"128": 0.025, "2048": 0.12}, "tpot_by_batch": {"1": 0.0102,
+                                                                                                   "64": 0.0228}},
+            {"kind": "capacity", "concurrency": 192, "completed": 400, "output_tps": 6000.0, "ttft_p50_s": 0.8,
+             "base_rate": 90.0, "hit_rate": 0.5,
+             "ttft_p90_s": 1.5},
+            point("round-robin", 1.5, tps=3000, mean_in_flight=80.0, requests=100),
+            point("round-robin", 1.0, tps=2000, mean_in_flight=30.0, requests=100)]
+    info = {"model_shape": "llama-3.1-8b", "card": "NVIDIA H100 80GB HBM3", "vllm_version": "0.26.0",
+            "max_num_seqs": 128, "max_num_batched_tokens": 8192, "parameters": 8_000_000_000}
     paths = write_reports(rows, out_dir=tmp_path, info=info)
     assert [p.name for p in paths] == ["report.md", "throughput.json"]
-    loaded = load_throughput(tmp_path / "throughput.json")
-    assert loaded.find("llama-3.1-8b") == record
-    assert loaded.find("llama-3.1-70b") is None
-    assert "round-robin" in (tmp_path / "report.md").read_text()
+    data = load(tmp_path / "throughput.json")  # the GPU tier's schema, validated
+    assert data.vllm_version == "0.26.0"
+    entries = {e.name: e for e in data.entries}
+    assert list(entries) == ["llama-3.1-8b-calibration", "llama-3.1-8b-capacity-round-robin",
+                             "llama-3.1-8b-shared-prefix-round-robin"]
+    cal = entries["llama-3.1-8b-calibration"]
+    assert cal.card == "NVIDIA H100 80GB HBM3" and cal.max_num_seqs == 128 and cal.gpus == 1
+    assert [(p.concurrency, p.prompt_tokens, p.output_tokens) for p in cal.points] == [
+        (1, 128, 1), (1, 2048, 1), (1, 64, 32), (64, 64, 32)]
+    assert cal.points[1].output_tokens_per_s == pytest.approx(1 / 0.12)
+    assert cal.points[3].output_tokens_per_s == pytest.approx(64 / 0.0228)
+    [cap] = entries["llama-3.1-8b-capacity-round-robin"].points
+    assert (cap.concurrency, cap.prompt_tokens, cap.output_tokens, cap.output_tokens_per_s) == (96, 2144, 64, 3000)
+    routing = entries["llama-3.1-8b-shared-prefix-round-robin"].points
+    assert [(p.concurrency, p.output_tokens_per_s) for p in routing] == [(15, 1000.0), (40, 1500.0)]  # per replica
+    assert routing[0].prompt_tokens == 500  # the engines' 50,000 prompt tokens over 100 requests
 
 
-def test_a_run_without_calibration_writes_no_throughput_file(tmp_path: Path) -> None:
-    rows = [{"kind": "meta", "replicas": 2}, point("round-robin", 1.0)]
+def test_a_run_that_measured_nothing_writes_no_throughput_file(tmp_path: Path) -> None:
+    rows = [{"kind": "meta", "replicas": 2}, {"kind": "skipped", "point": "x", "why": "budget"}]
     assert [p.name for p in write_reports(rows, out_dir=tmp_path)] == ["report.md"]
-
-
-def test_a_bad_throughput_file_names_the_field(tmp_path: Path) -> None:
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"apiVersion": "fleetgate.io/v1alpha1", "kind": "ThroughputMeasurements",
-                                "records": [{"model": "m", "gpu": "h100", "maxNumSeqs": 8, "prefillTokensPerS": -1,
-                                             "decodeTokensPerS": 100, "stepOverheadS": 0.01}]}))
-    with pytest.raises(ConfigError, match=r"records\.0\.prefillTokensPerS"):
-        load_throughput(path)
-    assert ThroughputFile.model_json_schema()["title"] == "ThroughputFile"
