@@ -19,10 +19,12 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fleetgate.core.types import Endpoint
 from fleetgate.gateway.serve import build_server
 from fleetgate.gateway.settings import GatewaySettings, KvEventsRoute, ModelRoute, ServerSettings
 from fleetgate.local.config import EngineConfig
@@ -32,6 +34,8 @@ from fleetgate.local.vllm_command import vllm_specs
 from fleetgate.router.config import precise_prefix_config
 from fleetgate.router.hashing import token_block_hashes
 from fleetgate.router.plugins.precise_prefix_scorer import PrecisePrefixScorer
+from fleetgate.router.prompt_tokens import EngineTokenizer, LocalTokenizer
+from fleetgate.router.types import RoutingRequest
 from fleetgate.sim.fake_engine import FakeEngine, FakeEngineConfig
 
 from .http_json import post_json_headers, request_json
@@ -48,6 +52,7 @@ class Stack:
     engine: str
     kv_publisher: str  # the engine publishes its KV-cache events here (ipc), for the precise routing test
     kv_replay: str
+    model_path: Path
 
 
 def _text(url: str) -> str:
@@ -91,7 +96,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         with serving(settings) as (url, _server):
             assert specs[0].kv_publisher is not None and specs[0].kv_replay is not None
             yield Stack(gateway=url, engine=fleet.urls[0], kv_publisher=specs[0].kv_publisher,
-                        kv_replay=specs[0].kv_replay)
+                        kv_replay=specs[0].kv_replay, model_path=model_path)
 
 
 def test_chat_completion_answers_with_real_text(stack: Stack) -> None:
@@ -307,3 +312,30 @@ def test_precise_routing_follows_the_engines_own_kv_events(stack: Stack) -> None
             final = _counter(_text(f"{stack.engine}/metrics"), "vllm:prefix_cache_hits_total")
             assert final - after >= 4 * predicted
             assert precise.fleet.fallbacks.get("tokenize", 0) == 0
+
+
+def test_the_local_tokenizer_gives_the_engines_own_tokens(stack: Stack) -> None:
+    """`tokenizer: local` (the model's tokenizer in the gateway) must produce what the engine's `/tokenize` does, or
+    precise routing would silently match nothing: chat (template applied) and completions, special tokens included."""
+    local = LocalTokenizer(paths={MODEL: str(stack.model_path)}, cache_entries=8)
+    engine = Endpoint(id="e", url=stack.engine, model=MODEL)
+    remote = EngineTokenizer(choose=lambda eps: eps[0], timeout_s=30.0, cache_entries=8)
+    bodies = [
+        ("chat", {"messages": [{"role": "system", "content": "You answer in French."},
+                               {"role": "user", "content": "Where is the bakery? Über café, naïve résumé."}]}),
+        ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": "Two"}, {"type": "text",
+                                                                                             "text": " parts"}]}]}),
+        ("completions", {"prompt": "The three primary colours are"}),
+    ]
+
+    async def both() -> list[tuple[list[int] | None, list[int] | None]]:
+        out = []
+        for kind, body in bodies:
+            req = RoutingRequest(request_id="t", model=MODEL, prompt_text="", kind=kind, body=body)
+            out.append((await local.tokens(req, [engine]), await remote.tokens(req, [engine])))
+        await remote.aclose()
+        return out
+
+    for (kind, _body), (ours, theirs) in zip(bodies, asyncio.run(both()), strict=True):
+        assert theirs, kind
+        assert ours == theirs, (kind, ours, theirs)
