@@ -138,7 +138,7 @@ class KvEventFleet:
         self._task = None
         await self.retain(set())
         if self._context is not None:
-            self._context.term()
+            self._context.destroy(linger=0)
             self._context = None
 
 

@@ -11,8 +11,9 @@ engine holds, the gateway needs those same tokens. Two ways, chosen by the score
   code, same tokenizer, same model revision as the engine that caches the blocks), nothing to install
   or keep in sync in the gateway; it costs one loopback/pod-network round trip (~1.5-3 ms on a vLLM CPU
   engine) before the decision, and some CPU in the engine's API server.
-- `local`: the model's Hugging Face tokenizer in the gateway process (`transformers`, loaded lazily per
-  model from `tokenizerPaths[model]`, a directory with `tokenizer.json` and its chat template): no
+- `local`: the model's Hugging Face tokenizer in the gateway process (`transformers`, loaded in a thread
+  at start-up, or on a model's first request, from `tokenizerPaths[model]`, a directory with
+  `tokenizer.json` and its chat template; requests meanwhile route on the approximate index): no
   round trip, but the gateway needs the tokenizer files and transformers, and a template that renders
   differently from vLLM's (content-part handling, tools) silently costs matches (never correctness: a
   prompt that matches nothing scores like a cold one).
@@ -47,6 +48,10 @@ CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "add_special_
 
 class PromptTokenizer(Protocol):
     async def tokens(self, req: RoutingRequest, endpoints: Sequence[Endpoint]) -> list[int] | None: ...
+
+    def preload(self) -> None:
+        """Start loading what the first request would otherwise wait for (in the background)."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -130,6 +135,9 @@ class _CachedTokenizer:
                         ) -> list[int] | None:
         raise NotImplementedError
 
+    def preload(self) -> None:
+        return None
+
 
 class EngineTokenizer(_CachedTokenizer):
     """Tokens from vLLM's `/tokenize` on the endpoint `choose` picks among the candidates."""
@@ -181,7 +189,17 @@ class LocalTokenizer(_CachedTokenizer):
         self._loaded: dict[str, Any] = {}
         self._loading: dict[str, asyncio.Task[Any]] = {}
 
-    async def _tokenizer(self, model: str) -> Any:
+    def preload(self) -> None:
+        for model in list(self.paths):
+            self._tokenizer(model)
+
+    def loaded(self, model: str) -> bool:
+        """Whether `model`'s tokenizer is ready (False while it loads, and after it failed to)."""
+        return self._tokenizer(model) is not None
+
+    def _tokenizer(self, model: str) -> Any:
+        """The model's tokenizer once loaded; None while it loads (in a thread, started here on first use: the
+        requests meanwhile route on the approximate index rather than wait seconds) or when it cannot load."""
         tok = self._loaded.get(model)
         if tok is not None:
             return tok
@@ -189,20 +207,22 @@ class LocalTokenizer(_CachedTokenizer):
         if path is None:
             return None
         task = self._loading.get(model)
-        if task is None:  # one load per model however many requests wait for it
-            task = self._loading[model] = asyncio.create_task(asyncio.to_thread(_load_tokenizer, path))
-        try:
-            tok = await asyncio.shield(task)
-        except Exception:
-            self._loading.pop(model, None)
-            log.warning("loading the tokenizer failed", exc_info=True, extra={"model": model, "path": path})
+        if task is None:
+            self._loading[model] = asyncio.create_task(asyncio.to_thread(_load_tokenizer, path))
             return None
-        self._loaded[model] = tok
+        if not task.done():
+            return None
+        if task.cancelled() or task.exception() is not None:
+            log.warning("loading the tokenizer failed", exc_info=task.exception() if not task.cancelled() else None,
+                        extra={"model": model, "path": path})
+            self.paths.pop(model)  # do not retry on every request: it would fail the same way
+            return None
+        tok = self._loaded[model] = task.result()
         return tok
 
     async def _tokenize(self, body: dict[str, Any], req: RoutingRequest, endpoints: Sequence[Endpoint]
                         ) -> list[int] | None:
-        tok = await self._tokenizer(req.model)
+        tok = self._tokenizer(req.model)
         if tok is None:
             return None
         try:

@@ -145,6 +145,9 @@ class _Fixed:
     async def tokens(self, req: RoutingRequest, endpoints: Any) -> list[int]:
         return self.tokens_
 
+    def preload(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 
@@ -203,7 +206,13 @@ async def _tokenize_bench(args: argparse.Namespace) -> dict[str, tuple[float, fl
     if args.tokenizer_path:
         local = LocalTokenizer(paths={"m": args.tokenizer_path}, cache_entries=1)
         warm = RoutingRequest(request_id="w", model="m", prompt_text="", kind="chat", body=_chat_body(16))
-        await local.tokens(warm, _endpoints(1))  # loads the tokenizer (not timed)
+        local.preload()  # loads the tokenizer in a thread (not timed)
+        for _ in range(1200):
+            if local.loaded("m") or not local.paths:
+                break
+            await asyncio.sleep(0.05)
+        if await local.tokens(warm, _endpoints(1)) is None:
+            raise SystemExit(f"the tokenizer in {args.tokenizer_path} did not load")
         samples = []
         for i in range(n):
             body = _chat_body(args.prompt_tokens)

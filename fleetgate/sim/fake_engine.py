@@ -142,6 +142,8 @@ class FakeEngine:
         return web.Response(body=orjson.dumps(data), content_type="application/json")
 
     async def _tokenize(self, request: web.Request) -> web.Response:
+        if self.config.fail_status is not None:  # a failing engine fails this too
+            return web.Response(status=self.config.fail_status, text=self.config.fail_message)
         tokens = word_tokens(orjson.loads(await request.read()))
         data = {"count": len(tokens), "max_model_len": 1_000_000, "tokens": tokens}
         return web.Response(body=orjson.dumps(data), content_type="application/json")

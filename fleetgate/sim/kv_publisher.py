@@ -69,15 +69,18 @@ class FakeKvPublisher:
                 sock.close(linger=0)
         self._pub = self._router = None
         if self._ctx is not None:
-            self._ctx.term()
+            self._ctx.destroy(linger=0)
             self._ctx = None
 
     async def publish(self, events: Sequence[KvEvent], *, deliver: bool = True, ts: float = 0.0) -> int:
         return await self.publish_raw(encode_batch(list(events), ts=ts, shape=self.shape), deliver=deliver)
 
     async def publish_raw(self, payload: bytes, *, deliver: bool = True) -> int:
-        assert self._pub is not None, "start() the publisher first"
+        """Buffer and (unless `deliver` is False) send one batch; a stopped publisher sends nothing (a dead
+        publisher thread in an engine that keeps serving)."""
         seq = self.seq
+        if self._pub is None:
+            return seq
         self.seq += 1
         self.buffer.append((seq, payload))
         if deliver:

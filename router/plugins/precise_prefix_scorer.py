@@ -147,6 +147,7 @@ class PrecisePrefixScorer:
             st.expect_blocks(batches_at_start=batches_at_start)
 
     async def start(self, source: Any) -> None:
+        self.tokenizer.preload()
         await self.fleet.start(source)
 
     async def aclose(self) -> None:

@@ -235,3 +235,24 @@ async def test_a_publisher_that_never_answers_leaves_the_endpoint_unusable(
     assert not await eventually(lambda: state.connected, timeout_s=0.5)
     assert state.reason() == "disconnected"
     await sub.aclose()
+
+
+async def test_gateway_replicas_that_each_subscribe_agree(sockdir: Path, zctx: zmq.asyncio.Context) -> None:
+    """The shared-state design: every replica follows every engine itself, so replicas agree without a shared
+    writer; one started later (a new pod, a restart) catches up from the replay ring."""
+    source = KvEventSource(publisher=f"ipc://{sockdir}/p", replay=f"ipc://{sockdir}/r")
+    pub = await FakeKvPublisher(publisher=source.publisher, replay=source.replay).start()
+    engine = Engine(pub, seed=8)
+    try:
+        first, a = await follow(zctx, source)
+        for i in range(6):
+            await engine.store(prompt(i))
+        await engine.evict(prompt(3))
+        second, b = await follow(zctx, source)  # joins after the events
+        await engine.store(prompt(9))
+        assert await eventually(lambda: same(a, engine.truth) and same(b, engine.truth))
+        assert a.blocks.held == b.blocks.held and len(a.blocks) == 6 * 6 + 6 - 1
+        await first.aclose()
+        await second.aclose()
+    finally:
+        await pub.stop()

@@ -98,3 +98,29 @@ def _precise_fleet(gw: RunningGateway) -> KvEventFleet:
     (plugin,) = [s for s, _ in scheduler.profile.scorers if isinstance(s, PrecisePrefixScorer)]
     fleet: KvEventFleet = plugin.fleet
     return fleet
+
+
+async def test_engine_tokenizer_asks_tokenize_caches_and_fails_open(
+    start_engine: Callable[..., Awaitable[FakeEngine]],
+) -> None:
+    from fleetgate.core.types import Endpoint
+    from fleetgate.router.prompt_tokens import EngineTokenizer
+    from fleetgate.router.types import RoutingRequest
+
+    engine = await start_engine(model="m")
+    failing = await start_engine(model="m", fail_status=500)
+    ep, broken = Endpoint(id="a", url=engine.url, model="m"), Endpoint(id="b", url=failing.url, model="m")
+    tok = EngineTokenizer(choose=lambda eps: eps[0], timeout_s=2.0, cache_entries=4)
+    body = {"messages": [{"role": "user", "content": "one two three"}], "chat_template_kwargs": {"x": 1},
+            "temperature": 0.3}
+    req = RoutingRequest(request_id="r", model="m", prompt_text="", kind="chat", body=body)
+    tokens = await tok.tokens(req, [ep])
+    assert tokens == word_tokens(body)
+    await engine.stop()  # a second ask would fail now: the answer must come from the cache
+    assert await tok.tokens(req, [ep]) == tokens
+    other = RoutingRequest(request_id="r", model="m", prompt_text="", kind="chat",
+                           body={"messages": [{"role": "user", "content": "four"}]})
+    assert await tok.tokens(other, [ep]) is None  # engine gone: fail open
+    assert await tok.tokens(other, [broken]) is None  # HTTP 500 from /tokenize
+    assert tok.failures >= 1
+    await tok.aclose()

@@ -329,6 +329,11 @@ def test_the_local_tokenizer_gives_the_engines_own_tokens(stack: Stack) -> None:
     ]
 
     async def both() -> list[tuple[list[int] | None, list[int] | None]]:
+        local.preload()
+        for _ in range(600):  # the tokenizer loads in a thread; requests meanwhile get None (approximate routing)
+            if local.loaded(MODEL) or not local.paths:
+                break
+            await asyncio.sleep(0.05)
         out = []
         for kind, body in bodies:
             req = RoutingRequest(request_id="t", model=MODEL, prompt_text="", kind=kind, body=body)

@@ -43,6 +43,9 @@ class FakeTokenizer:
         self.calls += 1
         return self.result
 
+    def preload(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 
@@ -225,3 +228,69 @@ def test_the_precise_profile_is_the_default_with_its_prefix_scorer_swapped() -> 
 def test_bad_parameters_are_config_errors_naming_them(params: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_scheduler(precise_prefix_config(params), scrape=False)
+
+
+class _HfLike:
+    """Stands in for a transformers tokenizer: renders a template, then one token per character."""
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: object) -> str:
+        assert kwargs["tokenize"] is False and kwargs["add_generation_prompt"] is True
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+    def __call__(self, text: str, add_special_tokens: bool) -> dict[str, list[int]]:
+        return {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
+
+
+async def test_the_local_tokenizer_never_makes_a_request_wait_for_it_to_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import threading
+
+    from fleetgate.router import prompt_tokens
+
+    release = threading.Event()
+
+    def slow_load(path: str) -> _HfLike:
+        assert path == "/models/m"
+        release.wait(5)
+        return _HfLike()
+
+    monkeypatch.setattr(prompt_tokens, "_load_tokenizer", slow_load)
+    tok = prompt_tokens.LocalTokenizer(paths={"m": "/models/m"})
+    req = RoutingRequest(request_id="r", model="m", prompt_text="", kind="chat",
+                         body={"messages": [{"role": "user", "content": "hi"}]})
+    tok.preload()
+    assert await tok.tokens(req, EPS) is None  # still loading: route approximately now, not in seconds
+    release.set()
+    for _ in range(200):
+        if tok.loaded("m"):
+            break
+        await asyncio.sleep(0.01)
+    assert await tok.tokens(req, EPS) == [ord(c) for c in "<user>hi"]
+    completion = RoutingRequest(request_id="r", model="m", prompt_text="", kind="completions", body={"prompt": "ab"})
+    assert await tok.tokens(completion, EPS) == [1, 97, 98]
+    ids = RoutingRequest(request_id="r", model="m", prompt_text="", kind="completions", body={"prompt": [5, 6]})
+    assert await tok.tokens(ids, EPS) == [5, 6]  # token ids given: no tokenizer at all
+    batch = RoutingRequest(request_id="r", model="m", prompt_text="", kind="completions", body={"prompt": ["a", "b"]})
+    assert await tok.tokens(batch, EPS) is None
+    other = RoutingRequest(request_id="r", model="unknown", prompt_text="", kind="completions", body={"prompt": "x"})
+    assert await tok.tokens(other, EPS) is None
+
+
+async def test_a_tokenizer_that_cannot_load_is_not_retried_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from fleetgate.router import prompt_tokens
+
+    calls = []
+
+    def broken(path: str) -> None:
+        calls.append(path)
+        raise OSError("no tokenizer.json")
+
+    monkeypatch.setattr(prompt_tokens, "_load_tokenizer", broken)
+    tok = prompt_tokens.LocalTokenizer(paths={"m": "/nowhere"})
+    req = RoutingRequest(request_id="r", model="m", prompt_text="", kind="completions", body={"prompt": "x"})
+    for _ in range(50):
+        assert await tok.tokens(req, EPS) is None
+        await asyncio.sleep(0.01)
+    assert calls == ["/nowhere"] and not tok.loaded("m")

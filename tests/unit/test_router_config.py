@@ -98,3 +98,14 @@ def test_shipped_example_is_the_default_profile() -> None:
     assert example.profile() == default.profile()
     assert [(p.type, p.ref) for p in example.plugins] == [(p.type, p.ref) for p in default.plugins]
     assert example.scrape == default.scrape and example.ejection == default.ejection
+
+
+def test_shipped_precise_example_is_the_precise_preset() -> None:
+    path = Path(__file__).resolve().parents[2] / "router" / "examples" / "precise-prefix.yaml"
+    example = load_model(RoutingConfig, path)
+    preset_config = preset("precise-prefix")
+    assert example.profile() == preset_config.profile()
+    assert [(p.type, p.ref) for p in example.plugins] == [(p.type, p.ref) for p in preset_config.plugins]
+    prefix = next(p for p in example.plugins if p.ref == "prefix")
+    assert prefix.type == "precise-prefix-scorer" and prefix.parameters["tokenizer"] == "engine"
+    assert build_scheduler(example, scrape=False).profile.name == "precise-prefix"
