@@ -294,3 +294,32 @@ async def test_a_tokenizer_that_cannot_load_is_not_retried_per_request(monkeypat
         assert await tok.tokens(req, EPS) is None
         await asyncio.sleep(0.01)
     assert calls == ["/nowhere"] and not tok.loaded("m")
+
+
+def test_event_addresses_come_from_labels_else_the_template() -> None:
+    labelled = Endpoint(id="a", url="http://10.0.0.1:8000", model="m", labels={
+        "kv_events": "ipc:///run/e.kv", "kv_events_replay": "ipc:///run/e.replay", "kv_events_topic": "t"})
+    plain = Endpoint(id="b", url="http://10.0.0.2:8000", model="m")
+    v6 = Endpoint(id="c", url="http://[fd00::7]:8000", model="m")
+    none = KvEventFleet()
+    assert none.source_of(plain) is None
+    source = none.source_of(labelled)
+    assert source is not None and (source.publisher, source.replay, source.topic) == (
+        "ipc:///run/e.kv", "ipc:///run/e.replay", "t")
+    templated = KvEventFleet(port=5557, replay_port=5558, topic="kv")
+    s = templated.source_of(plain)
+    assert s is not None and (s.publisher, s.replay, s.topic) == ("tcp://10.0.0.2:5557", "tcp://10.0.0.2:5558", "kv")
+    s6 = templated.source_of(v6)
+    assert s6 is not None and s6.publisher == "tcp://[fd00::7]:5557"
+    assert templated.source_of(labelled) == source  # discovery's address wins over the template
+
+
+async def test_endpoints_that_leave_discovery_are_unfollowed() -> None:
+    fleet = KvEventFleet(port=5557)
+    eps = [Endpoint(id=f"e{i}", url=f"http://127.0.0.1:{9100 + i}", model="m") for i in range(2)]
+    fleet.ensure(eps)  # nothing listens on those ports: the subscribers just wait, disconnected
+    assert set(fleet.states) == {"e0", "e1"} and not any(s.usable() for s in fleet.states.values())
+    await fleet.retain({"e1"})
+    assert set(fleet.states) == {"e1"}
+    await fleet.aclose()
+    assert fleet.states == {}
