@@ -156,17 +156,13 @@ class PrecisePrefixScorer:
         await self.approx.aclose()
 
 
-def _tokenizer(parameters: dict[str, Any], state: FleetState) -> PromptTokenizer:
-    kind = parameters.get("tokenizer", "engine")
-    cache = param(parameters, "tokenizeCacheEntries", 4096, int)
+def _tokenizer(*, kind: object, paths: object, timeout_s: float, cache: int, state: FleetState) -> PromptTokenizer:
     if kind == "engine":
         def least_loaded(endpoints: Sequence[Endpoint]) -> Endpoint:
             return min(endpoints, key=lambda e: state.load(e.id))
 
-        return EngineTokenizer(choose=least_loaded, timeout_s=param(parameters, "tokenizeTimeoutS", 0.5, float),
-                               cache_entries=cache)
+        return EngineTokenizer(choose=least_loaded, timeout_s=timeout_s, cache_entries=cache)
     if kind == "local":
-        paths = parameters.get("tokenizerPaths")
         if not isinstance(paths, dict) or not paths or not all(isinstance(v, str) for v in paths.values()):
             raise ValueError("tokenizer: local needs tokenizerPaths, a map of model name -> tokenizer directory")
         return LocalTokenizer(paths={str(k): v for k, v in paths.items()}, cache_entries=cache)
@@ -202,8 +198,13 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Preci
                                     buckets=TOKENIZE_BUCKETS)
         ctx.registry.register(histogram)
         timer = histogram.labels(name)
+    tokenizer = _tokenizer(
+        kind=parameters.get("tokenizer", "engine"), paths=parameters.get("tokenizerPaths"),
+        timeout_s=param(parameters, "tokenizeTimeoutS", 0.5, float),
+        cache=param(parameters, "tokenizeCacheEntries", 4096, int), state=ctx.state,
+    )
     return PrecisePrefixScorer(
-        name=name, state=ctx.state, fleet=fleet, tokenizer=_tokenizer(parameters, ctx.state), approx=approx,
+        name=name, state=ctx.state, fleet=fleet, tokenizer=tokenizer, approx=approx,
         max_blocks=param(parameters, "maxBlocks", 1024, int),
         hotspot_margin=param(parameters, "hotspotMargin", 2.0, float), tokenize_timer=timer,
     )
