@@ -190,7 +190,12 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Preci
         port=param(parameters, "port", None, int), replay_port=param(parameters, "replayPort", None, int),
         topic=topic, clock=ctx.clock,
     )
-    timer = None
+    tokenizer = _tokenizer(
+        kind=parameters.get("tokenizer", "engine"), paths=parameters.get("tokenizerPaths"),
+        timeout_s=param(parameters, "tokenizeTimeoutS", 0.5, float),
+        cache=param(parameters, "tokenizeCacheEntries", 4096, int), state=ctx.state,
+    )
+    timer = None  # metrics registered last: a parameter error above leaves the registry as it was
     if ctx.registry is not None:
         ctx.registry.register(KvEventsCollector(fleet))
         histogram = TimingHistogram("fleetgate_router_tokenize_seconds",
@@ -198,11 +203,6 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Preci
                                     buckets=TOKENIZE_BUCKETS)
         ctx.registry.register(histogram)
         timer = histogram.labels(name)
-    tokenizer = _tokenizer(
-        kind=parameters.get("tokenizer", "engine"), paths=parameters.get("tokenizerPaths"),
-        timeout_s=param(parameters, "tokenizeTimeoutS", 0.5, float),
-        cache=param(parameters, "tokenizeCacheEntries", 4096, int), state=ctx.state,
-    )
     return PrecisePrefixScorer(
         name=name, state=ctx.state, fleet=fleet, tokenizer=tokenizer, approx=approx,
         max_blocks=param(parameters, "maxBlocks", 1024, int),
