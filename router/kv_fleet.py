@@ -79,8 +79,12 @@ class KvEventFleet:
     def ensure(self, endpoints: Sequence[Endpoint]) -> None:
         """Start following each endpoint not followed yet (needs a running event loop)."""
         for endpoint in endpoints:
-            if endpoint.id in self._sources:
+            if endpoint.id in self._subscribers:
                 continue
+            if endpoint.id in self._sources and LABEL_KV_EVENTS not in endpoint.labels:
+                continue  # known to publish nowhere (the template depends on the URL only)
+            # An endpoint id can be listed under several routes, some without the event labels (a probe route of
+            # one engine): the labelled listing starts following even when an unlabelled one came first.
             source = self._sources[endpoint.id] = self.source_of(endpoint)
             if source is None:
                 continue

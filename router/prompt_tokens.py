@@ -12,8 +12,8 @@ engine holds, the gateway needs those same tokens. Two ways, chosen by the score
   or keep in sync in the gateway; it costs one loopback/pod-network round trip (~1.5-3 ms on a vLLM CPU
   engine) before the decision, and some CPU in the engine's API server.
 - `local`: the model's Hugging Face tokenizer in the gateway process (`transformers`, loaded in a thread
-  at start-up, or on a model's first request, from `tokenizerPaths[model]`, a directory with
-  `tokenizer.json` and its chat template; requests meanwhile route on the approximate index): no
+  at start-up, or on a model's first request, from `tokenizerPaths[model]` or `tokenizerPaths["*"]`, a
+  directory with `tokenizer.json` and its chat template; requests meanwhile route on the approximate index): no
   round trip, but the gateway needs the tokenizer files and transformers, and a template that renders
   differently from vLLM's (content-part handling, tools) silently costs matches (never correctness: a
   prompt that matches nothing scores like a cold one).
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import aiohttp
 
 log = logging.getLogger(__name__)
+ANY_MODEL = "*"
 CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
                 "chat_template_kwargs", "tools", "mm_processor_kwargs")
 
@@ -200,6 +201,7 @@ class LocalTokenizer(_CachedTokenizer):
     def _tokenizer(self, model: str) -> Any:
         """The model's tokenizer once loaded; None while it loads (in a thread, started here on first use: the
         requests meanwhile route on the approximate index rather than wait seconds) or when it cannot load."""
+        model = model if model in self.paths else ANY_MODEL  # `*`: one tokenizer for every model
         tok = self._loaded.get(model)
         if tok is not None:
             return tok

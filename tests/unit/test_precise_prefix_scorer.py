@@ -274,6 +274,13 @@ async def test_the_local_tokenizer_never_makes_a_request_wait_for_it_to_load(mon
     assert await tok.tokens(batch, EPS) is None
     other = RoutingRequest(request_id="r", model="unknown", prompt_text="", kind="completions", body={"prompt": "x"})
     assert await tok.tokens(other, EPS) is None
+    anyone = prompt_tokens.LocalTokenizer(paths={"*": "/models/m"})  # one tokenizer for every model
+    anyone.preload()
+    for _ in range(200):
+        if anyone.loaded("whatever"):
+            break
+        await asyncio.sleep(0.01)
+    assert await anyone.tokens(other, EPS) == [1, ord("x")]
 
 
 async def test_a_tokenizer_that_cannot_load_is_not_retried_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -323,3 +330,19 @@ async def test_endpoints_that_leave_discovery_are_unfollowed() -> None:
     assert set(fleet.states) == {"e1"}
     await fleet.aclose()
     assert fleet.states == {}
+
+
+async def test_a_labelled_listing_is_followed_even_after_an_unlabelled_one() -> None:
+    """One engine listed under two routes (the model's, with its event address, and a probe route without): the
+    order requests arrive in must not decide whether it is followed."""
+    fleet = KvEventFleet()
+    bare = Endpoint(id="e0", url="http://127.0.0.1:9200", model="m")
+    labelled = Endpoint(id="e0", url="http://127.0.0.1:9200", model="m", labels={"kv_events": "tcp://127.0.0.1:9201"})
+    fleet.ensure([bare])
+    assert fleet.state("e0") is None
+    fleet.ensure([labelled])
+    first = fleet.state("e0")
+    assert first is not None
+    fleet.ensure([bare, labelled])
+    assert fleet.state("e0") is first  # followed once
+    await fleet.aclose()
