@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NoReturn, Protocol
@@ -457,6 +457,8 @@ class Pipeline:
             on_done=done,
             completion_cap=ctx.completion_cap,
             deadline=asyncio.get_running_loop().time() + self._server.stream_deadline_s,
+            cancel_drain_s=self._server.cancel_drain_s,
+            spawn=self._spawn,
         )
         self.activity.opened(relay)
         return GatewayResponse(200, self._headers(ctx, attempt), stream=relay, media_type="text/event-stream")
@@ -479,7 +481,7 @@ class Pipeline:
         self._left()
         ep = attempt.endpoint
         self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok, usage=usage)
-        if out.error_kind:
+        if out.error_kind and out.error_kind != "shutdown":  # ended by this gateway, not the engine's fault
             self._m.upstream_errors.labels(attempt.model, ep.id, out.error_kind).inc()
         status = 200 if out.ok else 499 if out.cancelled else STREAM_END_STATUS.get(out.error_kind or "", 502)
         record = self._record(ctx, model=attempt.model, tier=attempt.tier, endpoint=ep.id, usage=usage, status=status)
@@ -598,7 +600,7 @@ class Pipeline:
             except Exception:
                 self._log.exception(f"{name} failed", extra={"request_id": ctx.request_id})
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

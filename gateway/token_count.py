@@ -54,8 +54,8 @@ def tokenize_bodies(kind: Kind, body: Mapping[str, Any], *, served: str) -> tupl
     add to their counts (see module doc); ([], 0) when nothing needs counting (token-id prompts). Responses and
     Messages requests are counted as vLLM renders them (`chat_views`)."""
     if kind == "responses":  # vLLM's Responses path tokenizes the rendered prompt with the special tokens
-        requests, margin = tokenize_bodies("chat", responses_as_chat(body), served=served)
-        return [{**r, "add_special_tokens": True} for r in requests], margin
+        chat_requests, chat_margin = tokenize_bodies("chat", responses_as_chat(body), served=served)
+        return [{**r, "add_special_tokens": True} for r in chat_requests], chat_margin
     if kind == "messages":
         return [{"model": served, **{k: body[k] for k in MESSAGES_COUNT_FIELDS if body.get(k) is not None}}], 0
     if kind == "chat":

@@ -27,7 +27,8 @@ literature does it (all sizes in bytes; GB = 10**9 bytes as in those worked exam
                        LoRA dtype: the model's activation dtype (16-bit; 32-bit for float32 models).
 - LoRA per GPU       = LoRA slots x (1 + 1/TP) / 2: vLLM shards half of each layer's LoRA (B of column-
                        parallel layers, A of row-parallel ones) and replicates the other half
-- usable per GPU     = GPU memory x gpu_memory_utilization - weights per GPU - LoRA per GPU - reserve
+- usable per GPU     = (GPU memory - driver-reserved) x gpu_memory_utilization - weights per GPU - LoRA per
+                       GPU - reserve (driver-reserved: what nvidia-smi lists but CUDA never offers)
                        (reserve: vLLM's peak activation, CUDA graphs and non-torch memory, modelled per
                        GPU by `fleetgate.engine.reserve` when `CapacityInputs.reserve` is given, else a
                        flat `overhead_bytes`); with an explicit KV budget (vLLM CPU) LoRA slots live
@@ -315,13 +316,20 @@ def kv_layout(*, arch: ModelArch, kv_dtype: str, tensor_parallel_size: int, bloc
 def paged_plan(*, inputs: CapacityInputs, kv_budget_bytes: int) -> PagedKV:
     """vLLM's blocks and concurrency for the main model.
 
-    A draft model's KV shares the budget: the main model is given its share by KV bytes per token (vLLM
-    groups draft layers with the main ones; the share is the same for full-attention models).
+    A draft model's layers share the pool: with full attention everywhere, vLLM 0.26 puts the target's and
+    the draft's layers in one KV cache group (`UniformTypeKVCacheSpecs`, even when their head sizes differ),
+    so one block holds `block_size` tokens in every layer of both and the pool has budget // (both models'
+    bytes per block) blocks. With sliding-window layers the draft takes its share of the budget by KV bytes
+    per token (an approximation: vLLM's hybrid grouping with a draft is not modelled).
     """
     if inputs.draft is not None:
         tp = inputs.tensor_parallel_size
         main = kv_bytes_per_token(arch=inputs.arch, kv_dtype=inputs.kv_cache_dtype, tensor_parallel_size=tp)
         draft = kv_bytes_per_token(arch=inputs.draft, kv_dtype=inputs.kv_cache_dtype, tensor_parallel_size=tp)
+        if not inputs.arch.sliding_window_layers and not inputs.draft.sliding_window_layers:
+            pooled = KvLayout(layers=1, page_bytes=(main + draft) * inputs.block_size, block_size=inputs.block_size)
+            return paged_kv(layout=pooled, kv_cache_bytes=kv_budget_bytes, max_model_len=inputs.max_model_len,
+                            max_num_batched_tokens=inputs.max_num_batched_tokens)  # fmt: skip
         kv_budget_bytes = kv_budget_bytes * main // (main + draft)
     layout = kv_layout(
         arch=inputs.arch,
@@ -341,7 +349,8 @@ def _kv_budget(*, inputs: CapacityInputs, weights_per_gpu: int, lora_per_gpu: in
     """Bytes per GPU left for the KV cache, and the sentence that explains them."""
     if inputs.kv_cache_bytes is not None:
         return inputs.kv_cache_bytes, f"{inputs.kv_cache_bytes / GIB:g} GiB given for KV"
-    memory = math.floor(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
+    unseen = inputs.reserve.driver_reserved_bytes if inputs.reserve is not None else 0
+    memory = math.floor((inputs.gpu_memory_bytes - unseen) * inputs.gpu_memory_utilization)
     reserve = reserve_bytes(inputs)
     usable = memory - weights_per_gpu - (lora_per_gpu or 0) - reserve
     lora = f"{lora_per_gpu / GB:.2f} GB LoRA slots - " if lora_per_gpu is not None else ""

@@ -8,7 +8,9 @@ bytes, of every content kind a chat template renders), including vLLM's
 (`fake_api_routes`). It can be slow (prefill and inter-token delays), fail
 (an HTTP status), drop the connection or go silent mid-stream, stream past `max_tokens`
 (`runaway_tokens`), and it records what it received and how many streams were cancelled by the client.
-`/health`, `/v1/models`, `/metrics` (a few vLLM metric names) and vLLM's `/tokenize` are served too.
+`/health`, `/v1/models`, `/metrics` (a few vLLM metric names) and vLLM's `/tokenize` are served too. With
+`kv_events` set it keeps a fake prefix cache and publishes it as vLLM KV events over ZMQ
+(`fleetgate.sim.fake_kv_cache`).
 
 Standalone: `python -m fleetgate.sim.fake_engine --port 8100 [--model NAME] [--itl-ms 1]`.
 """
@@ -26,6 +28,8 @@ import orjson
 from aiohttp import web
 
 from fleetgate.sim.fake_api_routes import FakeApiRoutes, dropped, paced_tokens
+from fleetgate.sim.fake_kv_cache import FakePrefixCache, word_tokens
+from fleetgate.sim.kv_publisher import FakeKvPublisher
 from fleetgate.sim.openai_fields import requested_max_tokens
 
 
@@ -43,6 +47,12 @@ class FakeEngineConfig:
     usage_override: Any = None  # when set, sent as `usage` instead of the real one (malformed-usage tests)
     prompt_count: str = "words"  # how prompts are tokenized: "words", or "bytes" (the worst tokenizer)
     runaway_tokens: int | None = None  # generate this many tokens whatever max_tokens says (a broken engine)
+    # KV-cache events (precise prefix routing): a ZMQ address to publish on (tcp://127.0.0.1:port, ipc://path),
+    # its replay address, and the fake prefix cache's block size and capacity (`fleetgate.sim.fake_kv_cache`).
+    kv_events: str | None = None
+    kv_replay: str | None = None
+    kv_block_size: int = 4
+    kv_capacity_blocks: int = 1024
 
 
 @dataclass(slots=True)
@@ -114,6 +124,7 @@ class FakeEngine:
         self.host = host
         self.port = port
         self._runner: web.AppRunner | None = None
+        self.kv_cache: FakePrefixCache | None = None
 
     @property
     def url(self) -> str:
@@ -127,11 +138,11 @@ class FakeEngine:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_post("/v1/completions", self._completion)
-        app.router.add_post("/tokenize", self._tokenize)
         FakeApiRoutes(self).install(app)  # /v1/responses, /v1/messages, /v1/embeddings
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/tokenize", self._tokenize)
         return app
 
     async def start(self) -> FakeEngine:
@@ -142,12 +153,20 @@ class FakeEngine:
         await site.start()
         if self.port == 0:
             self.port = int(self._runner.addresses[0][1])
+        cfg = self.config
+        if cfg.kv_events is not None:
+            publisher = await FakeKvPublisher(publisher=cfg.kv_events, replay=cfg.kv_replay).start()
+            self.kv_cache = FakePrefixCache(publisher=publisher, block_size=cfg.kv_block_size,
+                                            capacity_blocks=cfg.kv_capacity_blocks)
         return self
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.kv_cache is not None:
+            await self.kv_cache.publisher.stop()
+            self.kv_cache = None
 
     # ---- handlers ---------------------------------------------------------------------------
 
@@ -160,21 +179,27 @@ class FakeEngine:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         m = self.config.model
+        cache = self.kv_cache
         lines = [
             f'vllm:num_requests_running{{model_name="{m}"}} {self.stats.running}',
             f'vllm:num_requests_waiting{{model_name="{m}"}} 0',
             f'vllm:kv_cache_usage_perc{{model_name="{m}"}} 0.0',
-            f'vllm:prefix_cache_queries_total{{model_name="{m}"}} 0',
-            f'vllm:prefix_cache_hits_total{{model_name="{m}"}} 0',
+            f'vllm:prefix_cache_queries_total{{model_name="{m}"}} {cache.queries if cache else 0}',
+            f'vllm:prefix_cache_hits_total{{model_name="{m}"}} {cache.hits if cache else 0}',
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def _tokenize(self, request: web.Request) -> web.Response:
-        """vLLM's `/tokenize`: the count of what a chat or completion request's prompt would be."""
+        """vLLM's `/tokenize`: `count` is the prompt tokens a chat or completion request would be charged
+        (`prompt_tokens_of`, as its usage says); `tokens` are the fake tokenizer's ids of its text
+        (`word_tokens`, what the fake prefix cache holds), for precise prefix routing. With
+        `prompt_count="bytes"` the two differ: routing reads the ids, the reservation the count."""
+        if self.config.fail_status is not None:  # a failing engine fails this too
+            return web.Response(status=self.config.fail_status, text=self.config.fail_message)
         body = orjson.loads(await request.read())
         self.stats.tokenized += 1
         count = prompt_tokens_of(body, count=self.config.prompt_count)
-        answer = {"count": count, "max_model_len": 1 << 20, "tokens": list(range(min(count, 16)))}
+        answer = {"count": count, "max_model_len": 1_000_000, "tokens": word_tokens(body)}
         return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
@@ -200,6 +225,8 @@ class FakeEngine:
         usage["total_tokens"] = usage["prompt_tokens"] + n * choices
         self.stats.running += 1
         try:
+            if self.kv_cache is not None:
+                await self.kv_cache.admit(word_tokens(body))
             if body.get("stream"):
                 response = await self._stream(request, body, chat=chat, n=n, usage=usage)
             else:

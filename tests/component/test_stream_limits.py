@@ -186,3 +186,28 @@ async def test_sigterm_drains_within_the_configured_time_and_records_every_strea
     assert totals["requests"] == 3 and totals["errors"] == 2  # all recorded; the two ended ones as 503
     assert (totals["prompt_tokens"], totals["completion_tokens"]) == (9, 20 + 3 + 3)
     assert totals["cost_micros"] == counter == processed(slow, stuck)
+
+
+async def test_streams_this_gateway_ends_at_shutdown_are_not_counted_as_engine_errors(
+    redis_url: str, start_engine: Callable[..., Awaitable[FakeEngine]],
+    start_gateway: Callable[..., Awaitable[RunningGateway]],
+) -> None:
+    """A stream ended by the drain is the gateway's doing: `fleetgate_upstream_errors` (which feeds alerts
+    and an operator's view of a bad engine) must not blame the engine for it; a deadline still counts."""
+    stuck = await start_engine(model="m1", hang_after_chunks=2)
+    gw = await start_gateway(two_model_settings(stuck.url, stuck.url, redis_url, stream_deadline_s=0.5))
+    held = asyncio.ensure_future(read_stream(gw.url, body("m1", 50)))
+    assert await eventually(lambda: gw.pipeline.activity.streams == 1)
+    assert gw.pipeline.activity.interrupt() == 1
+    status, events = await held
+    assert status == 200 and events[-2]["error"]["code"] == "server_shutting_down"
+    async with httpx.AsyncClient() as c:
+        metrics = (await c.get(gw.metrics_url)).text
+    assert 'kind="shutdown"' not in metrics
+    # the same engine, a fresh gateway: the stream deadline is the engine being too slow, and is counted
+    gw2 = await start_gateway(two_model_settings(stuck.url, stuck.url, redis_url, stream_deadline_s=0.5))
+    status, events = await read_stream(gw2.url, body("m1", 50))
+    assert events[-2]["error"]["code"] == "stream_deadline"
+    async with httpx.AsyncClient() as c:
+        metrics = (await c.get(gw2.metrics_url)).text
+    assert 'fleetgate_upstream_errors_total{' in metrics and 'kind="deadline"' in metrics

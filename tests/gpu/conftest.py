@@ -7,7 +7,8 @@ on vLLM CPU). The whole tier is one sweep (`fleetgate.bench.gpu.sweep`, also `fl
 engine starts twice. `FLEETGATE_GPU_OUT` names where the sweep writes results.jsonl, throughput.json,
 summary.md and the engine logs (default: a pytest temporary directory); `FLEETGATE_GPU_DEADLINE_S`
 (default 540) is its hard limit; `FLEETGATE_GPU_TOKENIZER_ARCHIVE` the packed Gemma tokenizer
-(scripts/gpu/pack_tokenizer.py; default build/gpu/gemma3-tokenizer.tar.xz).
+(scripts/gpu/pack_tokenizer.py; default build/gpu/gemma3-tokenizer.tar.xz); `FLEETGATE_GPU_MERGE` an
+earlier call's results.jsonl to report beside this one; `FLEETGATE_GPU_PREFLIGHT` refusals|all|off.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> SweepOutcome:
     options = SweepOptions(
         out=out, deadline_s=float(os.environ.get("FLEETGATE_GPU_DEADLINE_S", "540")), device=device,
         tokenizer_archive=Path(archive), gemma_dir=real_gemma(), choice=choice_from_env(),
-        command="pytest -m gpu tests/gpu",
+        command="pytest -m gpu tests/gpu", preflight=os.environ.get("FLEETGATE_GPU_PREFLIGHT") or "refusals",
+        merge=Path(os.environ["FLEETGATE_GPU_MERGE"]) if os.environ.get("FLEETGATE_GPU_MERGE") else None,
     )  # fmt: skip
     return run_sweep(options)

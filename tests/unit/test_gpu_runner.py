@@ -17,10 +17,10 @@ import pytest
 
 from fleetgate.bench.gpu.matrix import SweepConfig, cpu_matrix
 from fleetgate.bench.gpu.models import make_lora_adapter, model_config, prepare_models, write_fallback_tokenizer
-from fleetgate.bench.gpu.runner import EngineRunner, RunnerSetup
+from fleetgate.bench.gpu.runner import STOP_RESERVE_S, EngineRunner, RunnerSetup
 from fleetgate.operator.profiles import Profiles
 
-FAKE = r'''
+FAKE = r"""
 import asyncio, json, os, sys, time
 from aiohttp import web
 
@@ -35,10 +35,14 @@ if mode == "crash":
     sys.exit(1)
 print("(EngineCore pid=1) INFO 11-27 14:00:01 [kv_cache_utils.py:2327] CPU KV cache size: " + os.environ["FAKE_KV"]
       + " tokens, Maximum concurrency for 2,048 tokens per request: " + os.environ["FAKE_CONC"] + "x", flush=True)
+if mode == "late":  # initialised, but the API server answers only after FAKE_READY_AFTER_S
+    print("(EngineCore pid=1) INFO 11-27 14:00:02 [core.py:347] init engine (profile, create kv cache, warmup "
+          "model) took 2.00 s", flush=True)
+ready_at = time.monotonic() + float(os.environ.get("FAKE_READY_AFTER_S", "0"))
 adapters = []
 
 async def health(request):
-    return web.Response(status=503 if mode == "stall" else 200)
+    return web.Response(status=503 if mode == "stall" or time.monotonic() < ready_at else 200)
 
 async def completions(request):
     body = await request.json()
@@ -77,7 +81,7 @@ app.router.add_post("/v1/completions", completions)
 app.router.add_post("/v1/load_lora_adapter", load)
 app.router.add_get("/v1/models", models)
 web.run_app(app, host="127.0.0.1", port=port, print=None)
-'''
+"""
 
 
 @pytest.fixture
@@ -145,8 +149,8 @@ def test_a_stalled_engine_times_out_and_is_stopped(setup: RunnerSetup, monkeypat
     monkeypatch.setenv("FAKE_CONC", "1")
     start = time.monotonic()
     record = EngineRunner(setup, log=lambda _m: None).run(_config(setup, "cpu-tiny"), slots=("cpu",),
-                                                          deadline=start + 4)  # fmt: skip
-    assert record["status"] == "timeout"
+                                                          deadline=start + 4, hard_deadline=start + 300)  # fmt: skip
+    assert record["status"] == "timeout" and "deadline_extended" not in record  # never initialised: no extension
     assert time.monotonic() - start < 4 + 25  # the deadline, plus at most the stop grace
     assert not any(p.name.isdigit() and _cmdline(p).find(str(setup.work_dir)) >= 0
                    for p in Path("/proc").iterdir())  # fmt: skip
@@ -164,3 +168,23 @@ def test_a_refused_spec_never_starts_an_engine(setup: RunnerSetup) -> None:
                                                           deadline=time.monotonic() + 5)  # fmt: skip
     assert record["status"] == "invalid" and record["operator_phase"] == "Invalid"
     assert "maxNumSeqs 4096" in record["invalid_message"] and "command" not in record
+
+
+def test_an_initialised_engine_is_awaited_past_its_own_deadline(setup: RunnerSetup,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The first H100 call killed three engines seconds before they were ready: a start-up whose log says the
+    engine is initialised is waited for up to the sweep's hard deadline, and then measured."""
+    monkeypatch.setenv("FAKE_MODE", "late")
+    monkeypatch.setenv("FAKE_READY_AFTER_S", "6")
+    monkeypatch.setenv("FAKE_KV", "1")
+    monkeypatch.setenv("FAKE_CONC", "1")
+    start = time.monotonic()
+    own = start + STOP_RESERVE_S + 3  # three seconds to come up: not enough
+    record = EngineRunner(setup, log=lambda _m: None).run(_config(setup, "cpu-tiny"), slots=("cpu",), deadline=own,
+                                                          hard_deadline=start + 120)  # fmt: skip
+    assert record["status"] == "served", record.get("failure")
+    assert record["deadline_extended"] and record["milestones"]["ready"] > 3
+    assert record["bench"] and all(lv["ok"] == lv["requests"] for lv in record["bench"])
+    late = EngineRunner(setup, log=lambda _m: None).run(_config(setup, "cpu-tiny"), slots=("cpu",),
+                                                        deadline=time.monotonic() + STOP_RESERVE_S + 3)  # fmt: skip
+    assert late["status"] == "timeout"  # without a hard deadline beyond its own, the own deadline holds

@@ -26,7 +26,9 @@ class FakeRunner:
         self.calls: list[tuple[str, tuple[str, ...], float, float]] = []
         self.lock = threading.Lock()
 
-    def run(self, config: SweepConfig, *, slots: tuple[str, ...], deadline: float) -> dict[str, Any]:
+    def run(
+        self, config: SweepConfig, *, slots: tuple[str, ...], deadline: float, hard_deadline: float | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         start = time.monotonic()
         with self.lock:
             self.calls.append((config.name, slots, start, deadline))

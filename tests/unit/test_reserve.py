@@ -1,8 +1,9 @@
 """The modelled vLLM reserve (activations, CUDA graphs, non-torch) and fp8/int8 weight pricing in the plan.
 
 The H100 figures of issue 23 (Llama-3.1-8B-shaped, 262,144-token vocabulary, gpuMemoryUtilization 0.9,
-max length 8192) are the calibration points of `VLLM_0_26_H100`: the tests on them guard the calibration,
-they are not a held-out check (the GPU tier's sweep is: docs/reports/gpu-h100.md).
+max length 8192) include calibration points of `VLLM_0_26_H100`: the tests on them guard the calibration,
+they are not a held-out check. tests/unit/test_gpu_call1.py sets the plan beside every engine log of the
+first H100 call, fitted and held-out configurations named apart.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ import pytest
 from fleetgate.bench.gpu.matrix import architecture
 from fleetgate.core.errors import ConfigError
 from fleetgate.engine.capacity import GB, GIB, ModelArch, weight_bytes
-from fleetgate.engine.reserve import ReserveInputs, capture_sizes, cuda_graph_count, vllm_reserve
+from fleetgate.engine.reserve import (
+    VLLM_0_26_H100,
+    ReserveInputs,
+    capture_sizes,
+    cuda_graph_count,
+    model_runner,
+    vllm_reserve,
+)
 from fleetgate.operator.profiles import Profiles
 from fleetgate.operator.resolve import resolve
 from fleetgate.operator.spec import parse_spec
@@ -48,17 +56,51 @@ def test_graph_count_two_modes_and_none_when_eager() -> None:
     assert cuda_graph_count(ReserveInputs(max_num_batched_tokens=8192, max_num_seqs=1024, enforce_eager=True)) == 0
 
 
+def test_model_runner_follows_vllm_026() -> None:
+    # V1 for the speculative methods V2 lacks and for mixture-of-experts models; V2 otherwise
+    assert model_runner(speculative_method=None, moe=False) == "v2"
+    assert model_runner(speculative_method="eagle3", moe=False) == "v2"
+    for method in ("ngram", "draft_model", "suffix", "medusa"):
+        assert model_runner(speculative_method=method, moe=False) == "v1"
+    assert model_runner(speculative_method=None, moe=True) == "v1"
+
+
+def _reserve(arch: ModelArch = LLAMA8B_262K, tp: int = 1, **inputs: Any) -> Any:
+    settings = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024, **inputs}
+    return vllm_reserve(arch=arch, inputs=ReserveInputs(**settings), tensor_parallel_size=tp)
+
+
 def test_reserve_terms_scale_with_what_sizes_them() -> None:
-    base = vllm_reserve(arch=LLAMA8B_262K, inputs=ReserveInputs(max_num_batched_tokens=8192, max_num_seqs=1024))
-    fewer_rows = vllm_reserve(arch=LLAMA8B_262K, inputs=ReserveInputs(max_num_batched_tokens=8192, max_num_seqs=64))
-    eager_inputs = ReserveInputs(max_num_batched_tokens=8192, max_num_seqs=1024, enforce_eager=True)
-    eager = vllm_reserve(arch=LLAMA8B_262K, inputs=eager_inputs)
-    tp2 = vllm_reserve(arch=LLAMA8B_262K, inputs=ReserveInputs(max_num_batched_tokens=8192, max_num_seqs=1024),
-                       tensor_parallel_size=2)  # fmt: skip
-    assert fewer_rows.activation_bytes < base.activation_bytes / 2  # the sampler's logits dominate at 1024 rows
-    assert eager.cuda_graph_bytes == 0 and eager.activation_bytes == base.activation_bytes
-    assert tp2.non_torch_bytes > base.non_torch_bytes
-    assert base.total_bytes == base.activation_bytes + base.cuda_graph_bytes + base.non_torch_bytes
+    eager = _reserve(enforce_eager=True)
+    compiled = _reserve()
+    # V2 eager: the forward pass is the peak, whatever the rows; compiled: a fitted multiple of it
+    assert _reserve(enforce_eager=True, max_num_seqs=64).activation_bytes == eager.activation_bytes
+    assert compiled.activation_bytes == round(eager.activation_bytes * VLLM_0_26_H100.compiled_factor)
+    small_step = _reserve(enforce_eager=True, max_num_batched_tokens=2048, max_num_seqs=128)
+    assert small_step.activation_bytes < eager.activation_bytes / 3
+    # V2 subtracts no CUDA graph estimate (it captures after sizing the KV cache); V1 does, unless eager
+    assert compiled.cuda_graph_bytes == 0 and compiled.cuda_graphs == 0
+    v1 = _reserve(speculative_method="ngram", num_speculative_tokens=4)
+    assert v1.runner == "v1" and v1.cuda_graphs > 0 and v1.cuda_graph_bytes > 0
+    assert _reserve(speculative_method="ngram", enforce_eager=True).cuda_graph_bytes == 0
+    # the rejection sampler's rows: its peak grows with max_num_seqs, not with the draft
+    spec_1024 = _reserve(speculative_method="draft_model", enforce_eager=True)
+    spec_128 = _reserve(speculative_method="draft_model", enforce_eager=True, max_num_seqs=128)
+    assert spec_1024.activation_bytes > 7 * spec_128.activation_bytes / 1.2 > eager.activation_bytes
+    assert _reserve(speculative_method="ngram", enforce_eager=True).activation_bytes == spec_1024.activation_bytes
+    tp2 = _reserve(tp=2)
+    assert tp2.non_torch_bytes > compiled.non_torch_bytes and tp2.activation_bytes < compiled.activation_bytes
+    assert compiled.total_bytes == compiled.activation_bytes + compiled.cuda_graph_bytes + compiled.non_torch_bytes
+
+
+def test_cuda_sees_less_than_nvidia_smi_and_the_plan_uses_what_cuda_sees() -> None:
+    plan = _plan(gpuMemoryUtilization=0.9, enforceEager=True)
+    gpu = Profiles().resolve(name="nvidia-h100-80gb").gpu_memory_bytes
+    reserve = plan.reserve_bytes_per_gpu
+    expected = int((gpu - VLLM_0_26_H100.driver_reserved_bytes) * 0.9) - plan.weight_bytes_per_gpu - reserve
+    assert abs(plan.usable_bytes_per_gpu - expected) <= 1
+    # 79.18 GiB: what vLLM logged as the H100's total on the first GPU call
+    assert (gpu - VLLM_0_26_H100.driver_reserved_bytes) / GIB == pytest.approx(79.18, abs=0.005)
 
 
 def test_reserve_needs_a_hidden_size() -> None:

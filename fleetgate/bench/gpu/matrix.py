@@ -3,14 +3,16 @@
 A configuration proves one or more CRD knobs (`knobs`). It is either expected to start and serve, or to
 be refused by the operator's validation (`expect="invalid"`; its `raw_argv` is what the operator would
 have rendered without that check, which the sweep's preflight gives to vLLM's own config validation to
-show that vLLM refuses it too). Start-up dominates the cost of a configuration (90-160 s with
-torch.compile and CUDA graphs, ~45 s with `enforceEager`), so:
+show that vLLM refuses it too). Start-up dominates the cost of a configuration (first H100 call, two engines
+starting at once: 147-156 s compiled with CUDA graphs, 73-100 s with `enforceEager`, ~55 s of which is
+Python importing vLLM in the API server and then in the engine core), so:
 - throughput figures (1, 16 and 64 streams) come from compiled configurations (what production runs);
 - knobs and architectures that only need to start, serve and report capacity run with `enforceEager`
   (a CRD field the plan models: no CUDA graph reserve), with one short load level;
 - tensor parallelism takes both GPUs, so it runs last (`gpus` = every GPU), and a `group` lists cheaper
   alternatives of which the first that still fits the deadline runs.
-`est_start_s` is the expected start-up (the scheduler scales it by what earlier starts took).
+`est_start_s` is the expected start-up (the scheduler scales it by what earlier starts took); the runner
+waits past it, up to the sweep's deadline, once vLLM's log says the engine is initialised.
 `gpu_matrix` is the H100/H200 sweep; `cpu_matrix` is its dry run on vLLM CPU (same code, tiny model).
 """
 
@@ -42,7 +44,7 @@ class SweepConfig:
     expect: Expect = "serve"
     levels: tuple[int, ...] = COVERAGE_LEVELS  # concurrent streams measured, in order
     rounds: int = 1  # requests per stream at each level (1 stream: 3 requests)
-    est_start_s: float = 45.0
+    est_start_s: float = 95.0
     group: str | None = None
     lora_rank: int | None = None  # load a generated adapter of this rank through the runtime API
     raw_argv: tuple[str, ...] = ()
@@ -71,7 +73,12 @@ def architecture(shape: str) -> dict[str, Any]:
 
 
 def _spec(
-    path: Callable[[str], str], shape: str, *, accelerator: str, gpus: int = 1, extra: tuple[str, ...] = DUMMY,
+    path: Callable[[str], str],
+    shape: str,
+    *,
+    accelerator: str,
+    gpus: int = 1,
+    extra: tuple[str, ...] = DUMMY,
     **engine: Any,
 ) -> dict[str, Any]:
     return {
@@ -83,12 +90,17 @@ def _spec(
 
 def gpu_matrix(*, path: Callable[[str], str], accelerator: str, gemma_dir: str | None = None) -> list[SweepConfig]:
     """The sweep on one or two H100/H200s, highest value first."""
+
     def spec(shape: str, **engine: Any) -> dict[str, Any]:
         return _spec(path, shape, accelerator=accelerator, **engine)
 
     eager = {"enforceEager": True}
     draft = {"method": "draft_model", "draftModel": path("draft-llama-0.3b"), "numTokens": 4,
              "draftArchitecture": architecture("draft-llama-0.3b")}  # fmt: skip
+    # Held out from the draft-model fit (llama8b-draft-eager): another draft (16 layers, head size 64: a
+    # different KV page than the target's), 3 tokens, 256 sequences (the rejection sampler's rows), 0.8.
+    draft1b = {"method": "draft_model", "draftModel": path("draft-llama-1b"), "numTokens": 3,
+               "draftArchitecture": architecture("draft-llama-1b")}  # fmt: skip
     configs = [
         # Refused by validation (no engine started): vLLM's own check of the raw arguments shows it refuses them too.
         SweepConfig(name="refused-maxnumseqs", shape="llama-3.1-8b", expect="invalid",
@@ -106,55 +118,61 @@ def gpu_matrix(*, path: Callable[[str], str], accelerator: str, gemma_dir: str |
         SweepConfig(name="llama8b-bf16", shape="llama-3.1-8b",
                     spec=spec("llama-3.1-8b", dtype="bfloat16", gpuMemoryUtilization=0.9),
                     knobs=("dtype bfloat16", "prefixCaching", "gpuMemoryUtilization 0.9"), levels=FULL_LEVELS, rounds=2,
-                    est_start_s=150),
+                    est_start_s=165),
         SweepConfig(name="llama8b-fp8-kvfp8", shape="llama-3.1-8b",
                     spec=spec("llama-3.1-8b", quantization="fp8", kvCacheDtype="fp8", gpuMemoryUtilization=0.9),
-                    knobs=("quantization fp8", "kvCacheDtype fp8"), levels=FULL_LEVELS, rounds=2, est_start_s=150),
-        # Knob coverage with enforceEager. Llama-3.1-8B's own 128,256-token vocabulary for LoRA: vLLM refuses LoRA
-        # above 258,048 (refused-lora-vocab).
+                    knobs=("quantization fp8", "kvCacheDtype fp8"), levels=FULL_LEVELS, rounds=2, est_start_s=165),
+        # Knob coverage with enforceEager, by what is learnt: the draft-model plan and its held-out check, then
+        # architectures the plan has not met (Gemma 3's sliding windows, a MoE on the V1 runner) between knobs.
+        SweepConfig(name="llama8b-draft-eager", shape="llama-3.1-8b",
+                    spec=spec("llama-3.1-8b", speculative=draft, gpuMemoryUtilization=0.85, **eager),
+                    knobs=("speculative draft_model", "draftArchitecture")),
+        SweepConfig(name="llama8b-draft1b-eager", shape="llama-3.1-8b",
+                    spec=spec("llama-3.1-8b", speculative=draft1b, maxNumSeqs=256, gpuMemoryUtilization=0.8, **eager),
+                    knobs=("speculative draft_model (held-out draft)", "maxNumSeqs 256", "gpuMemoryUtilization 0.8")),
+        # kvEvents: vLLM 0.26 must accept the rendered --kv-events-config and publish per KV group (Gemma 3 has
+        # sliding-window and full-attention groups, which precise prefix routing tells apart).
+        SweepConfig(name="gemma3-12b-eager", shape="gemma-3-12b",
+                    spec=spec("gemma-3-12b", gpuMemoryUtilization=0.9, kvEvents={}, **eager),
+                    knobs=("Gemma 3 architecture", "sliding-window KV groups", "kvEvents (--kv-events-config)")),
+        # Llama-3.1-8B's own 128,256-token vocabulary for LoRA: vLLM refuses LoRA above 258,048 (refused-lora-vocab).
         SweepConfig(name="llama8b-lora-eager", shape="llama-3.1-8b-vocab128k",
                     spec=spec("llama-3.1-8b-vocab128k", maxAdapters=4, maxLoraRank=16, gpuMemoryUtilization=0.8,
                               **eager),
                     knobs=("maxAdapters", "maxLoraRank", "runtime adapter load", "enforceEager",
-                           "gpuMemoryUtilization 0.8", "vocabulary 128,256"), lora_rank=8, est_start_s=40),
+                           "gpuMemoryUtilization 0.8", "vocabulary 128,256"), lora_rank=8),
+        SweepConfig(name="mixtral-fp8-eager", shape="mixtral-8x7b",
+                    spec=spec("mixtral-8x7b", quantization="fp8", gpuMemoryUtilization=0.92, **eager),
+                    knobs=("mixture of experts", "fp8 MoE"), est_start_s=110),
         SweepConfig(name="llama8b-ngram-sched-eager", shape="llama-3.1-8b",
                     spec=spec("llama-3.1-8b", speculative={"method": "ngram", "numTokens": 4}, chunkedPrefill=True,
                               maxNumBatchedTokens=2048, maxNumSeqs=128, prefixCaching=False,
                               gpuMemoryUtilization=0.7, **eager),
                     knobs=("speculative ngram", "chunkedPrefill", "maxNumBatchedTokens", "maxNumSeqs",
-                           "prefixCaching off", "gpuMemoryUtilization 0.7"), est_start_s=40),
-        SweepConfig(name="llama8b-draft-eager", shape="llama-3.1-8b",
-                    spec=spec("llama-3.1-8b", speculative=draft, gpuMemoryUtilization=0.85, **eager),
-                    knobs=("speculative draft_model", "draftArchitecture"), est_start_s=45),
-        SweepConfig(name="llama8b-awq-eager", shape="llama-3.1-8b-awq",
-                    spec=spec("llama-3.1-8b-awq", quantization="awq_marlin", gpuMemoryUtilization=0.9, **eager),
-                    knobs=("quantization awq_marlin (4-bit checkpoint)",), est_start_s=40),
+                           "prefixCaching off", "gpuMemoryUtilization 0.7")),
         SweepConfig(name="qwen7b-gptq-eager", shape="qwen2.5-7b-gptq",
                     spec=spec("qwen2.5-7b-gptq", quantization="gptq_marlin", gpuMemoryUtilization=0.5, **eager),
                     knobs=("quantization gptq_marlin (4-bit checkpoint)", "Qwen2 architecture",
-                           "gpuMemoryUtilization 0.5"), est_start_s=40),
-        SweepConfig(name="gemma3-12b-eager", shape="gemma-3-12b",
-                    spec=spec("gemma-3-12b", gpuMemoryUtilization=0.9, **eager),
-                    knobs=("Gemma 3 architecture", "sliding-window KV groups"), est_start_s=45),
-        SweepConfig(name="mixtral-fp8-eager", shape="mixtral-8x7b",
-                    spec=spec("mixtral-8x7b", quantization="fp8", gpuMemoryUtilization=0.92, **eager),
-                    knobs=("mixture of experts", "fp8 MoE"), est_start_s=60),
-        SweepConfig(name="llama8b-fp8", shape="llama-3.1-8b",
-                    spec=spec("llama-3.1-8b", quantization="fp8", gpuMemoryUtilization=0.9),
-                    knobs=("quantization fp8 alone",), levels=FULL_LEVELS, rounds=2, est_start_s=140),
+                           "gpuMemoryUtilization 0.5")),
+        SweepConfig(name="llama8b-awq-eager", shape="llama-3.1-8b-awq",
+                    spec=spec("llama-3.1-8b-awq", quantization="awq_marlin", gpuMemoryUtilization=0.9, **eager),
+                    knobs=("quantization awq_marlin (4-bit checkpoint)",)),
         SweepConfig(name="llama8b-nochunk-e5m2-eager", shape="llama-3.1-8b",
                     spec=spec("llama-3.1-8b", chunkedPrefill=False, kvCacheDtype="fp8_e5m2", **eager),
-                    knobs=("chunkedPrefill off", "kvCacheDtype fp8_e5m2"), est_start_s=40),
+                    knobs=("chunkedPrefill off", "kvCacheDtype fp8_e5m2")),
+        SweepConfig(name="llama8b-fp8", shape="llama-3.1-8b",
+                    spec=spec("llama-3.1-8b", quantization="fp8", gpuMemoryUtilization=0.9),
+                    knobs=("quantization fp8 alone",), levels=FULL_LEVELS, rounds=2, est_start_s=165),
         # Both GPUs: tensor parallelism last; the compiled 70B if it still fits, else eager.
         SweepConfig(name="llama70b-fp8-tp2", shape="llama-3.1-70b", gpus=2, final=True, group="tp2",
                     spec=spec("llama-3.1-70b", quantization="fp8", tensorParallelSize=2, gpus=2,
                               gpuMemoryUtilization=0.9),
                     knobs=("tensorParallelSize 2", "Llama 70B on two GPUs"), levels=FULL_LEVELS, rounds=2,
-                    est_start_s=210),
+                    est_start_s=260),
         SweepConfig(name="llama70b-fp8-tp2-eager", shape="llama-3.1-70b", gpus=2, final=True, group="tp2",
                     spec=spec("llama-3.1-70b", quantization="fp8", tensorParallelSize=2, gpus=2,
                               gpuMemoryUtilization=0.9, **eager),
-                    knobs=("tensorParallelSize 2", "Llama 70B on two GPUs"), levels=(1, 16), est_start_s=80),
+                    knobs=("tensorParallelSize 2", "Llama 70B on two GPUs"), levels=(1, 16), est_start_s=140),
     ]  # fmt: skip
     if gemma_dir is not None:
         configs.insert(5, real_gemma(gemma_dir=gemma_dir, accelerator=accelerator, gpus=1))
@@ -163,6 +181,7 @@ def gpu_matrix(*, path: Callable[[str], str], accelerator: str, gemma_dir: str |
 
 def cpu_matrix(*, path: Callable[[str], str], gemma_dir: str | None = None) -> list[SweepConfig]:
     """The dry run on vLLM CPU: the same mechanics on a two-layer model (and Gemma 3 270M when prepared)."""
+
     def spec(**engine: Any) -> dict[str, Any]:
         return _spec(path, "tiny-llama", accelerator="cpu", gpus=0, maxModelLen=2048, enforceEager=True, **engine)
 

@@ -97,6 +97,8 @@ def summary_markdown(*, header: dict[str, Any], configs: list[SweepConfig], resu
         tps = ", ".join(f"{lv['concurrency']}: {lv['output_tokens_per_s']:.0f}" for lv in bench)
         ttft = ", ".join(f"{lv['concurrency']}: {lv['ttft_p50_s']:.3f}" for lv in bench if lv.get("ttft_p50_s"))
         status_text = f"{status}" + (f": {why[:160]}" if why and status != "served" else "")
+        if r.get("call"):  # merged from an earlier call (`--merge`), compared with the current plan
+            status_text += f" (call {r['call']})"
         lines.append(
             f"| {config.name} | {status_text} | {ready} | {_figure(r, 'weights', '.2f')} | "
             f"{_figure(r, 'kv_tokens', ',.0f')} | {_figure(r, 'max_concurrency', '.2f')} | {tps} | {ttft} |"

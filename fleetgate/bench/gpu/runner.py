@@ -8,7 +8,10 @@
   start-up are timed as the log shows them. Ready = `/health` answers 200. Then: one short completion
   (it serves), a LoRA adapter loaded through the runtime API when asked (the operator's client), one
   answer checked for sense with real weights, the load levels, and the plan-vs-log comparison;
-- every wait is bounded by the configuration's deadline; the engine is always stopped (SIGTERM to its
+- every wait is bounded by the configuration's deadline, except that an engine whose log says it is
+  initialised (`init engine ... took`: weights, profile and KV cache done, the API server is coming up)
+  is waited for up to the sweep's hard deadline: a slow start is not a failure when vLLM did come up
+  (`deadline_extended` in the record says so); the engine is always stopped (SIGTERM to its
   process group, SIGKILL after a grace period) and, on CUDA, its GPUs' memory awaited back.
 Statuses: served, invalid, not_refused, failed (exited or unhealthy: `failure` holds vLLM's own error
 line), timeout (not ready by the deadline), refused_by_vllm (the preflight's verdict; set by the sweep).
@@ -47,6 +50,7 @@ MILESTONES: dict[str, re.Pattern[str]] = {
 }
 STOP_GRACE_S = 20.0
 STOP_RESERVE_S = 15.0  # of a configuration's deadline, kept for stopping its engine
+LATE_BENCH_S = 30.0  # checks and load levels of an engine that became ready past its own deadline
 SENSE_QUESTION = "What is the capital of France?"  # Gemma 3 270M answers "... Paris." (tests/e2e)
 
 
@@ -119,17 +123,26 @@ class Engine:
             if name not in self.milestones and pattern.search(text):
                 self.milestones[name] = round(time.monotonic() - self._started, 1)
 
-    def wait_ready(self, *, base_url: str, deadline: float) -> str | None:
-        """None when /health answers 200; else why not ("exited", "timeout")."""
-        while time.monotonic() < deadline:
+    def wait_ready(self, *, base_url: str, deadline: float, extend_to: float | None = None) -> str | None:
+        """None when /health answers 200; else why not ("exited", "timeout"). An engine still starting at
+        `deadline` whose log says it is initialised (or whose API server listens) is waited for up to
+        `extend_to` (milestone `deadline_extended`: when that happened)."""
+        while True:
             self._note_milestones()
             if not self.alive():
                 return "exited"
             if _http_status(base_url + "/health") == 200:
                 self.milestones["ready"] = round(time.monotonic() - self._started, 1)
                 return None
+            if time.monotonic() >= deadline:
+                if extend_to is None or extend_to <= deadline or not self.initialised():
+                    return "timeout"
+                deadline = extend_to
+                self.milestones["deadline_extended"] = round(time.monotonic() - self._started, 1)
             time.sleep(1.0)
-        return "timeout"
+
+    def initialised(self) -> bool:
+        return "engine_initialized" in self.milestones or "api_listening" in self.milestones
 
     def stop(self) -> float:
         """SIGTERM the group, SIGKILL after the grace period; seconds it took."""
@@ -166,7 +179,9 @@ class EngineRunner:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(slots)
         return env
 
-    def run(self, config: SweepConfig, *, slots: tuple[str, ...], deadline: float) -> dict[str, Any]:
+    def run(
+        self, config: SweepConfig, *, slots: tuple[str, ...], deadline: float, hard_deadline: float | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         rendered = render(name=config.name, spec=config.spec, profiles=self.setup.profiles)
         record: dict[str, Any] = {"name": config.name, "expect": config.expect, "knobs": list(config.knobs),
                                   "slots": list(slots), "compiled": config.compiled}  # fmt: skip
@@ -176,11 +191,18 @@ class EngineRunner:
             return {**record, "status": status, "invalid_message": rendered.invalid, "operator_phase": phase}
         if config.expect == "invalid":
             return {**record, "status": "not_refused", "command": rendered.command}
-        return self._serve(config, rendered, record, slots=slots, deadline=deadline)
+        return self._serve(config, rendered, record, slots=slots, deadline=deadline,
+                           hard_deadline=max(deadline, hard_deadline or deadline))  # fmt: skip
 
     def _serve(
-        self, config: SweepConfig, rendered: Rendered, record: dict[str, Any], *, slots: tuple[str, ...],
+        self,
+        config: SweepConfig,
+        rendered: Rendered,
+        record: dict[str, Any],
+        *,
+        slots: tuple[str, ...],
         deadline: float,
+        hard_deadline: float,
     ) -> dict[str, Any]:
         assert rendered.resolved is not None
         port = free_port()
@@ -195,8 +217,14 @@ class EngineRunner:
         self.log(f"{config.name}: starting on {','.join(slots)} (port {port})")
         engine = Engine(command=command, env=self.env(rendered, slots), log_path=log_path, cwd=self.setup.work_dir)
         try:
-            why = engine.wait_ready(base_url=base_url, deadline=work_deadline)
+            why = engine.wait_ready(base_url=base_url, deadline=work_deadline,
+                                    extend_to=hard_deadline - STOP_RESERVE_S)  # fmt: skip
             record["milestones"] = engine.milestones
+            if "deadline_extended" in engine.milestones:  # it came up late: leave it time to be measured
+                record["deadline_extended"] = True
+                work_deadline = min(hard_deadline - STOP_RESERVE_S,
+                                    max(work_deadline, time.monotonic() + LATE_BENCH_S))  # fmt: skip
+                deadline = max(deadline, work_deadline + STOP_RESERVE_S)
             if why is None:
                 self.log(f"{config.name}: ready in {engine.milestones['ready']:.0f}s")
                 record.update(self._exercise(config, base_url=base_url, model=rendered.resolved.served_model,
@@ -221,8 +249,12 @@ class EngineRunner:
 
     def _exercise(self, config: SweepConfig, *, base_url: str, model: str, deadline: float) -> dict[str, Any]:
         out: dict[str, Any] = {"status": "served"}
-        status, body = asyncio.run(post_json(base_url + "/v1/completions", {
-            "model": model, "prompt": "Hello", "max_tokens": 8, "ignore_eos": True, "temperature": 0.0}))
+        status, body = asyncio.run(
+            post_json(
+                base_url + "/v1/completions",
+                {"model": model, "prompt": "Hello", "max_tokens": 8, "ignore_eos": True, "temperature": 0.0},
+            )
+        )
         usage = body.get("usage", {}) if isinstance(body, dict) else {}
         out["serve"] = {"http": status, "completion_tokens": usage.get("completion_tokens")}
         if status != 200 or usage.get("completion_tokens") != 8:
@@ -269,8 +301,9 @@ class EngineRunner:
                 listed = [a.name for a in await loaded_adapters(session, base_url)]
         except AdapterApiError as exc:
             return {"ok": False, "error": str(exc)}
-        status, body = await post_json(base_url + "/v1/completions",
-                                       {"model": name, "prompt": "Hello", "max_tokens": 8, "ignore_eos": True})
+        status, body = await post_json(
+            base_url + "/v1/completions", {"model": name, "prompt": "Hello", "max_tokens": 8, "ignore_eos": True}
+        )
         ok = status == 200 and name in listed
         return {"ok": ok, "load_s": load_s, "listed": listed, "http": status,
                 "error": None if ok else str(body)[:300]}  # fmt: skip

@@ -13,7 +13,9 @@ A configuration that was never started is reported `not_run` with its estimate a
 
 Estimates: `est_start_s x scale + bench + stop`, where the scale of compiled and of eager start-ups
 is updated from each start-up measured so far (the latest ratio, clamped to [0.5, 2.5]). The runner gets
-the configuration's own deadline: its estimate x `OVERRUN` past its start, capped at the global deadline.
+the configuration's own deadline: its estimate x `OVERRUN` past its start, capped at the global deadline,
+and the global deadline itself (`hard_deadline`), up to which it waits for an engine whose log says it is
+initialised.
 `Runner` is a protocol, so the scheduling is tested with a fake engine and a fake clock.
 """
 
@@ -32,7 +34,14 @@ STOP_S = 8.0
 
 
 class Runner(Protocol):
-    def run(self, config: SweepConfig, *, slots: tuple[str, ...], deadline: float) -> dict[str, Any]: ...
+    def run(
+        self,
+        config: SweepConfig,
+        *,
+        slots: tuple[str, ...],
+        deadline: float,
+        hard_deadline: float | None = None,
+    ) -> dict[str, Any]: ...
 
 
 def bench_seconds(config: SweepConfig) -> float:
@@ -101,7 +110,7 @@ class Scheduler:
         self.log(f"{config.name}: start on {','.join(slots)}, estimate {estimate:.0f}s, "
                  f"{self.deadline - start:.0f}s left")  # fmt: skip
         try:
-            result = self.runner.run(config, slots=slots, deadline=own)
+            result = self.runner.run(config, slots=slots, deadline=own, hard_deadline=self.deadline)
         except Exception as exc:  # one configuration's crash must not end the sweep
             result = {"name": config.name, "status": "failed", "failure": f"harness: {type(exc).__name__}: {exc}"}
         result.setdefault("name", config.name)

@@ -2,14 +2,20 @@
 
     python -m fleetgate.bench.gpu.sweep --out DIR [--deadline-s 540] [--device auto|cuda|cpu]
         [--tokenizer-archive build/gpu/gemma3-tokenizer.tar.xz | --tokenizer-dir DIR] [--only A,B] [--skip C]
+        [--preflight refusals|all|off] [--merge EARLIER/results.jsonl]
 
 Steps: read the cards (nvidia-smi) and pick their accelerator profile; write the model directories
 (`models`) with the Gemma tokenizer (or a generated one of the same size when it is missing); generate the
-LoRA adapters; ask vLLM's own config validation about every configuration (`preflight`, one process,
-before any engine: a configuration vLLM refuses is recorded, not started); run the rest on the GPU
-queues and the final stage (`schedule`); write, as results arrive, `DIR/results.jsonl` (a header line,
-then one line per configuration), and at the end `DIR/throughput.json` (`measured_throughput` schema) and
-`DIR/summary.md`. Engine logs go to `DIR/logs/`. Progress lines carry the seconds since start.
+LoRA adapters; start the GPU queues and the final stage at once (`schedule`) while, beside them on the
+CPU, vLLM's own config validation (`preflight`, one process: importing vLLM and checking 16 configurations
+took 119 s on the H100 machine, so it never holds the GPUs back) checks the arguments of the
+configurations the operator refuses (`refusals`, the default) or of all of them (`all`); a served
+configuration that failed and that vLLM's check refuses is then `refused_by_vllm`. Results are written as
+they arrive to `DIR/results.jsonl` (a header line, then one line per configuration; the refusals' lines
+once the preflight's verdict is in), and at the end `DIR/throughput.json` (`measured_throughput` schema)
+and `DIR/summary.md`. With `--merge`, an earlier call's results.jsonl joins this one (`merge`): the
+summary, throughput.json and `DIR/results-merged.jsonl` cover both, the earlier records compared with
+the current plan. Engine logs go to `DIR/logs/`. Progress lines carry the seconds since start.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 
 from fleetgate.bench.gpu import models as model_dirs
 from fleetgate.bench.gpu.matrix import MatrixChoice, SweepConfig, cpu_matrix, gpu_matrix
+from fleetgate.bench.gpu.merge import load_previous, merge
 from fleetgate.bench.gpu.render import render
 from fleetgate.bench.gpu.report import summary_markdown, throughput_file
 from fleetgate.bench.gpu.runner import EngineRunner, RunnerSetup
@@ -57,7 +64,8 @@ class SweepOptions:
     tokenizer_dir: Path | None = None
     gemma_dir: Path | None = None
     choice: MatrixChoice = field(default_factory=MatrixChoice)
-    preflight: bool = True
+    preflight: str = "refusals"  # refusals | all | off
+    merge: Path | None = None  # an earlier call's results.jsonl
     cpu_threads: int | None = None
     command: str = ""
 
@@ -146,7 +154,8 @@ def _preflight(
     *, configs: list[SweepConfig], profiles: Profiles, python: str, env: dict[str, str], work: Path, timeout_s: float,
     log: Callable[[str], None],
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """vLLM's verdict per configuration name (the argv the operator renders; the raw one for refusals)."""
+    """vLLM's verdict per configuration name (the argv the operator renders; the raw one for refusals).
+    Blocking: `Preflight` runs it in a thread beside the engines."""
     lines = []
     for config in configs:
         rendered = render(name=config.name, spec=config.spec, profiles=profiles)
@@ -172,6 +181,39 @@ def _preflight(
     return verdicts
 
 
+def preflight_configs(configs: list[SweepConfig], mode: str) -> list[SweepConfig]:
+    """What the preflight checks: `refusals` (what the operator refuses and vLLM's config check would), `all`."""
+    if mode == "off":
+        return []
+    if mode == "all":
+        return list(configs)
+    return [c for c in configs if c.expect == "invalid" and c.refused_at == "config"]
+
+
+class Preflight:
+    """vLLM's config check in a background thread; `verdicts(timeout)` waits for it at most that long."""
+
+    def __init__(self, *, configs: list[SweepConfig], run: Callable[..., dict[str, dict[str, Any]]],
+                 **kwargs: Any) -> None:  # fmt: skip
+        self.names = frozenset(c.name for c in configs)
+        self._result: dict[str, dict[str, Any]] = {}
+        self._thread = threading.Thread(target=self._work, args=(run, configs, kwargs), daemon=True)
+        if configs:
+            self._thread.start()
+
+    def _work(self, run: Callable[..., dict[str, dict[str, Any]]], configs: list[SweepConfig],
+              kwargs: dict[str, Any]) -> None:  # fmt: skip
+        self._result = run(configs=configs, **kwargs)
+
+    def checks(self, name: str) -> bool:
+        return name in self.names
+
+    def verdicts(self, timeout_s: float) -> dict[str, dict[str, Any]]:
+        if self._thread.is_alive():
+            self._thread.join(max(0.0, timeout_s))
+        return dict(self._result) if not self._thread.is_alive() else {}
+
+
 def _engine_env(device: str, threads: int | None) -> dict[str, str]:
     env = {"PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1", "NO_COLOR": "1", "VLLM_LOGGING_COLOR": "0"}  # fmt: skip
@@ -187,6 +229,8 @@ class SweepOutcome:
     results: dict[str, dict[str, Any]]
     configs: list[SweepConfig]
     out: Path
+    merged: dict[str, dict[str, Any]] = field(default_factory=dict)  # with an earlier call's (`--merge`)
+    all_configs: list[SweepConfig] = field(default_factory=list)  # the whole matrix, for the merged report
 
 
 def run_sweep(options: SweepOptions) -> SweepOutcome:
@@ -212,6 +256,7 @@ def run_sweep(options: SweepOptions) -> SweepOutcome:
     else:
         configs = cpu_matrix(path=lambda s: str(roots[s]), gemma_dir=gemma)
         slots = ("cpu",)
+    all_configs = configs
     configs = options.choice.select(configs)
     adapters = {c.name: model_dirs.make_lora_adapter(folder=work / "adapters" / c.name,
                                                       base_config=model_dirs.model_config(c.shape), rank=c.lora_rank)
@@ -229,46 +274,63 @@ def run_sweep(options: SweepOptions) -> SweepOutcome:
         f"tokenizer {tokenizer_kind}; {len(configs)} configurations")  # fmt: skip
     env = _engine_env(device, options.cpu_threads)
     python = sys.executable
-    verdicts: dict[str, dict[str, Any]] = {}
-    if options.preflight:
-        budget = min(150.0, max(20.0, (deadline - time.monotonic()) / 4))
-        verdicts = _preflight(configs=configs, profiles=profiles, python=python, env={**os.environ, **env},
-                              work=work, timeout_s=budget, log=log)  # fmt: skip
-        header_v = verdicts.pop("__vllm__", {})
-        log(f"preflight: {sum(1 for v in verdicts.values() if not v.get('ok'))} refused by vLLM "
-            f"(vLLM {header_v.get('version', '?')})")  # fmt: skip
-    results: dict[str, dict[str, Any]] = {}
-    runnable = []
-    for config in configs:
-        verdict = verdicts.get(config.name)
-        if verdict is not None and not verdict.get("ok") and config.expect == "serve":
-            record = {"name": config.name, "status": "refused_by_vllm", "expect": config.expect,
-                      "knobs": list(config.knobs), "preflight": verdict}  # fmt: skip
-            results[config.name] = record
-            results_file.append(record)
-            log(f"{config.name}: vLLM refuses what the operator accepted: {verdict.get('error')}")
-        else:
-            runnable.append(config)
+    held: list[dict[str, Any]] = []  # refusals' records, written once the preflight's verdict is in
+    lock = threading.Lock()
+    checked = preflight_configs(configs, options.preflight)
+    preflight = Preflight(configs=checked, run=_preflight, profiles=profiles, python=python,
+                          env={**os.environ, **env}, work=work, timeout_s=max(20.0, deadline - time.monotonic()),
+                          log=log)  # fmt: skip
 
     def on_result(record: dict[str, Any]) -> None:
-        if record["name"] in verdicts:
-            record["preflight"] = verdicts[record["name"]]
+        if preflight.checks(record["name"]):
+            with lock:
+                held.append(record)
+            return
         results_file.append(record)
 
     runner = EngineRunner(RunnerSetup(profiles=profiles, python=python, work_dir=work, log_dir=logs, device=device,
                                       base_env=env, adapters=adapters), log=log)  # fmt: skip
-    scheduler = Scheduler(configs=runnable, slots=slots, deadline=deadline, runner=runner, on_result=on_result,
+    scheduler = Scheduler(configs=configs, slots=slots, deadline=deadline, runner=runner, on_result=on_result,
                           log=log)  # fmt: skip
-    results.update(scheduler.run())
+    results = scheduler.run()
+    verdicts = preflight.verdicts(deadline - time.monotonic())
+    version = verdicts.pop("__vllm__", {}).get("version")
+    if checked:
+        log(f"preflight (vLLM {version or '?'}): {len(verdicts)} of {len(checked)} checked, "
+            f"{sum(1 for v in verdicts.values() if not v.get('ok'))} refused")  # fmt: skip
+    for name, verdict in verdicts.items():
+        record = results.get(name)
+        if record is None:
+            continue
+        record["preflight"] = verdict
+        if record.get("expect") == "serve" and record.get("status") == "failed" and not verdict.get("ok"):
+            record["status"] = "refused_by_vllm"
+    with lock:
+        for record in held:
+            results_file.append(record)
+        held.clear()
     ordered = {c.name: results[c.name] for c in configs if c.name in results}
+    merged, report_configs = ordered, configs
+    if options.merge is not None:
+        previous_header, previous = load_previous(options.merge)
+        merged = merge(configs=all_configs, current=ordered, previous=previous, profiles=profiles,
+                       previous_call=str(previous_header.get("started_at", options.merge.name)))  # fmt: skip
+        report_configs = [c for c in all_configs if c.name in merged]
+        merged_file = ResultsFile(out / "results-merged.jsonl")
+        merged_file.append({**header, "merged_with": str(previous_header.get("started_at", options.merge.name))})
+        for record in merged.values():
+            merged_file.append(record)
+        log(f"merged with {options.merge}: {len(merged)} configurations in the report")
     card = cards[0].name if cards else "cpu"
     (out / "throughput.json").write_text(
-        throughput_file(configs=configs, results=ordered, card=card, vllm_version=vllm_version,
+        throughput_file(configs=report_configs, results=merged, card=card, vllm_version=vllm_version,
                         command=options.command, profiles=profiles).to_json()
     )  # fmt: skip
-    (out / "summary.md").write_text(summary_markdown(header=header, configs=configs, results=ordered))
+    (out / "summary.md").write_text(summary_markdown(header=header, configs=report_configs, results=merged))
     log(f"done: {sum(1 for r in ordered.values() if r.get('status') == 'served')} served of {len(configs)}")
-    return SweepOutcome(header=header, results=ordered, configs=configs, out=out)
+    return SweepOutcome(
+        header=header, results=ordered, configs=configs, out=out, merged=merged, all_configs=all_configs
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -280,7 +342,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gemma-dir", type=Path, help="the real Gemma 3 270M directory: one answer is checked")
     parser.add_argument("--only", default="", help="comma-separated configuration names")
     parser.add_argument("--skip", default="", help="comma-separated configuration names to leave out")
-    parser.add_argument("--no-preflight", action="store_true", help="start every configuration")
+    parser.add_argument(
+        "--preflight",
+        choices=("refusals", "all", "off"),
+        default="refusals",
+        help="what vLLM's config check sees, beside the engines (default: the refusals)",
+    )
+    parser.add_argument("--merge", type=Path, help="an earlier call's results.jsonl: the report covers both")
     parser.add_argument("--cpu-threads", type=int, help="OpenMP threads of a CPU engine")
 
 
@@ -288,7 +356,7 @@ def options_from(args: argparse.Namespace, *, command: str) -> SweepOptions:
     names = lambda text: frozenset(n.strip() for n in text.split(",") if n.strip())  # noqa: E731
     return SweepOptions(
         out=args.out, deadline_s=args.deadline_s, device=args.device, tokenizer_archive=args.tokenizer_archive,
-        tokenizer_dir=args.tokenizer_dir, gemma_dir=args.gemma_dir, preflight=not args.no_preflight,
+        tokenizer_dir=args.tokenizer_dir, gemma_dir=args.gemma_dir, preflight=args.preflight, merge=args.merge,
         choice=MatrixChoice(only=names(args.only), skip=names(args.skip)), cpu_threads=args.cpu_threads,
         command=command,
     )  # fmt: skip

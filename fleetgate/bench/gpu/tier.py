@@ -3,6 +3,7 @@
 - `FLEETGATE_GPU_TIER`: `cpu` runs the tier's mechanics on vLLM CPU (a two-layer model: the dry run of the
   device script), `off` skips it; unset: CUDA when nvidia-smi lists a GPU and vLLM is importable.
 - `FLEETGATE_GPU_ONLY` / `FLEETGATE_GPU_SKIP`: comma-separated configuration names.
+- `FLEETGATE_GPU_MERGE`: an earlier call's results.jsonl (read by tests/gpu/conftest.py).
 - `FLEETGATE_GEMMA_DIR`: a real Gemma 3 270M directory whose answer is checked (tests/gpu defaults to the
   one `fleetgate prepare-model` made, when present).
 """
@@ -53,12 +54,15 @@ def choice_from_env() -> MatrixChoice:
                         skip=_names(os.environ.get("FLEETGATE_GPU_SKIP", "")))  # fmt: skip
 
 
-def planned_configs(*, gemma: Path | None) -> list[SweepConfig]:
-    """The configurations the tier runs here (for naming tests; model paths are placeholders)."""
+def matrix_configs(*, gemma: Path | None) -> list[SweepConfig]:
+    """Every configuration of this device's matrix (for naming tests; model paths are placeholders)."""
     device, _ = tier_device()
     text = str(gemma) if gemma else None
     if device == "cpu":
-        configs = cpu_matrix(path=lambda s: f"/{s}", gemma_dir=text)
-    else:
-        configs = gpu_matrix(path=lambda s: f"/{s}", accelerator="nvidia-h100-80gb", gemma_dir=text)
-    return choice_from_env().select(configs)
+        return cpu_matrix(path=lambda s: f"/{s}", gemma_dir=text)
+    return gpu_matrix(path=lambda s: f"/{s}", accelerator="nvidia-h100-80gb", gemma_dir=text)
+
+
+def planned_configs(*, gemma: Path | None) -> list[SweepConfig]:
+    """The configurations the tier runs here (FLEETGATE_GPU_ONLY / _SKIP applied)."""
+    return choice_from_env().select(matrix_configs(gemma=gemma))

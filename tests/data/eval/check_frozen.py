@@ -72,7 +72,8 @@ CONV_KEYS = {"id", "conv_a", "conv_b", "same", "kind"}
 ROLES = {"system", "user", "assistant"}
 # Each frozen set: its file-name suffix and the id prefixes of its pair and conversation rows.
 SETS = {"frozen": ("cp-frz", "cc-frz"), "frozen2": ("cp-fz2", "cc-fz2"), "frozen3": ("cp-fz3", "cc-fz3"),
-        "frozen4": ("cp-fz4", "cc-fz4")}
+        "frozen4": ("cp-fz4", "cc-fz4"),
+        "frozen5": ("cp-fz5", "cc-fz5")}
 # The domains a set's pair rows may use, by pair id prefix; a prefix not listed uses `DOMAINS`.
 PAIR_DOMAINS = {"cp-fz3": DOMAINS_V3}
 
