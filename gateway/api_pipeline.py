@@ -165,6 +165,7 @@ class ApiPipeline:
             response=resp, rewriter=rw, endpoint_id=ep.id, first_byte_timeout_s=server.first_byte_timeout_s,
             inter_chunk_timeout_s=server.inter_chunk_timeout_s, on_done=done, on_complete=completed,
             deadline=asyncio.get_running_loop().time() + server.stream_deadline_s if parsed.stream else None,
+            cancel_drain_s=server.cancel_drain_s, spawn=p.spawn if parsed.stream else None,
         )
         p.activity.opened(relay)
         if parsed.stream:

@@ -12,13 +12,17 @@ the API's own error event. A stream that closes before its terminal event broke 
 `on_complete(outcome)` runs before the terminal event is sent: what must be true once the client has its
 answer (a stored conversation a follow-up can name) is true first. `close()` is called exactly once by the
 web layer; when the stream had not ended it first reads what the engine sent but was not relayed yet (its
-output still counts), then drops the connection (vLLM aborts the request), and reports the outcome.
+output still counts), then drops the connection (vLLM aborts the request), and reports the outcome. A client
+that left after output began, with `cancel_drain_s` and `spawn` given, gets the chat relay's drain
+(`streaming.RelayStream._drain_then_finish`: why): read to the engine's next event, half-close, read to its
+close, at most `cancel_drain_s`; the outcome is reported after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -82,8 +86,12 @@ class EventRelay:
         on_done: Callable[[StreamOutcome], None],
         on_complete: Callable[[StreamOutcome], Awaitable[None]] | None = None,
         deadline: float | None = None,
+        cancel_drain_s: float = 0.0,
+        spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
     ) -> None:
         self._resp = response
+        self._drain_s = cancel_drain_s if spawn is not None else 0.0
+        self._spawn = spawn
         self._rw = rewriter
         self._reads = StreamReads(response, endpoint_id=endpoint_id, first_byte_timeout_s=first_byte_timeout_s,
                                   inter_chunk_timeout_s=inter_chunk_timeout_s, deadline=deadline)
@@ -127,10 +135,38 @@ class EventRelay:
             data = self._resp.content.read_nowait()
         except Exception:  # a broken connection has nothing more to give
             data = b""
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
         for name, payload in self._parser.feed(data):
             if self._rw.ended:
                 break
             self._rw.event(name, payload)
+
+    async def _drain_then_finish(self) -> None:
+        """The client left mid-stream: what the engine already sent, its next event, then a half-close and
+        everything up to its close, at most `cancel_drain_s` (see the module doc); then report."""
+        content = self._resp.content
+        try:
+            async with asyncio.timeout(self._drain_s):
+                await asyncio.sleep(0)  # bytes already in the socket reach the reader
+                self._take(content.read_nowait())
+                data = await content.readany()
+                self._take(data)
+                connection = self._resp.connection
+                transport = connection.transport if connection is not None else None
+                if data and transport is not None and transport.can_write_eof():
+                    transport.write_eof()
+                while data and not self._rw.ended:
+                    data = await content.readany()
+                    self._take(data)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass  # what was read is counted; the rest is the engine's to drop
+        finally:
+            self._resp.close()
+            out = self._rw.outcome
+            out.ok, out.cancelled = False, True  # the client left, whatever the engine sent meanwhile
+            self._on_done(out)
 
     def close(self, *, cancelled: bool = False) -> None:
         """Release the engine connection and report the outcome; idempotent."""
@@ -141,6 +177,9 @@ class EventRelay:
         ended = self._rw.ended
         if ended and out.ok:
             self._resp.release()
+        elif cancelled and not ended and out.output_chunks and self._drain_s > 0 and self._spawn is not None:
+            self._spawn(self._drain_then_finish())
+            return
         else:
             if not ended:
                 self._absorb()

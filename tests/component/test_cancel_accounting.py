@@ -5,7 +5,8 @@ written a moment later (vLLM's API server serialises after its output processor 
 leaves aborts the request at once, and what was counted but not written is never sent. The client leaves
 while such a token is pending. Hanging up at once (`cancel_drain_s: 0`) charges one token less than the
 engine counted; the shipped drain (read to the next chunk, half-close, read to the engine's close) charges
-exactly what it counted.
+exactly what it counted. The same for `/v1/messages` (named events, `event_relay`): a stream that never
+reaches its final usage is charged the output events that reached the gateway.
 """
 
 from __future__ import annotations
@@ -58,12 +59,45 @@ class CountingEngine:
             raise
         return resp
 
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's `/v1/messages` stream in the same order: a token is counted, its delta event written later."""
+        body = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+
+        async def send(name: str, data: dict[str, Any]) -> None:
+            await resp.write(f"event: {name}\ndata: ".encode() + orjson.dumps({"type": name, **data}) + b"\n\n")
+
+        generated = 0
+        try:
+            await send("message_start", {"message": {"id": "msg_1", "type": "message", "role": "assistant",
+                                                     "model": "m1", "content": [], "stop_reason": None,
+                                                     "usage": {"input_tokens": 3, "output_tokens": 0}}})
+            await send("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+            while generated < int(body["max_tokens"]):
+                await asyncio.sleep(STEP_S - WRITE_LAG_S)
+                generated += 1
+                self.counted += 1
+                await asyncio.sleep(WRITE_LAG_S)
+                await send("content_block_delta", {"index": 0, "delta": {"type": "text_delta",
+                                                                          "text": f"t{generated} "}})
+            await send("content_block_stop", {"index": 0})
+            await send("message_delta", {"delta": {"stop_reason": "max_tokens"},
+                                         "usage": {"input_tokens": 3, "output_tokens": generated}})
+            await send("message_stop", {})
+            self.finished += 1
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.aborted += 1
+            raise
+        return resp
+
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=f"vllm:generation_tokens_total {self.counted}\n")
 
     async def start(self) -> CountingEngine:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/messages", self.messages)
         app.router.add_get("/metrics", self.metrics)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -92,16 +126,15 @@ async def counting_engine() -> AsyncIterator[CountingEngine]:
     await engine.stop()
 
 
-async def leave_while_a_counted_token_is_pending(gateway_url: str) -> int:
+async def leave_while_a_counted_token_is_pending(gateway_url: str, path: str) -> int:
     """Read 3 tokens, wait until the 4th is counted but not yet written, leave; returns tokens received."""
     got = 0
     body: dict[str, Any] = {"model": "m1", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 50,
                             "stream": True}
-    async with httpx.AsyncClient(base_url=gateway_url) as client, client.stream(
-        "POST", "/v1/chat/completions", json=body
-    ) as r:
+    async with httpx.AsyncClient(base_url=gateway_url) as client, client.stream("POST", path, json=body) as r:
         async for line in r.aiter_lines():
-            if line.startswith("data: {") and '"content"' in line:
+            if line.startswith("data: {") and ('"delta": {"content"' in line.replace('":{', '": {')
+                                               or '"text_delta"' in line):
                 got += 1
                 if got == 3:
                     # Still connected (leaving the loop would close the stream now): the 4th token is counted
@@ -111,10 +144,11 @@ async def leave_while_a_counted_token_is_pending(gateway_url: str) -> int:
     return got
 
 
-async def charged_after_leaving(engine: CountingEngine, start_gateway: Any, *, drain_s: float) -> tuple[int, int]:
+async def charged_after_leaving(engine: CountingEngine, start_gateway: Any, *, drain_s: float,
+                                path: str = "/v1/chat/completions") -> tuple[int, int]:
     ledger = Ledger()
     gw = await start_gateway(settings_for({"m1": [engine.url]}, cancel_drain_s=drain_s), accountant=ledger)
-    assert await leave_while_a_counted_token_is_pending(gw.url) == 3
+    assert await leave_while_a_counted_token_is_pending(gw.url, path) == 3
     assert await eventually(lambda: engine.aborted == 1, timeout_s=5)
     await gw.pipeline.drain()
     assert await eventually(lambda: bool(ledger.records))
@@ -137,3 +171,12 @@ async def test_hanging_up_at_once_loses_the_token_counted_but_not_yet_written(
     charged, counted = await charged_after_leaving(counting_engine, start_gateway, drain_s=0.0)
     assert counted == 4
     assert charged == 3
+
+
+@pytest.mark.parametrize(("drain_s", "lost"), [(2.0, 0), (0.0, 1)])
+async def test_a_messages_stream_left_mid_answer_is_drained_like_chat(
+    counting_engine: CountingEngine, start_gateway: Any, drain_s: float, lost: int
+) -> None:
+    charged, counted = await charged_after_leaving(counting_engine, start_gateway, drain_s=drain_s,
+                                                   path="/v1/messages")
+    assert counted >= 4 and charged == counted - lost

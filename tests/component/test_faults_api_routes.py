@@ -230,21 +230,25 @@ async def test_an_engine_streaming_past_the_output_limit_is_cut_off_and_never_ch
 
 async def test_many_disconnects_at_random_stages_on_every_route_lose_no_spend(start_gateway: Start) -> None:
     engine, gw = await start(start_gateway, inter_token_delay_s=0.01, prefill_delay_s=0.02)
+    async with httpx.AsyncClient(base_url=gw.url) as c:  # warm: a cold first request can take past every timeout
+        for api in STREAMED:
+            warm = await c.post(path(api), json=body(api, stream=False, max_tokens=2), headers=auth("acme"))
+            assert warm.status_code == 200
 
     async def one(i: int) -> None:
         api = STREAMED[i % 2]
-        b = body(api, stream=bool(i % 3), max_tokens=30)
+        b = body(api, stream=bool(i % 3), max_tokens=30)  # 320 ms at the engine; every client leaves before
         async with httpx.AsyncClient(base_url=gw.url) as c:
             with contextlib.suppress(httpx.TimeoutException):
-                await c.post(path(api), json=b, headers=auth("acme"), timeout=0.01 + 0.03 * (i % 5))
+                await c.post(path(api), json=b, headers=auth("acme"), timeout=0.02 + 0.05 * (i % 5))
 
     await asyncio.gather(*(one(i) for i in range(24)))
     assert await eventually(lambda: engine.stats.running == 0, timeout_s=10)
     await gw.pipeline.drain()  # every settle and record has run
     totals, counter = await charged(gw)
-    # A client whose 10 ms ran out before the gateway read its request (a loaded machine) never made one: every
+    # A client whose 20 ms ran out before the gateway read its request (a loaded machine) never made one: every
     # request the engine saw is recorded, and none twice.
-    assert engine.stats.cancelled > 0 and engine.stats.requests <= totals["requests"] <= 24
+    assert engine.stats.cancelled > 0 and engine.stats.requests <= totals["requests"] <= 26
     # Each request is charged the output that reached the gateway: a token the engine writes after the gateway
     # hung up (before it sees the abort) is not; at most one per aborted request here (10 ms per token).
     missing = engine.stats.completion_tokens - totals["completion_tokens"]
