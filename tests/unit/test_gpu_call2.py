@@ -33,8 +33,9 @@ def _recompared() -> dict[str, dict[str, Any]]:
         profile = profile_for(Card(**header["cards"][0]))
         profiles = Profiles(by_name={**BUILTIN_PROFILES, profile.name: profile}, default=profile.name)
         configs = {c.name: c for c in gpu_matrix(path=lambda s: f"/models/{s}", accelerator=profile.name)}
+        logged = {name: r for name, r in records.items() if (r.get("vllm_log") or {}).get("kv_tokens")}
         out.update({name: recompare(r, config=configs[name], profiles=profiles)
-                    for name, r in records.items() if (r.get("vllm_log") or {}).get("kv_tokens") and name in configs})  # fmt: skip
+                    for name, r in logged.items() if name in configs})  # fmt: skip
     return out
 
 
