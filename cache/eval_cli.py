@@ -35,6 +35,7 @@ DEFAULT_CONFIDENCES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
 _REPO = Path(__file__).resolve().parent.parent
 KINDS = ("pairs", "conversations")
 DEVELOPMENT_FROZEN = ("frozen", "frozen2")  # frozen sets since used to develop and train (in-sample columns)
+EMBEDDERS = ("minilm-onnx-int8", "minilm-onnx", "minilm", "hashing")  # in-process
 
 
 def default_data_dir() -> Path:
@@ -69,8 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="latency run: open-loop arrival rates as shares of the measured single-stream capacity")
     parser.add_argument("--verify-cost", action="store_true", help="time the verification of real candidate "
                         "pairs even with --entries 0 (cheap stages vs. the pair model with token states)")
-    parser.add_argument("--embedder", choices=["minilm-onnx-int8", "minilm-onnx", "minilm", "hashing"],
-                        default="minilm-onnx-int8")
+    parser.add_argument("--embedder", choices=[*EMBEDDERS, "remote"], default="minilm-onnx-int8",
+                        help="the cache's encoder; remote: an encoder service at --encoder-url")
+    parser.add_argument("--encoder-url", help="with --embedder remote: the service's base URL (vLLM serving MiniLM "
+                        "with the pooling runner, e.g. `fleetgate up --embedder engine`)")
+    parser.add_argument("--encoder-model", default="all-minilm-l6-v2", help="the service's served model name")
+    parser.add_argument("--compare", choices=EMBEDDERS, nargs="*", default=[],
+                        help="also decide every dev and frozen row with these in-process embedders and print, per set, "
+                        "how many decisions differ from --embedder's and which rows")
     parser.add_argument("--redis", action="store_true", help="also time the fetch (MGET) from a real redis-server "
                         "started on a free loopback port")
 
@@ -162,6 +169,12 @@ async def _evaluate(args: argparse.Namespace) -> int:
     base = CacheConfig()
     # embed_memo 0: the latency run times real encodes (the scores memoise through MemoEmbedder)
     sem = base.semantic.model_copy(update={"embedder": args.embedder, "embed_memo": 0})
+    if args.embedder == "remote":
+        if not args.encoder_url:
+            print("fleetgate cache-eval: --embedder remote needs --encoder-url", file=sys.stderr)
+            return 2
+        sem = sem.model_copy(update={"remote": sem.remote.model_copy(
+            update={"url": args.encoder_url, "model": args.encoder_model})})
     if args.threshold is not None:
         sem = sem.model_copy(update={"threshold": args.threshold})
     if args.min_confidence is not None:
@@ -182,6 +195,8 @@ async def _evaluate(args: argparse.Namespace) -> int:
         prefilter.prime([embedding_text(t) for t in every])
     print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt; "
           f"static prefilter {'on' if prefilter is not None else 'off'}")
+    for other in args.compare:
+        await _compare(sets, shipped, embedder, prefilter, other=other, names=["dev", *frozen], every=every)
     cv = _cross_validate(sets, embedder, shipped, refit=args.fit, align=args.align)
     model = load_model()
     print(f"settings: similarity threshold {sem.threshold}, pair model threshold "
@@ -272,6 +287,32 @@ async def _evaluate(args: argparse.Namespace) -> int:
         print(f"  {t.name:<12} p50 {t.pct(50):8.3f} ms   p99 {t.pct(99):8.3f} ms  "
               f"(MGET of {shipped.semantic.top_k} x 2 KB records, loopback redis-server)")
     return 0
+
+
+async def _compare(sets: dict[str, dict[str, list[dict[str, Any]]]], config: CacheConfig, embedder: MemoEmbedder,
+                   prefilter: MemoEmbedder | None, *, other: str, names: list[str], every: list[str]) -> None:
+    """Row by row: the cache's decision with `embedder` against its decision with the in-process `other`."""
+    from fleetgate.cache.build import build_embedder
+    from fleetgate.cache.evaluation import row_hits
+    from fleetgate.cache.textnorm import embedding_text
+
+    theirs_config = config.model_copy(update={"semantic": config.semantic.model_copy(update={"embedder": other})})
+    theirs = MemoEmbedder(build_embedder(theirs_config))
+    theirs.prime([embedding_text(t) for t in every])
+    print(f"decisions against the in-process {other} encoder, row by row (dev and every frozen set; the static "
+          "prefilter and token states are the same for both):")
+    total = differ = 0
+    for name in names:
+        for kind in KINDS:
+            rows = sets[name][kind]
+            mine = await row_hits(rows, config, embedder, prefilter)
+            other_hits = await row_hits(rows, theirs_config, theirs, prefilter)
+            changed = [f"{r['id']} ({'hit' if a else 'miss'} vs {'hit' if b else 'miss'})"
+                       for r, a, b in zip(rows, mine, other_hits, strict=True) if a != b]
+            total, differ = total + len(rows), differ + len(changed)
+            print(f"  {name:<8} {kind:<14} {len(changed)}/{len(rows)} differ" + (f": {', '.join(changed)}"
+                                                                                 if changed else ""))
+    print(f"  all sets: {differ}/{total} decisions differ")
 
 
 def _print_latency(run: Any) -> None:
