@@ -23,6 +23,7 @@ import orjson
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.core.errors import (
     FleetGateError,
+    InvalidRequestError,
     NotFoundError,
     UpstreamBadResponseError,
     UpstreamTimeoutError,
@@ -34,7 +35,7 @@ from fleetgate.gateway.assembly import StreamAssembler
 from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorize_model, authorized_decision, shown
 from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import context_length, models_page, served_names, serves
+from fleetgate.gateway.discovery import context_length, models_page, served_names, serves, task_of
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
 from fleetgate.gateway.estimate import estimate_request, reserve_request
@@ -160,6 +161,9 @@ class Pipeline:
                                *self._s.tiers.aliases()]) or "(none configured)"
             raise NotFoundError(f"model {shown(parsed.model)} does not exist; available models: {names}",
                                 param="model")
+        if task_of(self._s.endpoint_source, parsed.model) == "embed":
+            raise InvalidRequestError(f"model {shown(parsed.model)} is an embedding model (an encoder): it answers "
+                                      f"/v1/embeddings, not {kind} requests", param="model")
         ctx.model_label = parsed.model
         estimate = estimate_request(parsed)
         ctx.prompt_estimate = estimate.prompt_tokens

@@ -110,6 +110,9 @@ class ModelRoute(_Strict):
     adapters: list[AdapterRoute] = Field(
         default_factory=list, description="LoRA adapters served on this model's endpoints (engines need --enable-lora)"
     )
+    task: Literal["generate", "embed"] = Field(
+        default="generate", description="embed: an encoder (vLLM --runner pooling); chat and completions refuse it"
+    )
 
     @field_validator("endpoints")
     @classmethod

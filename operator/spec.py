@@ -113,8 +113,24 @@ class Speculative(_Model):
         return self
 
 
+EngineTask = Literal["generate", "embed"]
+
+
 class Engine(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("self.task != 'embed' || !has(self.speculative)", "speculative decoding needs task generate"),
+            ("self.task != 'embed' || !has(self.chunkedPrefill) || !self.chunkedPrefill",
+             "an encoder (task embed) runs without chunked prefill"),
+        )
+    )
     image: str | None = Field(default=None, max_length=512, description="Engine image; the operator default if unset.")
+    task: EngineTask = Field(
+        default="generate",
+        description="generate: a generative model (chat and completions). embed: an encoder served by vLLM's "
+        "pooling runner (--runner pooling; /v1/embeddings), e.g. the semantic cache's MiniLM: no KV cache, "
+        "prefix caching and chunked prefill left to vLLM (off for encoders), maxModelLen the encoder's own when unset.",
+    )
     dtype: Dtype = "auto"
     quantization: Quantization = Field(default="none", description="Weight quantization of the checkpoint.")
     kv_cache_dtype: KvCacheDtype = "auto"
@@ -137,6 +153,14 @@ class Engine(_Model):
         description=f"Largest LoRA rank served (vLLM --max-lora-rank; {DEFAULT_MAX_LORA_RANK} when unset).",
     )
     extra_args: list[str] = Field(default_factory=list, max_length=64, description="Raw vLLM flags, appended.")
+
+    @model_validator(mode="after")
+    def _task(self) -> Engine:
+        if self.task == "embed" and self.speculative is not None:
+            raise ValueError("speculative decoding needs task generate")
+        if self.task == "embed" and self.chunked_prefill:
+            raise ValueError("an encoder (task embed) runs without chunked prefill")
+        return self
 
 
 class Resources(_Model):

@@ -18,6 +18,10 @@ tenant allowed. `models()` lists base models only; `endpoints(adapter)` returns 
 request keeps `model: <adapter>`: vLLM picks the LoRA by it). An adapter is offered while its base is; a name
 that is also a served model, or that two services give different bases, stays the base model / the first.
 
+An InferenceService with `engine.task: embed` serves an encoder: its model is marked as an embedding model
+(`task(model)`, the endpoints' `task` label, `/v1/models`), which chat and completions refuse and the semantic
+cache finds its encoder service by (`semantic.remote.model`).
+
 Each endpoint carries labels from the CR: `tier`, prices (`price_input_per_1m`, `price_output_per_1m`,
 `price_cached_input_per_1m`), `inferenceservice`, `namespace`, `pod`. `start()` lists once (so the first
 request after start-up already has endpoints) and then keeps watching; a broken watch is re-listed after
@@ -77,6 +81,7 @@ class ServiceInfo:
     wake_replicas: int | None = None  # scale-from-zero capable: replicas to wake it to; None: not wakeable
     context_length: int | None = None  # spec.engine.maxModelLen: bounds a request that sets no max_tokens
     adapters: tuple[AdapterSpec, ...] = ()  # spec.adapters, base = served_model
+    task: str = "generate"  # spec.engine.task: "embed" for an encoder (the pooling runner, /v1/embeddings)
 
 
 def _adapters(spec: Mapping[str, Any], *, base: str) -> tuple[AdapterSpec, ...]:
@@ -134,13 +139,18 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
         if pricing.get(key) is not None:
             labels[label] = str(pricing[key])
     unservable = status.get("phase") in UNSERVABLE_PHASES
-    context = (spec.get("engine") or {}).get("maxModelLen")
+    engine = spec.get("engine") or {}
+    context = engine.get("maxModelLen")
+    task = "embed" if engine.get("task") == "embed" else "generate"
+    if task == "embed":
+        labels["task"] = task
     return ServiceInfo(
         namespace=namespace, name=name, served_model=str(served), labels=labels, unservable=unservable,
         wake_replicas=None if unservable else _wake_replicas(meta, spec),
         context_length=context if isinstance(context, int) and not isinstance(context, bool) and context > 0
         else None,
         adapters=_adapters(spec, base=str(served)),
+        task=task,
     )  # fmt: skip
 
 
@@ -269,10 +279,15 @@ class KubernetesEndpointSource:
         out = []
         for model in self.models():
             if self._index[model]:
-                out.append(ModelListing(name=model, ready=True))
+                out.append(ModelListing(name=model, ready=True, task=self.task(model)))
             elif self.wake_targets(model):
-                out.append(ModelListing(name=model, ready=False, scaled_to_zero=True))
+                out.append(ModelListing(name=model, ready=False, scaled_to_zero=True, task=self.task(model)))
         return out
+
+    def task(self, model: str) -> str:
+        """`TaskSource`: "embed" when an InferenceService serves `model` as an encoder (`engine.task: embed`)."""
+        embed = any(info.served_model == model and info.task == "embed" for info in self._services.values())
+        return "embed" if embed else "generate"
 
     async def scale(self, target: WakeTarget) -> None:
         """Set `spec.replicas` through the InferenceService's scale subresource."""

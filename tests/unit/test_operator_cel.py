@@ -71,6 +71,8 @@ REFUSED = [
     {"model": {"source": "hf://org/m", "servedName": "sql"}, "adapters": [{"name": "sql", "source": "/a/sql"}]},
     {**BASE, "adapters": [{"name": "sql", "source": "/a/sql", "rank": 32}]},
     {**BASE, "engine": {"maxLoraRank": 8}, "adapters": [{"name": "sql", "source": "/a/sql", "rank": 16}]},
+    {**BASE, "engine": {"task": "embed", "speculative": {"method": "ngram"}}},
+    {**BASE, "engine": {"task": "embed", "chunkedPrefill": True}},
 ]
 ACCEPTED = [
     BASE,
@@ -81,6 +83,7 @@ ACCEPTED = [
     {**BASE, "adapters": [{"name": "sql", "source": "/a/sql", "rank": 16}, {"name": "legal", "source": "hf://o/l"}]},
     {**BASE, "engine": {"maxLoraRank": 64, "maxAdapters": 2}, "adapters": [{"name": "a", "source": "/a", "rank": 64}]},
     {"model": {"source": "hf://org/m", "servedName": "base"}, "adapters": [{"name": "sql", "source": "/a/sql"}]},
+    {**BASE, "engine": {"task": "embed", "chunkedPrefill": False}},
 ] + [d["spec"] for p in sorted(EXAMPLES.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
 
 
