@@ -69,7 +69,7 @@ def test_what_an_encoder_cannot_do_is_refused(engine: dict[str, Any], message: s
 
 @pytest.mark.parametrize("flag", ["--task", "--task=embed", "--runner"])
 def test_the_removed_task_flag_and_the_owned_runner_flag_are_refused_in_extra_args(flag: str) -> None:
-    with pytest.raises(ConfigError, match="engine.task|typed field"):
+    with pytest.raises(ConfigError, match=r"engine\.task|typed field"):
         EngineArgs(model="m", extra_args=(flag, "embed") if "=" not in flag else (flag,))
     with pytest.raises(ConfigError, match="speculative"):
         EngineArgs(model="m", runner="pooling", speculative_method="ngram", num_speculative_tokens=2)
