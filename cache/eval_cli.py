@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queries", type=int, default=200, help="lookups timed per load level in the latency run")
     parser.add_argument("--loads", type=float, nargs="*", default=[0.5, 0.9],
                         help="latency run: open-loop arrival rates as shares of the measured single-stream capacity")
+    parser.add_argument("--latency-only", action="store_true", help="only the latency run (prompts of whatever "
+                        "sets are found; the frozen sets alone will do): no precision, cross-validation or sweeps")
     parser.add_argument("--verify-cost", action="store_true", help="time the verification of real candidate "
                         "pairs even with --entries 0 (cheap stages vs. the pair model with token states)")
     parser.add_argument("--embedder", choices=[*EMBEDDERS, "remote"], default="minilm-onnx-int8",
@@ -75,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoder-url", help="with --embedder remote: the service's base URL (vLLM serving MiniLM "
                         "with the pooling runner, e.g. `fleetgate up --embedder engine`)")
     parser.add_argument("--encoder-model", default="all-minilm-l6-v2", help="the service's served model name")
+    parser.add_argument("--encoder-timeout-ms", type=float, help="the cache's bound on a lookup's wait for the "
+                        "service (default: the shipped semantic.remote.timeout_ms)")
     parser.add_argument("--compare", choices=EMBEDDERS, nargs="*", default=[],
                         help="also decide every dev and frozen row with these in-process embedders and print, per set, "
                         "how many decisions differ from --embedder's and which rows")
@@ -155,48 +159,12 @@ def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: 
     return scores
 
 
-async def _evaluate(args: argparse.Namespace) -> int:
-    from fleetgate.cache.build import build_embedder, build_prefilter
+async def _quality(args: argparse.Namespace, sets: dict[str, dict[str, list[dict[str, Any]]]], shipped: CacheConfig,
+                   embedder: MemoEmbedder, prefilter: MemoEmbedder | None, *, frozen: list[str]) -> None:
+    """Precision and recall at the shipped settings, cross-validation and the sweeps."""
     from fleetgate.cache.pairmodel import load_model
 
-    dev = _load(args.data or default_data_dir(), "cache_{kind}.dev.jsonl")
-    train = _load(args.train, "train_{kind}.jsonl")
-    if dev is None or train is None:
-        print(f"fleetgate cache-eval: dev or training rows not found (--data {args.data or default_data_dir()}, "
-              f"--train {args.train})", file=sys.stderr)
-        return 2
-    frozen = frozen_sets(args.frozen)
-    base = CacheConfig()
-    # embed_memo 0: the latency run times real encodes (the scores memoise through MemoEmbedder)
-    sem = base.semantic.model_copy(update={"embedder": args.embedder, "embed_memo": 0})
-    if args.embedder == "remote":
-        if not args.encoder_url:
-            print("fleetgate cache-eval: --embedder remote needs --encoder-url", file=sys.stderr)
-            return 2
-        sem = sem.model_copy(update={"remote": sem.remote.model_copy(
-            update={"url": args.encoder_url, "model": args.encoder_model})})
-    if args.threshold is not None:
-        sem = sem.model_copy(update={"threshold": args.threshold})
-    if args.min_confidence is not None:
-        sem = sem.model_copy(update={"min_confidence": args.min_confidence})
-    shipped = base.model_copy(update={"semantic": sem})
-    sets = {"dev": dev, "train": train, **frozen}
-
-    start = time.perf_counter()
-    embedder = MemoEmbedder(build_embedder(shipped))
-    from fleetgate.cache.textnorm import embedding_text
-
-    every = [t for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])]
-    # what a lookup encodes: misspellings corrected
-    embedder.prime([embedding_text(t) for t in every], progress=_progress)
-    static = build_prefilter(shipped, embedder.inner)
-    prefilter = MemoEmbedder(static) if static is not None else None
-    if prefilter is not None:
-        prefilter.prime([embedding_text(t) for t in every])
-    print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt; "
-          f"static prefilter {'on' if prefilter is not None else 'off'}")
-    for other in args.compare:
-        await _compare(sets, shipped, embedder, prefilter, other=other, names=["dev", *frozen], every=every)
+    sem = shipped.semantic
     cv = _cross_validate(sets, embedder, shipped, refit=args.fit, align=args.align)
     model = load_model()
     print(f"settings: similarity threshold {sem.threshold}, pair model threshold "
@@ -248,6 +216,54 @@ async def _evaluate(args: argparse.Namespace) -> int:
                      for c in args.confidences]
             for c, a in zip(args.confidences, await sweep(rows, confs, embedder, prefilter), strict=True):
                 print(f"    {c:4.2f}: {_cell(a)}")
+
+
+async def _evaluate(args: argparse.Namespace) -> int:
+    from fleetgate.cache.build import build_embedder, build_prefilter
+
+    dev = _load(args.data or default_data_dir(), "cache_{kind}.dev.jsonl")
+    train = _load(args.train, "train_{kind}.jsonl")
+    frozen = frozen_sets(args.frozen)
+    if (dev is None or train is None) and not (args.latency_only and frozen):
+        print(f"fleetgate cache-eval: dev or training rows not found (--data {args.data or default_data_dir()}, "
+              f"--train {args.train})", file=sys.stderr)
+        return 2
+    base = CacheConfig()
+    # embed_memo 0: the latency run times real encodes (the scores memoise through MemoEmbedder)
+    sem = base.semantic.model_copy(update={"embedder": args.embedder, "embed_memo": 0})
+    if args.embedder == "remote":
+        if not args.encoder_url:
+            print("fleetgate cache-eval: --embedder remote needs --encoder-url", file=sys.stderr)
+            return 2
+        remote = {"url": args.encoder_url, "model": args.encoder_model}
+        if args.encoder_timeout_ms is not None:
+            remote["timeout_ms"] = args.encoder_timeout_ms
+        sem = sem.model_copy(update={"remote": sem.remote.model_copy(update=remote)})
+    if args.threshold is not None:
+        sem = sem.model_copy(update={"threshold": args.threshold})
+    if args.min_confidence is not None:
+        sem = sem.model_copy(update={"min_confidence": args.min_confidence})
+    shipped = base.model_copy(update={"semantic": sem})
+    sets = {**({"dev": dev} if dev is not None else {}), **({"train": train} if train is not None else {}), **frozen}
+
+    start = time.perf_counter()
+    embedder = MemoEmbedder(build_embedder(shipped))
+    from fleetgate.cache.textnorm import embedding_text
+
+    every = [t for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])]
+    # what a lookup encodes: misspellings corrected
+    embedder.prime([embedding_text(t) for t in every], progress=_progress)
+    static = build_prefilter(shipped, embedder.inner)
+    prefilter = MemoEmbedder(static) if static is not None else None
+    if prefilter is not None:
+        prefilter.prime([embedding_text(t) for t in every])
+    print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt; "
+          f"static prefilter {'on' if prefilter is not None else 'off'}")
+    for other in args.compare:
+        await _compare(sets, shipped, embedder, prefilter, other=other,
+                       names=[n for n in ("dev", *frozen) if n in sets], every=every)
+    if not args.latency_only:
+        await _quality(args, sets, shipped, embedder, prefilter, frozen=list(frozen))
     if args.entries > 0:
         from fleetgate.cache.latency import measure_loaded
 
@@ -260,7 +276,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
                                     entries=args.entries, queries=args.queries, loads=loads,
                                     vectors=embedder, static_vectors=prefilter, progress=_progress)
         _print_latency(run_)
-    if (args.entries > 0 or args.verify_cost) and args.embedder != "hashing":  # token states: MiniLM's
+    if (args.entries > 0 or args.verify_cost) and args.embedder != "hashing" and "dev" in sets:  # MiniLM's states
         import numpy as np
 
         from fleetgate.cache.latency import verification_cost
@@ -312,7 +328,7 @@ async def _compare(sets: dict[str, dict[str, list[dict[str, Any]]]], config: Cac
             total, differ = total + len(rows), differ + len(changed)
             print(f"  {name:<8} {kind:<14} {len(changed)}/{len(rows)} differ" + (f": {', '.join(changed)}"
                                                                                  if changed else ""))
-    print(f"  all sets: {differ}/{total} decisions differ")
+    print(f"  all sets: {differ}/{total} decisions differ", flush=True)
 
 
 def _print_latency(run: Any) -> None:

@@ -11,6 +11,7 @@ import importlib
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "gateway": ("fleetgate.bench.gateway_overhead", "gateway added latency and RPS vs direct-to-engine"),
     "embedder": ("fleetgate.bench.embedder", "MiniLM backends: agreement with the reference and CPU per text"),
+    "encoder-service": ("fleetgate.bench.encoder_service", "an encoder service's texts/s and latency (/v1/embeddings)"),
     "routing": ("fleetgate.bench.routing", "endpoint-picking policies on the simulated fleet"),
     "cost": ("fleetgate.bench.cost", "naive serving vs FleetGate on a mixed multi-tenant workload"),
     "tenancy": ("fleetgate.gateway.tenancy.bench", "exact cost totals, budget race and limiter overhead on Redis"),

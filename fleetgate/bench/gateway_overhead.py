@@ -19,7 +19,10 @@ One run measures, side by side (processes: `fleetgate.bench.gateway_stack`):
   the pair model can judge, so most lookups encode), `semantic hit` its worst (a paraphrase the pair model
   must judge: the encoder runs, after the prefilter), `semantic hit (same words)` a rewording whose every
   word matches the stored prompt's (other function words, a typo: served without encoding);
-  `--embedder NAME+encode-all` runs a gateway with it off. Each cache-on row reports the
+  `--embedder NAME+encode-all` runs a gateway with it off. `remote` is MiniLM as a service
+  (`semantic.embedder: remote`): `--encoder-url`, or else a loopback stub answering MiniLM's fp32 vectors from
+  a precomputed table (`fleetgate.bench.encoder_stub`), which stands in for a GPU encoder when what is measured
+  is the gateway's CPU. Each cache-on row reports the
   share of its throughput phase's semantic lookups that ran the encoder (the gateway's
   `fleetgate_cache_prefilter_total`).
 
@@ -59,7 +62,7 @@ from fleetgate.bench.loadgen import (
     streaming_ttft,
 )
 
-_MODELS = ("minilm-onnx-int8", "minilm-onnx", "minilm")
+_MODELS = ("minilm-onnx-int8", "minilm-onnx", "minilm", "remote")
 # `NAME+memo`: the gateway with the exact-text embedding memo on (plain names run with it off)
 # `NAME+encode-all`: the static prefilter off (every semantic lookup encodes, as before the prefilter)
 EMBEDDERS = [*_MODELS, "hashing", *(f"{name}+{flags}" for name in _MODELS for flags in ("memo", "encode-all"))]
@@ -213,12 +216,17 @@ async def _measure(args: argparse.Namespace, s: Stack) -> tuple[list[Result], di
                               rss_mb=floor.rss_mb()))
         s.stop(floor)
         streaming: dict[str, Any] = {}
+        encoder_url = args.encoder_url
+        if encoder_url is None and any(e.startswith("remote") for e in args.embedder):
+            encoder_url = s.encoder().url
+        chosen = {name: WORKLOADS[name] for name in args.workloads}
         gateways = [("minimal", ""), ("full, cache off", "")] + [("full, cache on", e) for e in args.embedder]
         for kind, embedder in gateways:
             gateway = s.gateway(kind=kind, engine_url=engine.url, key_hash=key_hash, embedder=embedder,
-                                log_requests=not args.no_gateway_log)
+                                log_requests=not args.no_gateway_log, encoder_url=encoder_url,
+                                encoder_timeout_ms=args.encoder_timeout_ms)
             idle_rss = gateway.rss_mb()
-            workloads = WORKLOADS if kind == "full, cache on" else {"": WORKLOADS["bypass"]}
+            workloads = chosen if kind == "full, cache on" else {"": WORKLOADS["bypass"]}
             for workload, (prompt, temperature, seed) in workloads.items():
                 template = chat_body(prompt, temperature=temperature)
                 seed_body = chat_body(seed, temperature=temperature) if seed else None
@@ -226,7 +234,7 @@ async def _measure(args: argparse.Namespace, s: Stack) -> tuple[list[Result], di
                 print(f"... {name}", file=sys.stderr, flush=True)
                 results.append(await runner.phase(name, gateway, template, seed_body))
             results[-len(workloads)].cache_headers["rss at start, MB"] = round(idle_rss)
-            if kind == "full, cache off":
+            if kind == "full, cache off" and args.stream_requests > 0:
                 streaming = await runner.streaming(gateway)
             s.stop(gateway)
     finally:
@@ -242,6 +250,10 @@ def _report(args: argparse.Namespace, results: list[Result], streaming: dict[str
     print(f"fleetgate bench gateway  ({os.cpu_count()} CPUs, {pin}, load average {os.getloadavg()[0]:.1f} "
           f"at the end, loadgen={args.loadgen}, {args.concurrency} connections x {args.duration:g}s, "
           f"embedders {', '.join(args.embedder)})")
+    if any(e.startswith("remote") for e in args.embedder):
+        print("encoder service of `remote`: " + (args.encoder_url or "the loopback stub (fleetgate.bench.encoder_stub: "
+              "MiniLM fp32 vectors from a precomputed table, microseconds a text, on the engine's CPUs: a stand-in "
+              "for a GPU encoder when what is measured is the gateway's own CPU)"))
     print(f"\ndirect-to-engine (the baseline): {direct.rate:8.0f} req/s  p50 {_ms(direct.p50)} ms  "
           f"p99 {_ms(direct.p99)} ms  errors {direct.errors}")
     print("\nper configuration: added latency at concurrency 1 (gateway minus direct, same blocks), "
@@ -271,7 +283,8 @@ def _report(args: argparse.Namespace, results: list[Result], streaming: dict[str
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=1000, help="requests per path and phase at concurrency 1")
-    parser.add_argument("--stream-requests", type=int, default=200, help="streams per path for time to first token")
+    parser.add_argument("--stream-requests", type=int, default=200,
+                        help="streams per path for time to first token (0: no streaming phase)")
     parser.add_argument("--concurrency", type=int, default=64, help="connections for the throughput phases")
     parser.add_argument("--stream-concurrency", type=int, default=64, help="concurrent streams, chunk-rate phase")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of each throughput phase")
@@ -284,6 +297,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "NAME+memo: with the embedding memo on, which answers the "
                         "repeated paraphrase of `semantic hit` without encoding; NAME+encode-all: the static "
                         "prefilter off, every lookup encodes)")
+    parser.add_argument("--workloads", choices=list(WORKLOADS), nargs="+", default=list(WORKLOADS),
+                        help="the cache-on workloads to run (default: all)")
+    parser.add_argument("--encoder-url", help="`remote` embedders use this encoder service (e.g. vLLM serving "
+                        "MiniLM with the pooling runner) instead of the loopback stub")
+    parser.add_argument("--encoder-timeout-ms", type=float, help="`remote`: the cache's bound on a lookup's wait "
+                        "for the encoder (default: the shipped semantic.remote.timeout_ms)")
     parser.add_argument("--gateway-cpu", type=int, default=0,
                         help="pin gateways to this CPU, the rest elsewhere (-1: no pinning)")
 
