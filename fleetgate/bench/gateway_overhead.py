@@ -100,6 +100,8 @@ class Result:
     rss_mb: float = float("nan")
     cache_headers: Counter[str] = field(default_factory=Counter)
     encoded: float | None = None  # share of the throughput phase's semantic lookups that ran the encoder
+    fallbacks: int = 0  # of its lookups, those that went on without the encoder (timeout, error, open circuit)
+    aligned: int = 0  # candidate pairs that needed token states (an encoder pass in the gateway, ~5 ms each)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -129,16 +131,21 @@ class Runner:
         return seen
 
     async def prefilter_counts(self, proc: Proc) -> Counter[str]:
-        """The gateway's `fleetgate_cache_prefilter_total` by outcome (empty without a cache)."""
+        """The gateway's `fleetgate_cache_prefilter_total` by outcome, plus `fallbacks` (lookups that went on
+        without the encoder) and `align` (candidate pairs that needed token states); empty without a cache."""
         counts: Counter[str] = Counter()
         if proc.metrics_url is None:
             return counts
         async with self.session.get(proc.metrics_url) as r:
             text = await r.text()
         for line in text.splitlines():
+            value = int(float(line.rsplit(" ", 1)[1])) if line[:1] != "#" and " " in line else 0
             if line.startswith("fleetgate_cache_prefilter_total{"):
-                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-                counts[outcome] += int(float(line.rsplit(" ", 1)[1]))
+                counts[line.split('outcome="', 1)[1].split('"', 1)[0]] += value
+            elif line.startswith("fleetgate_cache_encoder_fallbacks_total{"):
+                counts["fallbacks"] += value
+            elif line.startswith('fleetgate_cache_semantic_stage_seconds_count{stage="align"}'):
+                counts["align"] += value
         return counts
 
     async def throughput(self, url: str, template: bytes, proc: Proc | None,
@@ -177,9 +184,11 @@ class Runner:
         result.rps, result.cpu_per_request_s = await self.throughput(gateway.url, template, gateway,
                                                                      start=offset + 5000)
         after = await self.prefilter_counts(gateway)
-        lookups = sum(after.values()) - sum(before.values())
+        outcomes = ("skipped", "matched", "encoded")
+        lookups = sum(after[o] for o in outcomes) - sum(before[o] for o in outcomes)
         if lookups:
             result.encoded = (after["encoded"] - before["encoded"]) / lookups
+        result.fallbacks, result.aligned = after["fallbacks"] - before["fallbacks"], after["align"] - before["align"]
         result.rss_mb = gateway.rss_mb()
         return result
 
@@ -268,6 +277,8 @@ def _report(args: argparse.Namespace, results: list[Result], streaming: dict[str
         seen = ", ".join(f"{k} {v}" for k, v in r.cache_headers.items())
         if r.encoded is not None:
             seen += f"; encoded {100 * r.encoded:.0f}% of lookups"
+        if r.fallbacks or r.aligned:
+            seen += f"; {r.fallbacks} without the encoder, {r.aligned} token-state pairs"
         print(f"  {r.name:<34} {_ms(added50):>8} {_ms(added99):>8} {r.rps.rate:8.0f} {r.rps.rate / direct.rate:8.2f} "
               f"{_ms(r.rps.p99):>8} {r.rps.errors:6d} {r.cpu_per_request_s * 1e3:10.3f} {r.rss_mb:7.0f}  {seen}")
     print("  targets (issue 13): semantic lookup on every request >= 800 req/s per core, +p50 <= 2 ms, "
