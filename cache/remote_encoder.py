@@ -234,23 +234,32 @@ class RemoteEncoder:
                     raise EncoderUnavailable("error", f"HTTP {response.status}: {raw[:200]!r}")
             vectors = self._checked(raw, count=count, canary=canary)
         except EncoderUnavailable as exc:
-            self._failed(exc.reason, started)
+            self._failed(exc.reason, started, str(exc))
             raise
         except TimeoutError as exc:
-            self._failed("timeout", started)
+            self._failed("timeout", started, f"no answer within {self._request_timeout_s * 1000:g} ms")
             raise EncoderUnavailable("timeout", f"no answer within {self.config.timeout_ms:g} ms") from exc
         except (aiohttp.ClientError, OSError) as exc:
-            self._failed("error", started)
+            self._failed("error", started, f"{type(exc).__name__}: {exc!s:.200}")
             raise EncoderUnavailable("error", f"{type(exc).__name__}: {exc!s:.200}") from exc
+        if not self.breaker.closed:
+            log.warning("semantic cache: the encoder service answers again (%s); lookups use it", url)
         self.breaker.succeeded()
         if self._metrics is not None:
             self._metrics.observe(result="ok", seconds=time.perf_counter() - started, texts=len(texts),
                                   up=True)
         return vectors
 
-    def _failed(self, reason: str, started: float) -> None:
+    def _failed(self, reason: str, started: float, detail: str = "") -> None:
+        was_closed = self.breaker.closed
         self.breaker.failed()
         self._verified = not self.config.check_identity  # after an outage, the service is checked again
+        if reason == "identity":  # a misconfiguration, not an outage: said every time it is probed
+            log.error("semantic cache: %s; lookups go on without the encoder", detail)
+        elif was_closed and not self.breaker.closed:
+            log.warning("semantic cache: the encoder service failed %d times in a row (last: %s %s); lookups go on "
+                        "without it, probing it every %g s", self.config.failures_to_open, reason, detail,
+                        self.config.retry_after_s)
         if self._metrics is not None:
             self._metrics.observe(result=reason, seconds=time.perf_counter() - started, texts=0,
                                   up=self.breaker.closed)

@@ -219,3 +219,21 @@ async def test_metrics_count_requests_batch_sizes_and_the_circuit() -> None:
     assert value("fleetgate_cache_encoder_batch_texts_sum") == 3
     assert value("fleetgate_cache_encoder_up") == 0
     await remote.aclose()
+
+
+async def test_an_outage_is_logged_when_the_circuit_opens_and_when_the_service_is_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    remote = encoder(f"http://127.0.0.1:{port}", failures_to_open=2, retry_after_s=0.1)
+    with caplog.at_level("WARNING", logger="fleetgate.cache"):
+        for _ in range(4):
+            with pytest.raises(EncoderUnavailable):
+                await remote.aencode(["x"])
+        assert [r.message for r in caplog.records if "failed 2 times in a row" in r.message]  # once, not per lookup
+        assert len(caplog.records) == 1
+        async with serving(encoder_app(vectors=fake_vectors), port=port):
+            await asyncio.sleep(0.15)
+            await remote.aencode(["x"])
+        assert "answers again" in caplog.records[-1].message
+    await remote.aclose()
