@@ -10,6 +10,7 @@
 # Here, a dry run on vLLM CPU: DEVICE=cpu PYTHON=/work/main/.venv/bin/python OUT=/tmp/eb bash scripts/gpu/embed_bench.sh
 #
 # Knobs (environment): OUT, PYTHON, DEVICE (cuda|cpu), GPU_UTIL (0.05), PORT (8111), EAGER (1: --enforce-eager),
+# DTYPE (float32; float16 to see what the GPU's default precision does to the decisions),
 # PHASES ("service gateway cache"), DURATION (s per throughput phase, 4), ENTRIES (100000), MINILM (pack path),
 # TIMEOUT_MS (the cache's bound on a lookup's wait for the encoder; unset: the shipped 100 ms).
 set -uo pipefail
@@ -81,12 +82,12 @@ say "MiniLM in $DIR; exporting the ONNX graphs and the static table the gateway 
 "$PYTHON" -m fleetgate.core.minilm_static --model-dir "$DIR" >/dev/null 2>"$OUT/static.err" || { say "static table failed"; tail "$OUT/static.err"; exit 6; }
 
 # -- the encoder engine, from the operator's own rendering -----------------------------------------------------------
-mapfile -t ARGS < <("$PYTHON" - "$DIR" "$PORT" "$GPU_UTIL" "${EAGER:-0}" "$DEVICE" <<'PY'
+mapfile -t ARGS < <("$PYTHON" - "$DIR" "$PORT" "$GPU_UTIL" "${EAGER:-0}" "$DEVICE" "${DTYPE:-float32}" <<'PY'
 import dataclasses, sys
 from fleetgate.operator.resolve import engine_args_for
 from fleetgate.operator.spec import parse_spec
-model, port, util, eager, device = sys.argv[1:]
-engine = {"task": "embed", "dtype": "float32", "gpuMemoryUtilization": float(util), "enforceEager": eager == "1"}
+model, port, util, eager, device, dtype = sys.argv[1:]
+engine = {"task": "embed", "dtype": dtype, "gpuMemoryUtilization": float(util), "enforceEager": eager == "1"}
 resources = {"gpus": 1} if device != "cpu" else {"accelerator": "cpu", "gpus": 0}
 spec = parse_spec({"model": {"source": model, "servedName": "all-minilm-l6-v2"}, "engine": engine, "resources": resources})
 args = dataclasses.replace(engine_args_for(spec=spec, name="minilm"), host="127.0.0.1", port=int(port))
