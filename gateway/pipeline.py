@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from functools import partial
 from typing import Any
 
@@ -365,6 +365,8 @@ class Pipeline:
             model_name=attempt.model if ep.model != attempt.model else None,
             assembler=StreamAssembler(parsed.kind) if assemble else None,
             on_done=partial(self._stream_done, ctx, attempt),
+            cancel_drain_s=self._server.cancel_drain_s,
+            spawn=self._spawn,
         )
         return GatewayResponse(200, self._headers(ctx, attempt), stream=relay, media_type="text/event-stream")
 
@@ -492,7 +494,7 @@ class Pipeline:
             except Exception:
                 self._log.exception(f"{name} failed", extra={"request_id": ctx.request_id})
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +89,8 @@ class RelayStream:
         assembler: StreamAssembler | None,
         on_done: Callable[[StreamOutcome], None],
         collect_only: bool = False,
+        cancel_drain_s: float = 0.0,
+        spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
     ) -> None:
         self._resp = response
         self._endpoint_id = endpoint_id
@@ -100,6 +102,8 @@ class RelayStream:
         self._assembler = assembler
         self._on_done = on_done
         self._collect_only = collect_only  # nothing for a client: only usage and the assembled answer
+        self._drain_s = cancel_drain_s if spawn is not None else 0.0
+        self._spawn = spawn
         self._outcome = StreamOutcome()
         self._ended = False  # [DONE] (ours or the engine's) was produced
         self._buf = b""  # bytes read from the engine, not yet relayed
@@ -216,7 +220,14 @@ class RelayStream:
             data = self._buf[self._pos :] + self._resp.content.read_nowait()
         except Exception:  # a broken connection has nothing more to give
             data = self._buf[self._pos :]
-        for line in data.split(b"\n"):
+        self._absorb(data, final=True)
+
+    def _absorb(self, data: bytes, *, final: bool) -> bytes:
+        """Read the usage and output chunks of the complete events in `data`, nothing relayed; returns the
+        incomplete last line (all of it is tried when `final`)."""
+        lines = data.split(b"\n")
+        rest = b"" if final else lines.pop()
+        for line in lines:
             if not line.startswith(b"data:"):
                 continue
             try:
@@ -234,6 +245,46 @@ class RelayStream:
             choices = chunk.get("choices")
             if isinstance(choices, list) and _has_output(choices):
                 self._outcome.output_chunks += 1
+        return rest
+
+    async def _buffered(self) -> bytes:
+        """Every byte that has arrived from the engine by now, without waiting for more (one event-loop turn
+        first, so bytes already in the socket reach the reader)."""
+        await asyncio.sleep(0)
+        return self._resp.content.read_nowait()
+
+    async def _drain_then_finish(self) -> None:
+        """The client left mid-stream. vLLM counts a token when its engine step's output is processed, a moment
+        before it writes the chunk, and hangs up on an abort without sending what it counted but did not
+        write: hanging up at an arbitrary moment loses those tokens to the tenant's charge. So the gateway
+        takes in what already arrived, waits for the engine's next chunk (right after a write, nothing
+        counted is pending), then half-closes the connection (the engine sees the client leave and aborts;
+        servers flush what they wrote before closing) and reads everything up to the engine's close, taking
+        the last usage seen; at most `cancel_drain_s`, then it hangs up anyway. Costs the engine at most one
+        more token. A gateway too busy to read that chunk within an engine step can still miss a token."""
+        pending = self._buf[self._pos :]
+        self._buf, self._pos = b"", 0
+        content = self._resp.content
+        try:
+            async with asyncio.timeout(self._drain_s):
+                pending = self._absorb(pending + await self._buffered(), final=False)
+                data = await content.readany()
+                if data:
+                    data += await self._buffered()
+                pending = self._absorb(pending + data, final=False)
+                connection = self._resp.connection
+                transport = connection.transport if connection is not None else None
+                if data and transport is not None and transport.can_write_eof():
+                    transport.write_eof()
+                while data:
+                    data = await content.readany()
+                    pending = self._absorb(pending + data, final=False)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass  # what was read is counted; the rest is the engine's to drop
+        finally:
+            self._absorb(pending, final=True)
+            self._resp.close()
+            self._finish()
 
     def _fail(self, kind: str, message: str, code: str) -> bytes:
         """End the stream with an error event; the message names no endpoint (that goes to the log)."""
@@ -243,18 +294,29 @@ class RelayStream:
         return error_event(message, code=code) + DONE
 
     def close(self, *, cancelled: bool = False) -> None:
-        """Release the engine connection and report the outcome; idempotent."""
+        """Release the engine connection and report the outcome; idempotent. A client that left after output
+        began, with `cancel_drain_s` set, is reported once the engine's stream is drained
+        (`_drain_then_finish`, in a task given to `spawn`)."""
         if self._closed:
             return
         self._closed = True
         out = self._outcome
         if self._ended and out.ok:
             self._resp.release()
+        elif cancelled and not self._ended and out.output_chunks and self._drain_s > 0 and self._spawn is not None:
+            out.ok = False
+            out.cancelled = True
+            self._spawn(self._drain_then_finish())
+            return
         else:
             self._absorb_buffered()
             self._resp.close()  # drop the connection: vLLM aborts the request
             out.ok = False
             out.cancelled = cancelled and not self._ended
+        self._finish()
+
+    def _finish(self) -> None:
+        out = self._outcome
         if out.ok and self._assembler is not None:
             out.assembled = self._assembler.result(usage=out.usage)
         self._on_done(out)

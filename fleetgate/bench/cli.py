@@ -1,6 +1,7 @@
 """`fleetgate bench <name>`: each benchmark is a module with `add_arguments` and `run`.
 
-Modules are imported only when chosen, like the top-level commands.
+Modules are imported only when chosen, like the top-level commands. `fleetgate bench engine --gpu` runs the
+GPU tier's sweep (`fleetgate.bench.gpu.sweep`) instead of the local CPU engine benchmark.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "embedder": ("fleetgate.bench.embedder", "MiniLM backends: agreement with the reference and CPU per text"),
     "encoder-service": ("fleetgate.bench.encoder_service", "an encoder service's texts/s and latency (/v1/embeddings)"),
     "routing": ("fleetgate.bench.routing", "endpoint-picking policies on the simulated fleet"),
+    "precise-prefix": ("fleetgate.bench.precise_prefix", "precise prefix routing: cost per decision, event, tokenize"),
     "cost": ("fleetgate.bench.cost", "naive serving vs FleetGate on a mixed multi-tenant workload"),
     "tenancy": ("fleetgate.gateway.tenancy.bench", "exact cost totals, budget race and limiter overhead on Redis"),
     "operator": ("fleetgate.operator.bench", "InferenceService reconcile latency and throughput against kmock"),
     "faults": ("fleetgate.bench.faults", "limits back after Redis faults, spend lost to disconnects, budget overrun"),
     "engine": ("fleetgate.local.engine_bench", "the local vLLM CPU engine: start-up, first request, tokens/s, memory"),
 }
+# `fleetgate bench engine --gpu ...`: the GPU tier's sweep (every engine knob on real vLLM, against the plan).
+GPU_ENGINE = ("fleetgate.bench.gpu.sweep", "every engine knob on a real GPU vLLM, against the capacity plan")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     module_name, help_text = BENCHMARKS[args.bench]
+    if args.bench == "engine" and "--gpu" in args.rest:
+        module_name, help_text = GPU_ENGINE
+        args.rest = [a for a in args.rest if a != "--gpu"]
     module = importlib.import_module(module_name)
     sub = argparse.ArgumentParser(prog=f"fleetgate bench {args.bench}", description=help_text)
     module.add_arguments(sub)

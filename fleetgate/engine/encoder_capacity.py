@@ -9,8 +9,8 @@ so its throughput is counted in sequences, not tokens per second of decoding:
 - weights            = parameters x bytes per weight (dtype; float32: 4, the semantic cache's encoder)
 - weights per GPU    = weights / tensor_parallel_size
 - fits               = weights per GPU + overhead <= GPU memory x gpu_memory_utilization
-                       (overhead: the accelerator profile's reserve for activations, CUDA context and
-                       graphs, the one the generative plan uses; a 22M-parameter MiniLM needs a small share)
+                       (overhead: the accelerator profile's flat reserve, else the operator's flat 2 GB, for
+                       activations, CUDA context and graphs; a 22M-parameter MiniLM needs a small share)
 - sequences per step = min(max_num_seqs, floor(max_num_batched_tokens / tokens per sequence)), at the
                        model's full length (the worst case) and at `SHORT_PROMPT` tokens (a typical
                        cache lookup: one chat message, ~15-30 tokens)

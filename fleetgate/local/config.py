@@ -18,7 +18,7 @@ from fleetgate.core.adapters import valid_adapter_name
 from fleetgate.core.config import load_model
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.local.adapter_prep import PACKAGED_ADAPTERS
-from fleetgate.local.encoder_engine import EncoderEngineConfig
+from fleetgate.local.encoder_config import EncoderEngineConfig
 from fleetgate.local.model_prep import DEFAULT_DTYPE, MODEL_BASENAME
 
 # `fleetgate up` runs the gateway in local mode: no API keys (the gateway's own default requires them).
@@ -81,6 +81,9 @@ class EngineConfig(_Strict):
     )
     max_loras: int | None = Field(default=None, ge=1, description="adapters in one batch; None: as many as listed")
     max_lora_rank: Literal[8, 16, 32, 64] = Field(default=16, description="largest LoRA rank an engine accepts")
+    kv_events: bool = Field(
+        default=False, description="publish KV-cache events on ipc sockets beside the logs (precise prefix routing)"
+    )
     extra_args: list[str] = Field(default_factory=list, description="more vLLM flags, appended verbatim")
     env: dict[str, str] = Field(default_factory=dict, description="more environment variables for the engines")
     startup_timeout_s: float = Field(default=600.0, gt=0)

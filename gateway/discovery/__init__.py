@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from fleetgate.core.adapters import AdapterSpec
-from fleetgate.core.types import Endpoint
+from fleetgate.core.types import LABEL_KV_EVENTS, LABEL_KV_EVENTS_REPLAY, LABEL_KV_EVENTS_TOPIC, Endpoint
 from fleetgate.gateway.settings import ModelRoute
 
 
@@ -89,6 +89,7 @@ class ModelListing:
     name: str
     ready: bool
     scaled_to_zero: bool = False
+    wakeable: bool = False  # no ready pod, but a request is held until one is (scaled to zero, or starting)
     parent: str | None = None  # a LoRA adapter: its base model (vLLM's `/v1/models` says the same)
     task: str = "generate"  # "embed": an embedding model (an encoder); it answers /v1/embeddings only
 
@@ -164,7 +165,7 @@ class WakeableSource(Protocol):
 
 def listing(source: EndpointSource) -> list[ModelListing]:
     """The models `/v1/models` offers: the source's own listing (else every known model), then each adapter
-    whose base is servable (ready, or woken by a request), in the base's state."""
+    whose base is servable (ready, or held and woken by a request), in the base's state."""
     adapter_names = {a.name for a in adapters_of(source)}
     if isinstance(source, ListingSource):
         bases = [m for m in source.listing() if m.name not in adapter_names]
@@ -175,9 +176,9 @@ def listing(source: EndpointSource) -> list[ModelListing]:
     out = list(bases)
     for spec in adapters_of(source):
         base = by_name.get(spec.base)
-        if base is not None and (base.ready or base.scaled_to_zero):
+        if base is not None and (base.ready or base.scaled_to_zero or base.wakeable):
             out.append(ModelListing(name=spec.name, ready=base.ready, scaled_to_zero=base.scaled_to_zero,
-                                    parent=spec.base))
+                                    wakeable=base.wakeable, parent=spec.base))
     return out
 
 
@@ -219,6 +220,17 @@ def endpoint_id(url: str) -> str:
     return f"{parts.hostname}:{port}"
 
 
+def _kv_labels(route: ModelRoute, url: str) -> dict[str, str]:
+    """The labels that tell the precise prefix scorer where the engine at `url` publishes KV events."""
+    entry = route.kv_events_of(url)
+    if entry is None:
+        return {}
+    labels = {LABEL_KV_EVENTS: entry.publisher, LABEL_KV_EVENTS_TOPIC: entry.topic}
+    if entry.replay:
+        labels[LABEL_KV_EVENTS_REPLAY] = entry.replay
+    return labels
+
+
 class StaticEndpointSource:
     """The `models:` list of the config file, fixed for the life of the process; its adapters are each
     route's `adapters:` (an `AdapterCatalog`)."""
@@ -226,7 +238,8 @@ class StaticEndpointSource:
     def __init__(self, routes: list[ModelRoute]) -> None:
         self._by_model: dict[str, list[Endpoint]] = {
             r.name: [
-                Endpoint(id=endpoint_id(url), url=url, model=r.served_name or r.name) for url in r.endpoints
+                Endpoint(id=endpoint_id(url), url=url, model=r.served_name or r.name, labels=_kv_labels(r, url))
+                for url in r.endpoints
             ]
             for r in routes
         }

@@ -10,13 +10,20 @@ not a Service VIP:
 
 A model with no ready pod stays known (a request gets 503, never 404); `/v1/models` offers it only when a
 request can wake it: its InferenceService sets `spec.scaleToZeroAfterSeconds` (idle scale-down by the
-operator, wake by the gateway through the scale subresource, see `fleetgate.gateway.wake`).
+operator, wake by the gateway through the scale subresource, see `fleetgate.gateway.wake`). Such a model is
+listed as `scaled_to_zero` only when one of its services is at `spec.replicas: 0`; one whose pods are merely
+starting is listed as neither ready nor scaled to zero (a request is held until a pod is ready).
 
 LoRA adapters (`AdapterCatalog`): `adapters()` lists each InferenceService's `spec.adapters` with base = the
 CR's served model, `lora_path` as the pod sees it (`fleetgate.engine.pod_paths`) and `tenant` as the only
 tenant allowed. `models()` lists base models only; `endpoints(adapter)` returns its base's endpoints (the
 request keeps `model: <adapter>`: vLLM picks the LoRA by it). An adapter is offered while its base is; a name
-that is also a served model, or that two services give different bases, stays the base model / the first.
+that is also a served model stays the model. Two services declaring one adapter name: the one whose base
+has ready pods wins, then the first by (namespace, name), so the answer is stable between resyncs.
+
+KV-cache events: for an InferenceService with `spec.engine.kvEvents`, each endpoint also carries where its pod
+publishes (`kv_events: tcp://<pod IP>:<port "kv-events">`, `kv_events_replay` from port "kv-replay",
+`kv_events_topic`), read by the precise prefix scorer.
 
 An InferenceService with `engine.task: embed` serves an encoder: its model is marked as an embedding model
 (`task(model)`, the endpoints' `task` label, `/v1/models`), which chat and completions refuse and the semantic
@@ -43,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Gauge
 
 from fleetgate.core.adapters import AdapterSpec, valid_adapter_name
-from fleetgate.core.types import Endpoint
+from fleetgate.core.types import LABEL_KV_EVENTS, LABEL_KV_EVENTS_REPLAY, LABEL_KV_EVENTS_TOPIC, Endpoint
 from fleetgate.engine.kube_names import (
     ANNOTATION_LAST_REQUEST,
     ANNOTATION_WAKE_REPLICAS,
@@ -51,6 +58,9 @@ from fleetgate.engine.kube_names import (
     ENGINE_PORT_NAME,
     GROUP,
     KIND,
+    KV_EVENTS_DEFAULT_TOPIC,
+    KV_EVENTS_PORT_NAME,
+    KV_REPLAY_PORT_NAME,
     PLURAL,
     SPEC_SCALE_TO_ZERO_AFTER,
     VERSION,
@@ -82,6 +92,8 @@ class ServiceInfo:
     context_length: int | None = None  # spec.engine.maxModelLen: bounds a request that sets no max_tokens
     adapters: tuple[AdapterSpec, ...] = ()  # spec.adapters, base = served_model
     task: str = "generate"  # spec.engine.task: "embed" for an encoder (the pooling runner, /v1/embeddings)
+    scaled_to_zero: bool = False  # spec.replicas is 0 (idle scale-down, or by hand)
+    kv_events_topic: str | None = None  # spec.engine.kvEvents.topic when the engines publish KV events; None: off
 
 
 def _adapters(spec: Mapping[str, Any], *, base: str) -> tuple[AdapterSpec, ...]:
@@ -144,6 +156,8 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
     task = "embed" if engine.get("task") == "embed" else "generate"
     if task == "embed":
         labels["task"] = task
+    replicas = spec.get("replicas")
+    kv_events = engine.get("kvEvents")
     return ServiceInfo(
         namespace=namespace, name=name, served_model=str(served), labels=labels, unservable=unservable,
         wake_replicas=None if unservable else _wake_replicas(meta, spec),
@@ -151,6 +165,8 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
         else None,
         adapters=_adapters(spec, base=str(served)),
         task=task,
+        scaled_to_zero=isinstance(replicas, int) and not isinstance(replicas, bool) and replicas == 0,
+        kv_events_topic=str(kv_events.get("topic", KV_EVENTS_DEFAULT_TOPIC)) if isinstance(kv_events, dict) else None,
     )  # fmt: skip
 
 
@@ -169,20 +185,42 @@ def ready_addresses(slice_: Mapping[str, Any]) -> list[tuple[str, int, str]]:
     return out
 
 
+def kv_event_ports(slice_: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """The KV-event publisher and replay ports an EndpointSlice names (the operator's `kv-events`, `kv-replay`)."""
+    named = {p.get("name"): p.get("port") for p in slice_.get("ports") or [] if isinstance(p, dict)}
+    pub, replay = named.get(KV_EVENTS_PORT_NAME), named.get(KV_REPLAY_PORT_NAME)
+    return (int(pub) if isinstance(pub, int) else None, int(replay) if isinstance(replay, int) else None)
+
+
+def _kv_labels(info: ServiceInfo, host: str, ports: tuple[int | None, int | None]) -> dict[str, str]:
+    """Where the pod at `host` publishes KV events, as the precise prefix scorer reads it from labels."""
+    pub, replay = ports
+    if info.kv_events_topic is None or pub is None:
+        return {}
+    labels = {LABEL_KV_EVENTS: f"tcp://{host}:{pub}", LABEL_KV_EVENTS_TOPIC: info.kv_events_topic}
+    if replay is not None:
+        labels[LABEL_KV_EVENTS_REPLAY] = f"tcp://{host}:{replay}"
+    return labels
+
+
 def build_index(
     *, services: Mapping[tuple[str, str], ServiceInfo], slices: Mapping[tuple[str, str], Mapping[str, Any]]
 ) -> dict[str, list[Endpoint]]:
     """served model -> pod endpoints, from the current InferenceServices and EndpointSlices. Pure."""
     by_service: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
+    kv_ports: dict[tuple[str, int], tuple[int | None, int | None]] = {}  # (ip, http port) -> KV-event ports
     for (namespace, _slice_name), slice_ in slices.items():
         owner = ((slice_.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL)
         if owner:
-            by_service.setdefault((namespace, owner), []).extend(ready_addresses(slice_))
+            addresses = ready_addresses(slice_)
+            by_service.setdefault((namespace, owner), []).extend(addresses)
+            ports = kv_event_ports(slice_)
+            kv_ports.update({(ip, port): ports for ip, port, _pod in addresses})
     index: dict[str, list[Endpoint]] = {}
     for key, info in sorted(services.items()):
         for ip, port, pod in sorted(set(by_service.get(key, []))):
             host = f"[{ip}]" if ":" in ip else ip
-            labels = {**info.labels, "pod": pod}
+            labels = {**info.labels, "pod": pod, **_kv_labels(info, host, kv_ports.get((ip, port), (None, None)))}
             index.setdefault(info.served_model, []).append(
                 Endpoint(id=f"{host}:{port}", url=f"http://{host}:{port}", model=info.served_model, labels=labels)
             )
@@ -196,10 +234,14 @@ def adapter_index(
 ) -> dict[str, AdapterSpec]:
     """adapter name -> AdapterSpec, for adapters whose base is an offered model. Pure.
 
-    A name that is also a model stays the model's; two services naming one adapter: the first, by
-    (namespace, name), wins, so the answer never flips between resyncs."""
+    A name that is also a model stays the model's; two services naming one adapter: one whose base has
+    endpoints (ready pods) first, then by (namespace, name), so the answer never flips between resyncs."""
     out: dict[str, AdapterSpec] = {}
-    for _key, info in sorted(services.items()):
+
+    def order(item: tuple[tuple[str, str], ServiceInfo]) -> tuple[bool, tuple[str, str]]:
+        return not models.get(item[1].served_model), item[0]
+
+    for _key, info in sorted(services.items(), key=order):
         if info.served_model not in models:
             continue
         for adapter in info.adapters:
@@ -281,7 +323,9 @@ class KubernetesEndpointSource:
             if self._index[model]:
                 out.append(ModelListing(name=model, ready=True, task=self.task(model)))
             elif self.wake_targets(model):
-                out.append(ModelListing(name=model, ready=False, scaled_to_zero=True, task=self.task(model)))
+                zero = any(i.scaled_to_zero for i in self._services.values() if i.served_model == model)
+                out.append(ModelListing(name=model, ready=False, scaled_to_zero=zero, wakeable=True,
+                                        task=self.task(model)))
         return out
 
     def task(self, model: str) -> str:

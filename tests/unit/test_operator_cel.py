@@ -73,6 +73,12 @@ REFUSED = [
     {**BASE, "engine": {"maxLoraRank": 8}, "adapters": [{"name": "sql", "source": "/a/sql", "rank": 16}]},
     {**BASE, "engine": {"task": "embed", "speculative": {"method": "ngram"}}},
     {**BASE, "engine": {"task": "embed", "chunkedPrefill": True}},
+    {**BASE, "engine": {"task": "embed", "kvEvents": {}}},
+    {**BASE, "pod": {"labels": {"app.kubernetes.io/instance": "other"}}},
+    {**BASE, "pod": {"securityContext": {"seccompProfile": {"type": "Localhost"}}}},
+    {**BASE, "engine": {"prefixCaching": False, "kvEvents": {}}},
+    {**BASE, "engine": {"kvEvents": {"port": 6000, "replayPort": 6000}}},
+    {**BASE, "engine": {"kvEvents": {"port": 8000}}},
 ]
 ACCEPTED = [
     BASE,
@@ -84,6 +90,11 @@ ACCEPTED = [
     {**BASE, "engine": {"maxLoraRank": 64, "maxAdapters": 2}, "adapters": [{"name": "a", "source": "/a", "rank": 64}]},
     {"model": {"source": "hf://org/m", "servedName": "base"}, "adapters": [{"name": "sql", "source": "/a/sql"}]},
     {**BASE, "engine": {"task": "embed", "chunkedPrefill": False}},
+    {**BASE, "pod": {"labels": {"team": "ml"}, "securityContext": {"runAsUser": 2000,
+                                                                    "seccompProfile": {"type": "Localhost",
+                                                                                       "localhostProfile": "p.json"}}}},
+    {**BASE, "engine": {"kvEvents": {}}},
+    {**BASE, "engine": {"kvEvents": {"port": 7000, "replayPort": 7001, "topic": "kv@llama"}}},
 ] + [d["spec"] for p in sorted(EXAMPLES.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
 
 
@@ -121,9 +132,26 @@ def test_name_rule_agrees_with_the_operator_check(name: str) -> None:
     from fleetgate.operator.names import name_problem
 
     root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    (rule,) = root["x-kubernetes-validations"]
+    rule = next(r for r in root["x-kubernetes-validations"] if r.get("fieldPath") == ".metadata.name")
     env = celpy.Environment()
     program = env.program(env.compile(rule["rule"]))
     accepted = bool(program.evaluate({"self": celpy.json_to_cel({"metadata": {"name": name}})}))
     assert accepted == (name_problem(name) is None)
     assert accepted == (name in ("qwen", "llama-70b", "a" * 63))
+
+
+@pytest.mark.parametrize(
+    ("served_name", "adapter", "accepted"),
+    [(None, "qwen", False), (None, "sql", True), ("base", "qwen", True), ("base", "sql", True)],
+)
+def test_root_rule_refuses_an_adapter_named_like_the_resource_when_it_is_the_served_name(
+    served_name: str | None, adapter: str, accepted: bool
+) -> None:
+    """Without model.servedName the served model is metadata.name; only a rule on the whole object sees it."""
+    from fleetgate.operator.crd import ROOT_RULES
+
+    (rule,) = [r for r in ROOT_RULES if r["fieldPath"] == ".spec.adapters"]
+    model: dict[str, Any] = {"source": "hf://org/m", **({"servedName": served_name} if served_name else {})}
+    obj = {"metadata": {"name": "qwen"}, "spec": {"model": model, "adapters": [{"name": adapter, "source": "/a"}]}}
+    env = celpy.Environment()
+    assert bool(env.program(env.compile(rule["rule"])).evaluate({"self": celpy.json_to_cel(obj)})) is accepted
