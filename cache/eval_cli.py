@@ -314,6 +314,9 @@ async def _evaluate(args: argparse.Namespace) -> int:
             t = await redis_fetch(url=server.url, k=shipped.semantic.top_k)
         print(f"  {t.name:<12} p50 {t.pct(50):8.3f} ms   p99 {t.pct(99):8.3f} ms  "
               f"(MGET of {shipped.semantic.top_k} x 2 KB records, loopback redis-server)")
+    aclose = getattr(embedder.inner, "aclose", None)  # the remote encoder's HTTP session, opened on this loop
+    if aclose is not None:
+        await aclose()
     return 0
 
 
