@@ -24,8 +24,12 @@ from fleetgate.local.encoder_config import EncoderEngineConfig
 from fleetgate.local.engines import EngineFleet, EngineSpec, Progress, free_port
 from fleetgate.local.errors import LocalStackError
 
-CACHE_PROMPT = "How do I reverse a list in Python without copying it?"
-CACHE_PARAPHRASE = "What's the way to reverse a Python list in place, without making a copy?"  # the pair model decides
+CACHE_PROMPT = "How do I check if a file exists in Python?"
+# A paraphrase the static prefilter cannot settle (words of its own), so the encoder runs, and that the pair model
+# accepts. Issue 30's pair model refuses the earlier pair ("How do I reverse a list in Python without copying
+# it?" / "...in place, without making a copy?": added words) and the several rewordings of it tried that need the
+# encoder.
+CACHE_PARAPHRASE = "What's the way to test whether a file exists using Python?"
 
 
 def encoder_spec(config: EncoderEngineConfig, *, python: str | None = None) -> EngineSpec:
