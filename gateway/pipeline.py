@@ -24,7 +24,6 @@ from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.core.errors import (
     FleetGateError,
     InvalidRequestError,
-    NotFoundError,
     UpstreamBadResponseError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
@@ -32,17 +31,25 @@ from fleetgate.core.errors import (
 from fleetgate.core.types import Usage
 from fleetgate.gateway.answercheck import start_answer_check
 from fleetgate.gateway.assembly import StreamAssembler
-from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorize_model, authorized_decision, shown
-from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
+from fleetgate.gateway.authorization import (
+    REFUSED_MODEL,
+    UNKNOWN_MODEL,
+    authorized_decision,
+    shown,
+    unknown_model,
+    visible_to,
+)
+from fleetgate.gateway.collect import answer_of, capped, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import context_length, models_page, served_names, serves, task_of
+from fleetgate.gateway.discovery import models_page, served_names, serves, task_of
+from fleetgate.gateway.drain import Activity
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
-from fleetgate.gateway.estimate import estimate_request, reserve_request
 from fleetgate.gateway.forwarding import Forwarder, assembled_upstream
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
 from fleetgate.gateway.replay import replay_chunks
+from fleetgate.gateway.reserving import Reserver
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.stages import RequestRecord, Tenant
 from fleetgate.gateway.stageset import Stages
@@ -52,6 +59,8 @@ from fleetgate.gateway.wake import Waker
 from fleetgate.router.tiers.types import TierDecision
 
 SAMPLED_OPT_IN = "x-fleetgate-cache-sampled"
+# How a stream that did not end well is recorded (`StreamOutcome.error_kind`); anything else: 502.
+STREAM_END_STATUS = {"timeout": 504, "deadline": 504, "shutdown": 503}
 HITS = (CacheStatus.HIT_EXACT, CacheStatus.HIT_SEMANTIC)
 
 
@@ -74,9 +83,10 @@ class Pipeline:
             metrics=metrics,
             session=session,
         )
-        self._context = {n: m.max_model_len for m in settings.models if m.max_model_len  # adapters: their base's
-                         for n in (m.name, *(a.name for a in m.adapters))}
+        self._reserver = Reserver(settings=settings, source=stages.endpoint_source, limiter=stages.limiter,
+                                  session=session)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.activity = Activity()  # requests in flight and open engine streams, for a draining shutdown
         self._log = logging.getLogger("fleetgate.gateway.requests")
 
     # ---- public -------------------------------------------------------------------------------
@@ -90,6 +100,14 @@ class Pipeline:
         """The caller's tenant from the `authorization` header alone (cheap: one hash and a dict lookup)."""
         return await self._s.auth.authenticate(headers.get("authorization"))
 
+    async def is_admin(self, *, headers: Mapping[str, str]) -> bool:
+        """Whether the `authorization` header holds an admin key (no key, a wrong one, or auth off: False)."""
+        try:
+            tenant = await self._s.auth.authenticate(headers.get("authorization"))
+        except FleetGateError:
+            return False
+        return tenant.is_admin
+
     def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse:
         """The answer to a request refused before its body was read (counted like any other)."""
         ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
@@ -101,13 +119,13 @@ class Pipeline:
         """`headers` must have lower-case names; `tenant`: already authenticated (`authenticate`).
         Never raises: every failure becomes a response."""
         ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
-        self._m.in_flight.inc()
+        self._entered()
         try:
             response = await self._run(ctx, kind, raw, headers, tenant)
         except FleetGateError as exc:
             response = self._error(ctx, exc)
         except asyncio.CancelledError:  # the client left before a non-streaming answer: engine call aborted
-            self._m.in_flight.dec()
+            self._left()
             self._finish(ctx, status=499, usage=ctx.unanswered_usage(), records=self._rejected_records(ctx, 499))
             raise
         except Exception:
@@ -115,8 +133,16 @@ class Pipeline:
             response = GatewayResponse(500, self._headers(ctx), internal_error_body(ctx.request_id))
             self._finish(ctx, status=500, usage=Usage(), records=[])
         if response.stream is None:
-            self._m.in_flight.dec()
+            self._left()
         return response
+
+    def _entered(self) -> None:
+        self._m.in_flight.inc()
+        self.activity.begin()
+
+    def _left(self) -> None:
+        self._m.in_flight.dec()
+        self.activity.end()
 
     def known_models(self) -> list[str]:
         return [*served_names(self._s.endpoint_source), *self._s.tiers.aliases()]
@@ -130,10 +156,6 @@ class Pipeline:
         body = models_page(self._s.endpoint_source, aliases=self._s.tiers.aliases(), allowed=tenant.allowed_models,
                            tenant=tenant.id)
         return GatewayResponse(200, self._headers(ctx), body)
-
-    def _context_of(self, model: str) -> int | None:
-        """The model's context length: configured on its route, else what discovery knows."""
-        return self._context.get(model) or context_length(self._s.endpoint_source, model)
 
     async def drain(self) -> None:
         """Wait for the settle/record/store work of finished requests (and their scale-from-zero activity marks)."""
@@ -154,22 +176,22 @@ class Pipeline:
         # Until the name is authorized and known it is the client's arbitrary string: records, ledger rows
         # and metric labels get a fixed placeholder instead, so they cannot grow with what clients send.
         ctx.model_label = REFUSED_MODEL
-        authorize_model(self._s.auth, ctx.tenant, parsed.model, source=self._s.endpoint_source)
+        self._s.auth.authorize(ctx.tenant, parsed.model)  # the tenant's own model list: 403
         ctx.model_label = UNKNOWN_MODEL
-        if not serves(self._s.endpoint_source, parsed.model) and parsed.model not in self._s.tiers.aliases():
-            names = ", ".join([*served_names(self._s.endpoint_source, visible_to=ctx.tenant.id),
-                               *self._s.tiers.aliases()]) or "(none configured)"
-            raise NotFoundError(f"model {shown(parsed.model)} does not exist; available models: {names}",
-                                param="model")
-        if task_of(self._s.endpoint_source, parsed.model) == "embed":
+        source = self._s.endpoint_source
+        known = serves(source, parsed.model) or parsed.model in self._s.tiers.aliases()
+        if not known or not visible_to(ctx.tenant, parsed.model, source=source):
+            raise unknown_model(parsed.model, names=[*served_names(source, visible_to=ctx.tenant.id),
+                                                     *self._s.tiers.aliases()])
+        if task_of(source, parsed.model) == "embed":
             raise InvalidRequestError(f"model {shown(parsed.model)} is an embedding model (an encoder): it answers "
                                       f"/v1/embeddings, not {kind} requests", param="model")
         ctx.model_label = parsed.model
-        estimate = estimate_request(parsed)
-        ctx.prompt_estimate = estimate.prompt_tokens
-        ctx.reservation = await reserve_request(
-            limiter=self._s.limiter, tenant=ctx.tenant, parsed=parsed, estimate=estimate,
-            context=self._context_of(parsed.model), default=self._server.default_max_tokens)
+        reserved = await self._reserver.reserve(
+            ctx.tenant, model=parsed.model, body=parsed.body, prompts_field=None if kind == "chat" else "prompt",
+            max_tokens=parsed.max_tokens, kind=kind)
+        ctx.reservation, ctx.completion_cap = reserved.reservation, reserved.completion_cap
+        ctx.prompt_estimate = reserved.estimate.typical
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
             return self._serve_hit(ctx, parsed, lookup)
@@ -232,7 +254,7 @@ class Pipeline:
             return GatewayResponse(200, headers, orjson.dumps(response))
 
         def done(ok: bool) -> None:
-            self._m.in_flight.dec()
+            self._left()
             self._finish(ctx, status=200 if ok else 499, usage=Usage(), records=[record])
 
         chunks = replay_chunks(response, include_usage=parsed.include_usage)
@@ -271,6 +293,7 @@ class Pipeline:
         if usage is None:
             self._m.upstream_errors.labels(attempt.model, ep.id, "bad_usage").inc()
             usage = fallback_usage(prompt_estimate=ctx.prompt_estimate, output_chunks=0)
+        usage = capped(usage, ctx.completion_cap)  # an engine that ignored max_tokens: not charged beyond it
         ctx.spent = (ctx.spent or Usage()) + usage
         self._s.scheduler.on_complete(attempt.routing, ep, ok=True, usage=usage)
         if ep.model != attempt.model:
@@ -293,8 +316,10 @@ class Pipeline:
             done.append((out, usage))
 
         timed_out = await collect_stream(resp, endpoint_id=ep.id, kind=ctx.parsed.kind, server=self._server,
-                                         on_done=on_done)
+                                         on_done=on_done, completion_cap=ctx.completion_cap, streams=self.activity)
         [(out, usage)] = done
+        if out.error_kind == "shutdown":
+            raise UpstreamUnavailableError("the gateway is shutting down; retry the request")
         if timed_out or out.error_kind == "timeout":
             self._m.upstream_errors.labels(attempt.model, ep.id, "timeout").inc()
             raise UpstreamTimeoutError("the engine did not finish its response in time")
@@ -307,7 +332,7 @@ class Pipeline:
     def _charged(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> Usage:
         if out.bad_usage:
             self._m.upstream_errors.labels(attempt.model, attempt.endpoint.id, "bad_usage").inc()
-        return charged_usage(out, prompt_estimate=ctx.prompt_estimate)
+        return charged_usage(out, prompt_estimate=ctx.prompt_estimate, completion_cap=ctx.completion_cap)
 
     async def _complete(
         self, ctx: RequestContext, parsed: ParsedRequest, targets: list[tuple[str, str | None]]
@@ -355,6 +380,11 @@ class Pipeline:
             self._m.upstream_errors.labels(attempt.model, ep.id, "status").inc()
             raise from_engine(resp.status, raw, endpoint=ep.id, retry_after=resp.headers.get("Retry-After"))
         assemble = ctx.lookup is not None and ctx.lookup.status == CacheStatus.MISS
+
+        def done(out: StreamOutcome) -> None:
+            self.activity.closed(relay)
+            self._stream_done(ctx, attempt, out)
+
         relay = RelayStream(
             response=resp,
             endpoint_id=ep.id,
@@ -364,20 +394,23 @@ class Pipeline:
             continuous_usage=parsed.continuous_usage,
             model_name=attempt.model if ep.model != attempt.model else None,
             assembler=StreamAssembler(parsed.kind) if assemble else None,
-            on_done=partial(self._stream_done, ctx, attempt),
+            on_done=done,
+            completion_cap=ctx.completion_cap,
+            deadline=asyncio.get_running_loop().time() + self._server.stream_deadline_s,
             cancel_drain_s=self._server.cancel_drain_s,
             spawn=self._spawn,
         )
+        self.activity.opened(relay)
         return GatewayResponse(200, self._headers(ctx, attempt), stream=relay, media_type="text/event-stream")
 
     def _stream_done(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> None:
-        self._m.in_flight.dec()
+        self._left()
         usage = self._charged(ctx, attempt, out)
         ep = attempt.endpoint
         self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok, usage=usage)
-        if out.error_kind:
+        if out.error_kind and out.error_kind != "shutdown":  # ended by this gateway, not the engine's fault
             self._m.upstream_errors.labels(attempt.model, ep.id, out.error_kind).inc()
-        status = 200 if out.ok else 499 if out.cancelled else 504 if out.error_kind == "timeout" else 502
+        status = 200 if out.ok else 499 if out.cancelled else STREAM_END_STATUS.get(out.error_kind or "", 502)
         record = self._record(ctx, model=attempt.model, tier=attempt.tier, endpoint=ep.id, usage=usage, status=status)
         record.stream = True
         if out.first_token_at is not None:

@@ -12,7 +12,11 @@ if it also asked for continuous stats), and `model` names what the gateway serve
 (`engine_usage`) is dropped and flagged in the outcome; the pipeline then charges an estimate.
 
 A silent engine (no chunk within the first-byte / inter-chunk timeout), a broken connection or an
-end without `[DONE]` ends the client stream with an OpenAI-shaped error event and `[DONE]`.
+end without `[DONE]` ends the client stream with an OpenAI-shaped error event and `[DONE]`. So do three
+limits the gateway holds whatever the engine does: `completion_cap` (the completion tokens reserved over
+all sequences: an engine streaming past `max_tokens` is cut off there, and charged no more), `deadline`
+(the stream's total time, `server.stream_deadline_s`) and `interrupt()` (the gateway is shutting down:
+the stream ends now, at its next read or during the one it is waiting on).
 `close()` is called exactly once by the web layer (end, error or client disconnect): it closes
 the upstream connection if the stream did not finish (the engine aborts the request) and hands a
 `StreamOutcome` to the pipeline's callback.
@@ -89,6 +93,8 @@ class RelayStream:
         assembler: StreamAssembler | None,
         on_done: Callable[[StreamOutcome], None],
         collect_only: bool = False,
+        completion_cap: int | None = None,
+        deadline: float | None = None,
         cancel_drain_s: float = 0.0,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
     ) -> None:
@@ -109,6 +115,17 @@ class RelayStream:
         self._buf = b""  # bytes read from the engine, not yet relayed
         self._pos = 0
         self._closed = False
+        self._cap = completion_cap
+        self._deadline = deadline  # loop time by which the whole stream must end
+        self._interrupted: str | None = None
+        self._timer: asyncio.Timeout | None = None  # the running read's timeout, rescheduled by `interrupt`
+
+    def interrupt(self, message: str) -> None:
+        """End the stream at once with an error event saying `message` (the gateway is shutting down)."""
+        if self._interrupted is None:
+            self._interrupted = message
+        if self._timer is not None:
+            self._timer.reschedule(asyncio.get_running_loop().time())
 
     def __aiter__(self) -> RelayStream:
         return self
@@ -133,17 +150,30 @@ class RelayStream:
                 return b"".join(parts)
             self._buf = buf[self._pos :]
             self._pos = 0
+            if self._interrupted is not None:
+                return self._fail("shutdown", self._interrupted, "server_shutting_down")
             timeout = self._inter_timeout if self._outcome.chunks else self._first_timeout
+            loop = asyncio.get_running_loop()
+            when = loop.time() + timeout
+            if self._deadline is not None:
+                when = min(when, self._deadline)
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout_at(when) as self._timer:
                     data = await self._resp.content.readany()
             except TimeoutError:
+                if self._interrupted is not None:
+                    return self._fail("shutdown", self._interrupted, "server_shutting_down")
+                if self._deadline is not None and loop.time() >= self._deadline:
+                    return self._fail("deadline", "the stream reached the gateway's deadline for a whole stream",
+                                      "stream_deadline")
                 return self._fail(
                     "timeout", f"the engine sent nothing for {timeout:g}s", "upstream_timeout"
                 )
             except aiohttp.ClientError as exc:
                 log.warning("engine stream broke off", extra={"endpoint": self._endpoint_id, "error": repr(exc)})
                 return self._fail("midstream", "the engine broke off the stream", "upstream_error")
+            finally:
+                self._timer = None
             if not data:
                 return self._fail(
                     "midstream", "the engine closed the stream before it finished", "upstream_error"
@@ -177,6 +207,14 @@ class RelayStream:
                                code="engine_error")
         return self._rewrite(chunk)
 
+    def _over_cap(self, usage: dict[str, Any] | None) -> bool:
+        """The engine generated more than the completion tokens reserved for all sequences."""
+        if self._cap is None:
+            return False
+        parsed = parse_usage(usage) if usage is not None else None
+        done = parsed.completion_tokens if parsed is not None else self._outcome.output_chunks
+        return done > self._cap
+
     def _rewrite(self, chunk: dict[str, Any]) -> bytes | None:
         out = self._outcome
         usage = chunk.get("usage")
@@ -185,6 +223,9 @@ class RelayStream:
                 out.bad_usage = True  # never relayed, never read as numbers: charged by estimate instead
                 usage = None
                 del chunk["usage"]
+            elif self._over_cap(usage):
+                return self._fail("overrun", f"the engine generated more than the {self._cap} completion tokens "
+                                  "requested; the stream was ended there", "max_tokens_exceeded")
             else:
                 out.usage = usage
         choices = chunk.get("choices")
@@ -196,6 +237,9 @@ class RelayStream:
             out.chunks += 1
             if _has_output(choices):
                 out.output_chunks += 1
+                if out.usage is None and self._over_cap(None):  # no usage to go by: each chunk >= 1 token
+                    return self._fail("overrun", f"the engine generated more than the {self._cap} completion "
+                                      "tokens requested; the stream was ended there", "max_tokens_exceeded")
                 if out.first_token_at is None:
                     out.first_token_at = now
                 out.last_token_at = now
