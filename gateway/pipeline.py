@@ -23,6 +23,7 @@ import orjson
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.core.errors import (
     FleetGateError,
+    InvalidRequestError,
     UpstreamBadResponseError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
@@ -34,12 +35,13 @@ from fleetgate.gateway.authorization import (
     REFUSED_MODEL,
     UNKNOWN_MODEL,
     authorized_decision,
+    shown,
     unknown_model,
     visible_to,
 )
 from fleetgate.gateway.collect import answer_of, capped, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import models_page, served_names, serves
+from fleetgate.gateway.discovery import models_page, served_names, serves, task_of
 from fleetgate.gateway.drain import Activity
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
@@ -181,6 +183,9 @@ class Pipeline:
         if not known or not visible_to(ctx.tenant, parsed.model, source=source):
             raise unknown_model(parsed.model, names=[*served_names(source, visible_to=ctx.tenant.id),
                                                      *self._s.tiers.aliases()])
+        if task_of(source, parsed.model) == "embed":
+            raise InvalidRequestError(f"model {shown(parsed.model)} is an embedding model (an encoder): it answers "
+                                      f"/v1/embeddings, not {kind} requests", param="model")
         ctx.model_label = parsed.model
         reserved = await self._reserver.reserve(
             ctx.tenant, model=parsed.model, body=parsed.body, prompts_field=None if kind == "chat" else "prompt",
