@@ -29,14 +29,42 @@ class AnswerCheckConfig(BaseModel):
     timeout_s: float = Field(default=60.0, gt=0)
 
 
+class RemoteEncoderConfig(BaseModel):
+    """`semantic.embedder: remote`: MiniLM served by an OpenAI-compatible `/v1/embeddings` endpoint (vLLM's
+    pooling runner, an InferenceService with `engine.task: embed`); `fleetgate.cache.remote_encoder`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Base URL of the encoder service (no /v1). None: the endpoints discovery lists for `model` (the
+    # InferenceService's pods, or `models:` routes of a static gateway).
+    url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    model: str = Field(default="all-minilm-l6-v2", min_length=1)  # the served model name sent in each request
+    # The longest a lookup waits for its vector, queueing included; past it the lookup goes on without the
+    # encoder (what the static prefilter settles alone, else a miss). Also each request's HTTP timeout.
+    timeout_ms: float = Field(default=100.0, gt=0, le=60_000)
+    batch_max: int = Field(default=64, ge=1, le=2048)  # texts per /v1/embeddings request
+    # Bounded wait for more texts while the service is idle; under load batches form while requests are out.
+    batch_wait_ms: float = Field(default=0.0, ge=0.0, le=50.0)
+    max_in_flight: int = Field(default=4, ge=1, le=64)  # concurrent requests to the service
+    # Circuit breaker: after this many failed requests in a row the lookups stop waiting for the service and
+    # go on without it at once; one request probes it again every `retry_after_s`.
+    failures_to_open: int = Field(default=3, ge=1)
+    retry_after_s: float = Field(default=2.0, gt=0)
+    # Each request's first answer, and the first after an outage, carries a canary text whose vector must be
+    # MiniLM's (cosine >= 0.999): an endpoint serving another model is refused, never trusted.
+    check_identity: bool = True
+
+
 class SemanticConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     # minilm-onnx-int8: MiniLM on ONNX Runtime, block-wise int8 (cosine >= 0.997 to the reference, same
     # precision/recall at the shipped settings, ~half fp32's CPU); minilm-onnx: fp32 (the reference's vectors
-    # to 1e-6); minilm: the reference (sentence-transformers + torch); hashing: no model, tests only.
-    embedder: Literal["minilm-onnx-int8", "minilm-onnx", "minilm", "hashing"] = "minilm-onnx-int8"
+    # to 1e-6); minilm: the reference (sentence-transformers + torch); remote: MiniLM served by an encoder
+    # service (`remote`; fp32, the vectors of minilm-onnx to 1e-6); hashing: no model, tests only.
+    embedder: Literal["minilm-onnx-int8", "minilm-onnx", "minilm", "remote", "hashing"] = "minilm-onnx-int8"
+    remote: RemoteEncoderConfig = Field(default_factory=RemoteEncoderConfig)
     model_dir: str | None = None  # an extracted MiniLM folder; default: extracted from the PyPI package
     # Intra-op threads of the model (ORT: per session; torch: process-wide). One query is tiny: extra threads
     # only add contention (on a busy 2-core box torch with 2 threads took 1.5 s per query vs 75 ms with 1);

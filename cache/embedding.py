@@ -2,6 +2,7 @@
 
 `OnnxMiniLMEmbedder`: MiniLM on ONNX Runtime (`fleetgate.core.minilm_onnx`), the default.
 `MiniLMEmbedder`: the reference, sentence-transformers (`fleetgate.core.minilm`).
+`RemoteEncoder` (`fleetgate.cache.remote_encoder`): MiniLM served by an encoder service (`/v1/embeddings`).
 Both give the same vectors (cosine >= 0.99 per prompt, README "Semantic cache"); the gateway wraps the one it
 uses in a `BatchingEmbedder` (`fleetgate.core.embed_batcher`) and shares it with the tier router.
 
@@ -25,7 +26,7 @@ from fleetgate.core.minilm import MINILM_DIM, MiniLMEmbedder
 from fleetgate.core.minilm_onnx import OnnxMiniLMEmbedder
 
 __all__ = ["MINILM_DIM", "BatchingEmbedder", "Embedder", "HashingEmbedder", "MiniLMEmbedder", "OnnxMiniLMEmbedder",
-           "encoder_of", "is_minilm"]
+           "encoder_of", "is_minilm", "serves_minilm"]
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -49,9 +50,19 @@ def encoder_of(embedder: object) -> object:
 
 
 def is_minilm(embedder: object) -> bool:
-    """True for a MiniLM embedder (either backend, batched or not): its vectors are valid for the tier scorer."""
+    """True for a MiniLM embedder in this process (either backend, batched or not): its vectors are valid for
+    the tier scorer, which may call its blocking `embed` from its own thread."""
     inner = embedder.inner if isinstance(embedder, BatchingEmbedder) else embedder
     return isinstance(inner, MiniLMEmbedder | OnnxMiniLMEmbedder)
+
+
+def serves_minilm(embedder: object) -> bool:
+    """True for MiniLM in this process or from an encoder service (`fleetgate.cache.remote_encoder`, which
+    checks the service's identity): the static prefilter's table and the verifier's token states fit it."""
+    from fleetgate.cache.remote_encoder import RemoteEncoder
+
+    inner = embedder.inner if isinstance(embedder, BatchingEmbedder) else embedder
+    return is_minilm(embedder) or isinstance(inner, RemoteEncoder)
 
 
 class HashingEmbedder:

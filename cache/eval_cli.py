@@ -38,6 +38,7 @@ KINDS = ("pairs", "conversations")
 # frozen sets since used to develop and train (in-sample columns): `frozen` since round 2 of issue 12, `frozen2`
 # since round 3, `frozen3` since issue 30 (its held-out set is `frozen4`)
 DEVELOPMENT_FROZEN = ("frozen", "frozen2", "frozen3")
+EMBEDDERS = ("minilm-onnx-int8", "minilm-onnx", "minilm", "hashing")  # in-process
 
 
 def default_data_dir() -> Path:
@@ -70,10 +71,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queries", type=int, default=200, help="lookups timed per load level in the latency run")
     parser.add_argument("--loads", type=float, nargs="*", default=[0.5, 0.9],
                         help="latency run: open-loop arrival rates as shares of the measured single-stream capacity")
+    parser.add_argument("--latency-only", action="store_true", help="only the latency run (prompts of whatever "
+                        "sets are found; the frozen sets alone will do): no precision, cross-validation or sweeps")
     parser.add_argument("--verify-cost", action="store_true", help="time the verification of real candidate "
                         "pairs even with --entries 0 (cheap stages vs. the pair model with token states)")
-    parser.add_argument("--embedder", choices=["minilm-onnx-int8", "minilm-onnx", "minilm", "hashing"],
-                        default="minilm-onnx-int8")
+    parser.add_argument("--embedder", choices=[*EMBEDDERS, "remote"], default="minilm-onnx-int8",
+                        help="the cache's encoder; remote: an encoder service at --encoder-url")
+    parser.add_argument("--encoder-url", help="with --embedder remote: the service's base URL (vLLM serving MiniLM "
+                        "with the pooling runner, e.g. `fleetgate up --embedder engine`)")
+    parser.add_argument("--encoder-model", default="all-minilm-l6-v2", help="the service's served model name")
+    parser.add_argument("--encoder-timeout-ms", type=float, help="the cache's bound on a lookup's wait for the "
+                        "service (default: the shipped semantic.remote.timeout_ms)")
+    parser.add_argument("--compare", choices=EMBEDDERS, nargs="*", default=[],
+                        help="also decide every dev and frozen row with these in-process embedders and print, per set, "
+                        "how many decisions differ from --embedder's and which rows")
     parser.add_argument("--redis", action="store_true", help="also time the fetch (MGET) from a real redis-server "
                         "started on a free loopback port")
 
@@ -160,40 +171,12 @@ def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: 
     return scores
 
 
-async def _evaluate(args: argparse.Namespace) -> int:
-    from fleetgate.cache.build import build_embedder, build_prefilter
+async def _quality(args: argparse.Namespace, sets: dict[str, dict[str, list[dict[str, Any]]]], shipped: CacheConfig,
+                   embedder: MemoEmbedder, prefilter: MemoEmbedder | None, *, frozen: list[str]) -> None:
+    """Precision and recall at the shipped settings, cross-validation and the sweeps."""
     from fleetgate.cache.pairmodel import load_model
 
-    dev = _load(args.data or default_data_dir(), "cache_{kind}.dev.jsonl")
-    train = _load(args.train, "train_{kind}.jsonl")
-    if dev is None or train is None:
-        print(f"fleetgate cache-eval: dev or training rows not found (--data {args.data or default_data_dir()}, "
-              f"--train {args.train})", file=sys.stderr)
-        return 2
-    frozen = frozen_sets(args.frozen)
-    base = CacheConfig()
-    # embed_memo 0: the latency run times real encodes (the scores memoise through MemoEmbedder)
-    sem = base.semantic.model_copy(update={"embedder": args.embedder, "embed_memo": 0})
-    if args.threshold is not None:
-        sem = sem.model_copy(update={"threshold": args.threshold})
-    if args.min_confidence is not None:
-        sem = sem.model_copy(update={"min_confidence": args.min_confidence})
-    shipped = base.model_copy(update={"semantic": sem})
-    sets = {"dev": dev, "train": train, **frozen}
-
-    start = time.perf_counter()
-    embedder = MemoEmbedder(build_embedder(shipped))
-    from fleetgate.cache.textnorm import embedding_text
-
-    every = [t for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])]
-    # what a lookup encodes: misspellings corrected
-    embedder.prime([embedding_text(t) for t in every], progress=_progress)
-    static = build_prefilter(shipped, embedder.inner)
-    prefilter = MemoEmbedder(static) if static is not None else None
-    if prefilter is not None:
-        prefilter.prime([embedding_text(t) for t in every])
-    print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt; "
-          f"static prefilter {'on' if prefilter is not None else 'off'}")
+    sem = shipped.semantic
     cv = _cross_validate(sets, embedder, shipped, refit=args.fit, align=args.align)
     model = load_model()
     print(f"settings: similarity threshold {sem.threshold}, pair model threshold "
@@ -245,6 +228,54 @@ async def _evaluate(args: argparse.Namespace) -> int:
                      for c in args.confidences]
             for c, a in zip(args.confidences, await sweep(rows, confs, embedder, prefilter), strict=True):
                 print(f"    {c:4.2f}: {_cell(a)}")
+
+
+async def _evaluate(args: argparse.Namespace) -> int:
+    from fleetgate.cache.build import build_embedder, build_prefilter
+
+    dev = _load(args.data or default_data_dir(), "cache_{kind}.dev.jsonl")
+    train = _load(args.train, "train_{kind}.jsonl")
+    frozen = frozen_sets(args.frozen)
+    if (dev is None or train is None) and not (args.latency_only and frozen):
+        print(f"fleetgate cache-eval: dev or training rows not found (--data {args.data or default_data_dir()}, "
+              f"--train {args.train})", file=sys.stderr)
+        return 2
+    base = CacheConfig()
+    # embed_memo 0: the latency run times real encodes (the scores memoise through MemoEmbedder)
+    sem = base.semantic.model_copy(update={"embedder": args.embedder, "embed_memo": 0})
+    if args.embedder == "remote":
+        if not args.encoder_url:
+            print("fleetgate cache-eval: --embedder remote needs --encoder-url", file=sys.stderr)
+            return 2
+        remote = {"url": args.encoder_url, "model": args.encoder_model}
+        if args.encoder_timeout_ms is not None:
+            remote["timeout_ms"] = args.encoder_timeout_ms
+        sem = sem.model_copy(update={"remote": sem.remote.model_copy(update=remote)})
+    if args.threshold is not None:
+        sem = sem.model_copy(update={"threshold": args.threshold})
+    if args.min_confidence is not None:
+        sem = sem.model_copy(update={"min_confidence": args.min_confidence})
+    shipped = base.model_copy(update={"semantic": sem})
+    sets = {**({"dev": dev} if dev is not None else {}), **({"train": train} if train is not None else {}), **frozen}
+
+    start = time.perf_counter()
+    embedder = MemoEmbedder(build_embedder(shipped))
+    from fleetgate.cache.textnorm import embedding_text
+
+    every = [t for rows in sets.values() for kind in KINDS for t in texts_of(rows[kind])]
+    # what a lookup encodes: misspellings corrected
+    embedder.prime([embedding_text(t) for t in every], progress=_progress)
+    static = build_prefilter(shipped, embedder.inner)
+    prefilter = MemoEmbedder(static) if static is not None else None
+    if prefilter is not None:
+        prefilter.prime([embedding_text(t) for t in every])
+    print(f"embedder {args.embedder}: {time.perf_counter() - start:.1f} s to load and embed every prompt; "
+          f"static prefilter {'on' if prefilter is not None else 'off'}")
+    for other in args.compare:
+        await _compare(sets, shipped, embedder, prefilter, other=other,
+                       names=[n for n in ("dev", *frozen) if n in sets], every=every)
+    if not args.latency_only:
+        await _quality(args, sets, shipped, embedder, prefilter, frozen=list(frozen))
     if args.entries > 0:
         from fleetgate.cache.latency import measure_loaded
 
@@ -257,7 +288,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
                                     entries=args.entries, queries=args.queries, loads=loads,
                                     vectors=embedder, static_vectors=prefilter, progress=_progress)
         _print_latency(run_)
-    if (args.entries > 0 or args.verify_cost) and args.embedder != "hashing":  # token states: MiniLM's
+    if (args.entries > 0 or args.verify_cost) and args.embedder != "hashing" and "dev" in sets:  # MiniLM's states
         import numpy as np
 
         from fleetgate.cache.latency import verification_cost
@@ -283,7 +314,36 @@ async def _evaluate(args: argparse.Namespace) -> int:
             t = await redis_fetch(url=server.url, k=shipped.semantic.top_k)
         print(f"  {t.name:<12} p50 {t.pct(50):8.3f} ms   p99 {t.pct(99):8.3f} ms  "
               f"(MGET of {shipped.semantic.top_k} x 2 KB records, loopback redis-server)")
+    aclose = getattr(embedder.inner, "aclose", None)  # the remote encoder's HTTP session, opened on this loop
+    if aclose is not None:
+        await aclose()
     return 0
+
+
+async def _compare(sets: dict[str, dict[str, list[dict[str, Any]]]], config: CacheConfig, embedder: MemoEmbedder,
+                   prefilter: MemoEmbedder | None, *, other: str, names: list[str], every: list[str]) -> None:
+    """Row by row: the cache's decision with `embedder` against its decision with the in-process `other`."""
+    from fleetgate.cache.build import build_embedder
+    from fleetgate.cache.evaluation import row_hits
+    from fleetgate.cache.textnorm import embedding_text
+
+    theirs_config = config.model_copy(update={"semantic": config.semantic.model_copy(update={"embedder": other})})
+    theirs = MemoEmbedder(build_embedder(theirs_config))
+    theirs.prime([embedding_text(t) for t in every])
+    print(f"decisions against the in-process {other} encoder, row by row (dev and every frozen set; the static "
+          "prefilter and token states are the same for both):")
+    total = differ = 0
+    for name in names:
+        for kind in KINDS:
+            rows = sets[name][kind]
+            mine = await row_hits(rows, config, embedder, prefilter)
+            other_hits = await row_hits(rows, theirs_config, theirs, prefilter)
+            changed = [f"{r['id']} ({'hit' if a else 'miss'} vs {'hit' if b else 'miss'})"
+                       for r, a, b in zip(rows, mine, other_hits, strict=True) if a != b]
+            total, differ = total + len(rows), differ + len(changed)
+            print(f"  {name:<8} {kind:<14} {len(changed)}/{len(rows)} differ" + (f": {', '.join(changed)}"
+                                                                                 if changed else ""))
+    print(f"  all sets: {differ}/{total} decisions differ", flush=True)
 
 
 def _print_latency(run: Any) -> None:

@@ -124,6 +124,12 @@ async def _row_hits(row: dict[str, Any], config: CacheConfig, embedder: Embedder
     return mine.status in hit_statuses, foreign.status in hit_statuses
 
 
+async def row_hits(rows: Sequence[dict[str, Any]], config: CacheConfig, embedder: Embedder,
+                   prefilter: Embedder | None = None) -> list[bool]:
+    """Whether each row's `b` hits its `a` (same tenant): the cache's decision, row by row."""
+    return [(await _row_hits(row, config, embedder, prefilter))[0] for row in rows]
+
+
 async def score_rows(rows: Sequence[dict[str, Any]], config: CacheConfig, embedder: Embedder,
                      prefilter: Embedder | None = None) -> Score:
     """Each row through a fresh cache; `prefilter`: the static embedder of `semantic.prefilter` (None: off)."""

@@ -40,6 +40,56 @@ class AnswerCheckMetrics:
         )
 
 
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class EncoderMetrics:
+    """The semantic layer's encoder: requests to an encoder service (`semantic.embedder: remote`) and the
+    lookups that went on without the encoder (any embedder)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "fleetgate_cache_encoder_requests_total",
+            "Requests to the encoder service, by result (ok, timeout, error, garbage, identity).",
+            ["result"],
+            registry=registry,
+        )
+        self.request_seconds = Histogram(
+            "fleetgate_cache_encoder_request_seconds",
+            "Round trip of one request to the encoder service (failed ones included).",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.batch_texts = Histogram(
+            "fleetgate_cache_encoder_batch_texts",
+            "Texts per answered request to the encoder service (concurrent lookups coalesced).",
+            buckets=_BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.up = Gauge(
+            "fleetgate_cache_encoder_up",
+            "1 while the encoder service's circuit is closed, 0 while lookups go on without it.",
+            registry=registry,
+        )
+        self.fallbacks = Counter(
+            "fleetgate_cache_encoder_fallbacks_total",
+            "Semantic lookups that went on without the encoder (only what the static prefilter settles, else a "
+            "miss), by reason (timeout, error, garbage, identity, circuit_open, no_endpoint).",
+            ["reason"],
+            registry=registry,
+        )
+        self.up.set(1)
+        self._requests = {r: self.requests.labels(r) for r in ("ok", "timeout", "error", "garbage", "identity")}
+
+    def observe(self, *, result: str, seconds: float, texts: int, up: bool) -> None:
+        """One request's outcome (`texts`: rows answered, 0 for a failure)."""
+        self._requests[result].inc()
+        self.request_seconds.observe(seconds)
+        if texts:
+            self.batch_texts.observe(texts)
+        self.up.set(1 if up else 0)
+
+
 class CacheMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.lookups = Counter(
@@ -106,6 +156,7 @@ class CacheMetrics:
         )
         self.backend_up.set(1)
         self.answer_check = AnswerCheckMetrics(registry)
+        self.encoder = EncoderMetrics(registry)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def at(self, metric: Any, *values: str) -> Any:

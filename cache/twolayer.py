@@ -56,6 +56,7 @@ from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.pairmodel import load_model
 from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.prefilter import StaticPrefilter, Survivors
+from fleetgate.cache.remote_encoder import EncoderUnavailable
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
 from fleetgate.cache.textnorm import embedding_text
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
@@ -155,6 +156,9 @@ class TwoLayerCache:
             if task is not None and not task.done():
                 with contextlib.suppress(BaseException):
                     await task
+        close = getattr(self.embedder, "aclose", None)  # the batcher's worker, an encoder service's connections
+        if close is not None:
+            await close()
 
     def _still_warming(self) -> bool:
         return self._warming is not None and not self._warming.done()
@@ -286,14 +290,32 @@ class TwoLayerCache:
         return await self._encode(embedding_text(text), scope=scope)
 
     async def _encode(self, seen: str, *, scope: str) -> np.ndarray:
-        """The encoder's vector of a text already spelling-corrected (`embedding_text`)."""
+        """The encoder's vector of a text already spelling-corrected (`embedding_text`); `EncoderUnavailable`
+        when the encoder fails or does not answer within its bound (an encoder service's `timeout_ms`)."""
         assert self.embedder is not None
         start = time.perf_counter()
         aembed = getattr(self.embedder, "aembed", None)  # a BatchingEmbedder batches concurrent lookups
-        vector = (await aembed(seen, scope=scope) if aembed is not None
-                  else (await asyncio.to_thread(self.embedder.embed, [seen]))[0])
-        self.metrics.at(self.metrics.stage_seconds, "embed").observe(time.perf_counter() - start)
+        try:
+            vector = (await aembed(seen, scope=scope) if aembed is not None
+                      else (await asyncio.to_thread(self.embedder.embed, [seen]))[0])
+        except EncoderUnavailable:
+            raise
+        except TimeoutError as exc:
+            raise EncoderUnavailable("timeout") from exc
+        except Exception as exc:
+            raise EncoderUnavailable("error", f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self.metrics.at(self.metrics.stage_seconds, "embed").observe(time.perf_counter() - start)
         return vector
+
+    def _without_encoder(self, result: CacheLookup, start: float, exc: EncoderUnavailable) -> CacheLookup:
+        """The lookup goes on without the encoder: what the static prefilter settled before it (vetoes, full
+        word matches) stands, anything else is a miss. A request never fails or waits for a broken encoder."""
+        self.metrics.at(self.metrics.encoder.fallbacks, exc.reason).inc()
+        if exc.reason not in ("circuit_open", "no_endpoint"):  # those repeat for every lookup of an outage
+            log.debug("semantic lookup without the encoder: %s", exc)
+        result.reason = f"encoder unavailable ({exc.reason})"
+        return self._done(result, start, found=False)
 
     async def _semantic(self, req: CacheRequest, keys: CacheKeys, state: dict[str, Any]) -> CacheLookup:
         sem = self.config.semantic
@@ -319,7 +341,10 @@ class TwoLayerCache:
                                      response=self._served(survivors[matched][0], req))
                 return self._done(result, start, found=True)
             self.metrics.at(self.metrics.prefilter, "encoded").inc()
-        vector = await self._encode(seen, scope=keys.partition)
+        try:
+            vector = await self._encode(seen, scope=keys.partition)
+        except EncoderUnavailable as exc:
+            return self._without_encoder(result, start, exc)
         state["vector"] = vector
         # handed to the tier router only when it is the vector of the text as written: a spelling-corrected
         # text's vector is not what the router's scorer was trained on (it embeds the raw text itself then)
@@ -331,7 +356,10 @@ class TwoLayerCache:
         found = [c for c in self.index.vectors.search(partition=keys.partition, vector=vector, k=sem.top_k)
                  if c[1] >= sem.threshold]
         if survivors:
-            found = await self._with_survivors(found, survivors, vector, keys)
+            try:
+                found = await self._with_survivors(found, survivors, vector, keys)
+            except EncoderUnavailable as exc:
+                return self._without_encoder(result, start, exc)
         t, t_prev = time.perf_counter(), t
         self.metrics.at(self.metrics.stage_seconds, "search").observe(t - t_prev)
         todo = [key for key, _ in found if key not in survivors]
@@ -386,8 +414,8 @@ class TwoLayerCache:
         per lookup among near-duplicates (31.8 ms of CPU a lookup in `bench gateway`'s varied misses)."""
         have = {key for key, _ in found}
         missing = [key for key in survivors if key not in have and self.index.vectors.vector(key) is None]
-        computed = await asyncio.gather(*(self.embed(str(survivors[key][0].get("text", "")), scope=keys.partition)
-                                          for key in missing))
+        computed = await asyncio.gather(*(self._encode(embedding_text(str(survivors[key][0].get("text", ""))),
+                                                       scope=keys.partition) for key in missing))
         for key, encoded in zip(missing, computed, strict=True):
             self.index.add_vector(key, encoded)
         merged = dict(found)
@@ -474,7 +502,8 @@ class TwoLayerCache:
                     if self._prefilter is not None:
                         static = self._prefilter.vector(embedding_text(keys.semantic_text))
                     else:
-                        vector = await self.embed(keys.semantic_text, scope=keys.partition)
+                        with contextlib.suppress(EncoderUnavailable):  # then stored for exact hits only
+                            vector = await self._encode(embedding_text(keys.semantic_text), scope=keys.partition)
             entry = LogEntry(key=keys.exact, partition=keys.partition,
                              expires_at=time.time() + self.config.ttl_s, vector=vector, static=static)
             await self.kv.set(self._key(keys.exact), record, ttl_s=self.config.ttl_s)

@@ -3,7 +3,7 @@
 Order, as for chat (`pipeline`): authenticate from the route's header (401, before the body is read:
 `fastpath`) -> parse + validate (400) -> `route.prepare` (a Responses follow-up's stored conversation: 404)
 -> `Pipeline.admit`: the tenant's model list (403), known model (404), the model's task (an embedding model
-answers `/v1/embeddings` only, and only it does, where discovery says), reserve the route's estimate
+answers `/v1/embeddings` only), reserve the route's estimate
 against limits and budgets (429), cache lookup, tier -> forward through the same forwarder (scheduler,
 retries, fallbacks, scale from zero) -> relay -> settle, record, cache store. Every error is written in the
 route's API shape (`route.render_error`).
@@ -34,7 +34,7 @@ from fleetgate.gateway.api_route import ApiRoute
 from fleetgate.gateway.authorization import shown
 from fleetgate.gateway.collect import read_to_end
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext
-from fleetgate.gateway.discovery import adapter_named
+from fleetgate.gateway.discovery import task_of
 from fleetgate.gateway.event_relay import EventRelay
 from fleetgate.gateway.parsing import Kind, ParsedRequest
 from fleetgate.gateway.pipeline import Pipeline
@@ -86,22 +86,12 @@ class ApiPipeline:
         return GatewayResponse(200, self._p.headers(ctx, attempt), body)
 
     def _accept(self, model: str) -> None:
-        """A 400 before anything is reserved for a model that does not serve this route, where discovery says."""
-        task = self._task(model)
-        if task is not None and (task == "embed") != (self.route.kind == "embeddings"):
-            what = "an embedding model (an encoder): it answers /v1/embeddings" if task == "embed" else \
-                "not an embedding model: /v1/embeddings needs one"
-            raise InvalidRequestError(f"model {shown(model)} is {what}", param="model")
-
-    def _task(self, model: str) -> str | None:
-        """What discovery says `model` serves ("embed" or "generate"); None where it cannot say."""
-        source = self._p.stages.endpoint_source
-        lookup = getattr(source, "task", None)
-        if lookup is None:
-            return None
-        spec = adapter_named(source, model)
-        task = lookup(spec.base if spec is not None else model)
-        return task if isinstance(task, str) else None
+        """A 400 before anything is reserved for an embedding model (`task: embed`) on the Responses or Messages
+        route. `/v1/embeddings` takes any model: a static route is "generate" unless it says otherwise, and an
+        engine that cannot embed refuses the request itself (nothing is charged for a refusal)."""
+        if self.route.kind != "embeddings" and task_of(self._p.stages.endpoint_source, model) == "embed":
+            raise InvalidRequestError(f"model {shown(model)} is an embedding model (an encoder): it answers "
+                                      "/v1/embeddings", param="model")
 
     def _body(self, parsed: ParsedRequest, served: str, max_tokens: int | None) -> bytes:
         return self.route.upstream_body(parsed, served=served, max_tokens=max_tokens)

@@ -26,6 +26,7 @@ import orjson
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.core.errors import (
     FleetGateError,
+    InvalidRequestError,
     UpstreamBadResponseError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
@@ -37,12 +38,13 @@ from fleetgate.gateway.authorization import (
     REFUSED_MODEL,
     UNKNOWN_MODEL,
     authorized_decision,
+    shown,
     unknown_model,
     visible_to,
 )
 from fleetgate.gateway.collect import answer_of, capped, charged_usage, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import models_page, served_names, serves
+from fleetgate.gateway.discovery import models_page, served_names, serves, task_of
 from fleetgate.gateway.drain import Activity
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import InternalGatewayError, error_body, from_engine
@@ -219,12 +221,19 @@ class Pipeline:
         parsed = parse_request(kind, raw, session_header=headers.get("x-session-id"))
         shape = ReserveShape(body=parsed.body, prompts_field=None if kind == "chat" else "prompt",
                              max_tokens=parsed.max_tokens, kind=kind)
-        admitted = await self.admit(ctx, parsed, headers=headers, shape=shape)
+        admitted = await self.admit(ctx, parsed, headers=headers, shape=shape,
+                                    accept=partial(self._generative, kind=kind))
         if admitted.decision is None:
             return self._serve_hit(ctx, parsed, admitted.lookup)
         if parsed.stream:
             return await self._stream(ctx, parsed, admitted.targets)
         return await self._complete(ctx, parsed, admitted.targets)
+
+    def _generative(self, model: str, *, kind: Kind) -> None:
+        """Chat and completions: an embedding model is refused (400) before anything is reserved."""
+        if task_of(self._s.endpoint_source, model) == "embed":
+            raise InvalidRequestError(f"model {shown(model)} is an embedding model (an encoder): it answers "
+                                      f"/v1/embeddings, not {kind} requests", param="model")
 
     async def admit(
         self, ctx: RequestContext, parsed: ParsedRequest, *, headers: Mapping[str, str], shape: ReserveShape,

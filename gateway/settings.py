@@ -162,6 +162,9 @@ class ModelRoute(_Strict):
     adapters: list[AdapterRoute] = Field(
         default_factory=list, description="LoRA adapters served on this model's endpoints (engines need --enable-lora)"
     )
+    task: Literal["generate", "embed"] = Field(
+        default="generate", description="embed: an encoder (vLLM --runner pooling); chat and completions refuse it"
+    )
     prompt_bound: PromptBoundSettings = Field(
         default_factory=PromptBoundSettings, description="the template's text for the reservation's prompt bound"
     )

@@ -45,12 +45,20 @@ def build_scheduler(
                                   adapter_reader=read_loaded_names)
 
 
-def build_cache(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore) -> ResponseCache:
+def build_cache(settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore,
+                source: EndpointSource | None = None) -> ResponseCache:
+    """The response cache; an encoder service without a `url` (`semantic.embedder: remote`) is found by its
+    model name in `source` (the InferenceService's ready pods, or a static route)."""
     if not settings.cache.enabled:
         return NoCache()
     from fleetgate.cache.build import build_cache as build_response_cache
 
-    return build_response_cache(settings.cache, kvstore=kvstore, registry=registry)
+    encoder_model = settings.cache.semantic.remote.model
+
+    def encoder_urls() -> list[str]:
+        return [e.url for e in source.endpoints(encoder_model)] if source is not None else []
+
+    return build_response_cache(settings.cache, kvstore=kvstore, registry=registry, endpoints=encoder_urls)
 
 
 def build_tiers(
@@ -106,7 +114,7 @@ def build_stages(
         built_auth, built_limiter, built_accountant = build_tenancy_stage(settings, registry=r, kvstore=kv,
                                                                           source=source)
         auth, limiter, accountant = auth or built_auth, limiter or built_limiter, accountant or built_accountant
-    cache = cache or build_cache(settings, registry=r, kvstore=kv)
+    cache = cache or build_cache(settings, registry=r, kvstore=kv, source=source)
     return Stages(
         scheduler=scheduler or build_scheduler(settings, registry=r, kvstore=kv, endpoint_source=source),
         cache=cache,

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from fleetgate.core.errors import ConfigError
 from fleetgate.engine.args import VLLM_MODULE
 from fleetgate.engine.capacity import GB
+from fleetgate.engine.encoder_capacity import EncoderPlan
 from fleetgate.operator.profiles import DEFAULT_ACCELERATOR, load_profiles
 from fleetgate.operator.resolve import Resolved, resolve
 from fleetgate.operator.spec import parse_spec
@@ -53,7 +54,9 @@ def _documents(path: Path) -> list[tuple[str, Any]]:
 def _text(resolved: Resolved) -> str:
     lines = [f"{resolved.name}: {resolved.served_model} on {resolved.profile.name}"]
     plan = resolved.plan
-    if plan is not None:
+    if isinstance(plan, EncoderPlan):
+        lines += plan.lines()
+    elif plan is not None:
         lines += [
             f"  weights:            {plan.weight_bytes / GB:8.2f} GB, {plan.weight_bytes_per_gpu / GB:.2f} GB per GPU",
             f"  KV per token:       {plan.kv_bytes_per_token:8d} B ({plan.kv_bytes_per_token_per_gpu} B per GPU)",

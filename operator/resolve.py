@@ -30,6 +30,7 @@ from fleetgate.engine.capacity import (
     tensor_parallel_problem,
 )
 from fleetgate.engine.catalog import lookup
+from fleetgate.engine.encoder_capacity import EncoderPlan, lookup_encoder, plan_encoder
 from fleetgate.engine.kube_names import ENGINE_PORT
 from fleetgate.engine.pod_paths import MODELS_MOUNT, adapter_load_path, pvc_claim
 from fleetgate.engine.reserve import Reserve, ReserveInputs, vllm_reserve
@@ -58,7 +59,7 @@ class Resolved:
     location: ModelLocation
     engine_args: EngineArgs
     profile: AcceleratorProfile
-    plan: CapacityPlan | None
+    plan: CapacityPlan | EncoderPlan | None
     plan_note: str  # why there is no plan, or the plan's own reason
     adapters: tuple[ResolvedAdapter, ...] = ()
 
@@ -117,10 +118,25 @@ def _arch(facts: Architecture | None, reference: str | None) -> ModelArch | None
     return lookup(reference) if reference else None
 
 
+def _max_model_len(spec: InferenceServiceSpec) -> int | None:
+    """An encoder's length is its own (MiniLM: 256) unless the spec sets one; a longer one vLLM would refuse."""
+    engine = spec.engine
+    if engine.task != "embed":
+        return engine.max_model_len
+    known = lookup_encoder(spec.model.source)
+    if "max_model_len" not in engine.model_fields_set:
+        return known[1] if known is not None else None  # None: vLLM takes the model's own
+    if known is not None and engine.max_model_len > known[1]:
+        raise ConfigError(f"engine.maxModelLen {engine.max_model_len} exceeds the encoder's {known[1]} positions: "
+                          "vLLM would refuse to start (leave it unset for the encoder's own)")
+    return engine.max_model_len
+
+
 def engine_args_for(*, spec: InferenceServiceSpec, name: str) -> EngineArgs:
     engine = spec.engine
     location = locate_model(source=spec.model.source, revision=spec.model.revision)
     spec_args = engine.speculative
+    embed = engine.task == "embed"  # vLLM decides prefix caching and chunked prefill for encoders: off
     return EngineArgs(
         model=location.model_arg,
         served_model_name=served_name(spec=spec, name=name),
@@ -129,9 +145,9 @@ def engine_args_for(*, spec: InferenceServiceSpec, name: str) -> EngineArgs:
         dtype=engine.dtype,
         quantization=None if engine.quantization == "none" else engine.quantization,
         kv_cache_dtype=engine.kv_cache_dtype,
-        max_model_len=engine.max_model_len,
-        enable_prefix_caching=engine.prefix_caching,
-        enable_chunked_prefill=engine.chunked_prefill,
+        max_model_len=_max_model_len(spec),
+        enable_prefix_caching=None if embed else engine.prefix_caching,
+        enable_chunked_prefill=None if embed else engine.chunked_prefill,
         max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         gpu_memory_utilization=engine.gpu_memory_utilization,
@@ -140,6 +156,7 @@ def engine_args_for(*, spec: InferenceServiceSpec, name: str) -> EngineArgs:
         speculative_model=spec_args.draft_model if spec_args else None,
         num_speculative_tokens=spec_args.num_tokens if spec_args else None,
         enforce_eager=engine.enforce_eager,
+        runner="pooling" if embed else None,
         # Adapters themselves are left to the runtime API (no --lora-modules): the pod template, and so its
         # hash, stays the same when adapters are added or removed.
         enable_lora=spec.lora_enabled,
@@ -244,6 +261,27 @@ def reserve_for(
     return vllm_reserve(arch=arch, inputs=inputs, tensor_parallel_size=spec.engine.tensor_parallel_size)
 
 
+def _flat_overhead(profile: AcceleratorProfile) -> int:
+    return profile.overhead_bytes if profile.overhead_bytes is not None else FLAT_OVERHEAD_BYTES
+
+
+def _encoder_plan(*, spec: InferenceServiceSpec, args: EngineArgs,
+                  profile: AcceleratorProfile) -> tuple[EncoderPlan | None, str]:
+    """`engine.task: embed`: the encoder plan (`fleetgate.engine.encoder_capacity`), no KV cache."""
+    known = lookup_encoder(spec.model.source)
+    arch = _arch(spec.model.architecture, None) or (known[0] if known is not None else None)
+    length = args.max_model_len or (known[1] if known is not None else None)
+    if arch is None or length is None:
+        return None, (f"encoder {spec.model.source!r} is not in the built-in encoder catalog: set "
+                      "spec.model.architecture and engine.maxModelLen for a capacity plan")
+    plan = plan_encoder(arch=arch, dtype=spec.engine.dtype, max_model_len=length,
+                        max_num_batched_tokens=spec.engine.max_num_batched_tokens or profile.max_num_batched_tokens,
+                        max_num_seqs=spec.engine.max_num_seqs, gpu_memory_bytes=profile.gpu_memory_bytes,
+                        gpu_memory_utilization=spec.engine.gpu_memory_utilization,
+                        overhead_bytes=_flat_overhead(profile), tensor_parallel_size=spec.engine.tensor_parallel_size)
+    return plan, plan.reason
+
+
 def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Resolved:
     """Everything the builders and the status need; raises ConfigError for an unusable spec."""
     profile = profiles.resolve(name=spec.resources.accelerator)
@@ -256,6 +294,8 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
         raise ConfigError(
             f"accelerator {profile.name!r} does not accept kvCacheDtype {spec.engine.kv_cache_dtype!r}; "
             f"it accepts {', '.join(accepted)}"
+            + (" (on Hopper vLLM's attention takes an fp8 KV cache as e4m3 only and fails at start-up on e5m2: use fp8)"
+               if spec.engine.kv_cache_dtype == "fp8_e5m2" and profile.is_gpu else "")
         )
     args = engine_args_for(spec=spec, name=name)
     adapters = resolve_adapters(spec=spec, name=name)
@@ -266,8 +306,10 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
     problem = batch_problem(limits)
     if problem is not None:
         raise ConfigError(f"engine.{problem}")
-    plan: CapacityPlan | None = None
-    if not profile.is_gpu and profile.kv_cache_space_gib == 0:
+    plan: CapacityPlan | EncoderPlan | None = None
+    if spec.engine.task == "embed":
+        plan, note = _encoder_plan(spec=spec, args=args, profile=profile)
+    elif not profile.is_gpu and profile.kv_cache_space_gib == 0:
         note = f"no capacity plan: CPU profile {profile.name!r} gives no kv_cache_space_gib"
     elif arch is None:
         note = (
@@ -280,7 +322,7 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
         if speculative is not None and speculative.draft_model:
             draft_arch = _arch(speculative.draft_architecture, speculative.draft_model)
         reserve = reserve_for(spec=spec, profile=profile, arch=arch, limits=limits)
-        flat = profile.overhead_bytes if profile.overhead_bytes is not None else FLAT_OVERHEAD_BYTES
+        flat = _flat_overhead(profile)
         plan = plan_capacity(
             inputs=CapacityInputs(
                 arch=arch,

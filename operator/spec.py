@@ -131,6 +131,9 @@ class Speculative(_Model):
         return self
 
 
+EngineTask = Literal["generate", "embed"]
+
+
 class KvEvents(_Model):
     """Publish KV-cache events (vLLM --kv-events-config) for the gateway's precise prefix routing."""
 
@@ -163,13 +166,30 @@ class Engine(_Model):
     """vLLM engine settings, rendered into its command-line flags (typed knobs instead of raw flags)."""
 
     model_config = ConfigDict(
-        json_schema_extra=rules(("!has(self.kvEvents) || self.prefixCaching",
-                                  "engine.kvEvents needs engine.prefixCaching (vLLM publishes only cached blocks)"))
+        json_schema_extra=_rules(
+            ("!has(self.kvEvents) || self.prefixCaching",
+             "engine.kvEvents needs engine.prefixCaching (vLLM publishes only cached blocks)"),
+            ("self.task != 'embed' || !has(self.speculative)", "speculative decoding needs task generate"),
+            ("self.task != 'embed' || !has(self.chunkedPrefill) || !self.chunkedPrefill",
+             "an encoder (task embed) runs without chunked prefill"),
+            ("self.task != 'embed' || !has(self.kvEvents)",
+             "engine.kvEvents needs task generate (an encoder has no KV cache)"),
+        )
     )
     image: str | None = Field(default=None, max_length=512, description="Engine image; the operator default if unset.")
+    task: EngineTask = Field(
+        default="generate",
+        description="generate: a generative model (chat and completions). embed: an encoder served by vLLM's "
+        "pooling runner (--runner pooling; /v1/embeddings), e.g. the semantic cache's MiniLM: no KV cache, "
+        "prefix caching and chunked prefill left to vLLM (off for encoders), maxModelLen the encoder's own when unset.",
+    )
     dtype: Dtype = Field(default="auto", description="Weight and activation dtype (vLLM --dtype).")
     quantization: Quantization = Field(default="none", description="Weight quantization of the checkpoint.")
-    kv_cache_dtype: KvCacheDtype = Field(default="auto", description="KV-cache dtype (vLLM --kv-cache-dtype).")
+    kv_cache_dtype: KvCacheDtype = Field(
+        default="auto",
+        description="KV-cache dtype (vLLM --kv-cache-dtype). The H100 and H200 profiles refuse fp8_e5m2 "
+        "(vLLM 0.26 fails at start-up with it on an H100); fp8 is e4m3.",
+    )
     max_model_len: int = Field(default=8192, ge=16, le=10_000_000, description="Always set, so the plan is exact.")
     prefix_caching: bool = Field(default=True, description="Automatic prefix caching (--enable-prefix-caching).")
     chunked_prefill: bool | None = Field(default=None, description="Unset: vLLM's default for the model.")
@@ -200,9 +220,15 @@ class Engine(_Model):
     extra_args: list[str] = Field(default_factory=list, max_length=64, description="Raw vLLM flags, appended.")
 
     @model_validator(mode="after")
-    def _kv_events_need_prefix_caching(self) -> Engine:
+    def _consistent(self) -> Engine:
         if self.kv_events is not None and not self.prefix_caching:
             raise ValueError("engine.kvEvents needs engine.prefixCaching (vLLM publishes only cached blocks)")
+        if self.task == "embed" and self.speculative is not None:
+            raise ValueError("speculative decoding needs task generate")
+        if self.task == "embed" and self.chunked_prefill:
+            raise ValueError("an encoder (task embed) runs without chunked prefill")
+        if self.task == "embed" and self.kv_events is not None:
+            raise ValueError("engine.kvEvents needs task generate (an encoder has no KV cache)")
         return self
 
 

@@ -12,6 +12,7 @@ import importlib
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "gateway": ("fleetgate.bench.gateway_overhead", "gateway added latency and RPS vs direct-to-engine"),
     "embedder": ("fleetgate.bench.embedder", "MiniLM backends: agreement with the reference and CPU per text"),
+    "encoder-service": ("fleetgate.bench.encoder_service", "an encoder service's texts/s and latency (/v1/embeddings)"),
     "routing": ("fleetgate.bench.routing", "endpoint-picking policies on the simulated fleet"),
     "precise-prefix": ("fleetgate.bench.precise_prefix", "precise prefix routing: cost per decision, event, tokenize"),
     "cost": ("fleetgate.bench.cost", "naive serving vs FleetGate on a mixed multi-tenant workload"),

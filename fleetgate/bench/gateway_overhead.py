@@ -19,7 +19,10 @@ One run measures, side by side (processes: `fleetgate.bench.gateway_stack`):
   the pair model can judge, so most lookups encode), `semantic hit` its worst (a paraphrase the pair model
   must judge: the encoder runs, after the prefilter), `semantic hit (same words)` a rewording whose every
   word matches the stored prompt's (other function words, a typo: served without encoding);
-  `--embedder NAME+encode-all` runs a gateway with it off. Each cache-on row reports the
+  `--embedder NAME+encode-all` runs a gateway with it off. `remote` is MiniLM as a service
+  (`semantic.embedder: remote`): `--encoder-url`, or else a loopback stub answering MiniLM's fp32 vectors from
+  a precomputed table (`fleetgate.bench.encoder_stub`), which stands in for a GPU encoder when what is measured
+  is the gateway's CPU. Each cache-on row reports the
   share of its throughput phase's semantic lookups that ran the encoder (the gateway's
   `fleetgate_cache_prefilter_total`).
 
@@ -59,7 +62,7 @@ from fleetgate.bench.loadgen import (
     streaming_ttft,
 )
 
-_MODELS = ("minilm-onnx-int8", "minilm-onnx", "minilm")
+_MODELS = ("minilm-onnx-int8", "minilm-onnx", "minilm", "remote")
 # `NAME+memo`: the gateway with the exact-text embedding memo on (plain names run with it off)
 # `NAME+encode-all`: the static prefilter off (every semantic lookup encodes, as before the prefilter)
 EMBEDDERS = [*_MODELS, "hashing", *(f"{name}+{flags}" for name in _MODELS for flags in ("memo", "encode-all"))]
@@ -97,6 +100,8 @@ class Result:
     rss_mb: float = float("nan")
     cache_headers: Counter[str] = field(default_factory=Counter)
     encoded: float | None = None  # share of the throughput phase's semantic lookups that ran the encoder
+    fallbacks: int = 0  # of its lookups, those that went on without the encoder (timeout, error, open circuit)
+    aligned: int = 0  # candidate pairs that needed token states (an encoder pass in the gateway, ~5 ms each)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -126,16 +131,21 @@ class Runner:
         return seen
 
     async def prefilter_counts(self, proc: Proc) -> Counter[str]:
-        """The gateway's `fleetgate_cache_prefilter_total` by outcome (empty without a cache)."""
+        """The gateway's `fleetgate_cache_prefilter_total` by outcome, plus `fallbacks` (lookups that went on
+        without the encoder) and `align` (candidate pairs that needed token states); empty without a cache."""
         counts: Counter[str] = Counter()
         if proc.metrics_url is None:
             return counts
         async with self.session.get(proc.metrics_url) as r:
             text = await r.text()
         for line in text.splitlines():
+            value = int(float(line.rsplit(" ", 1)[1])) if line[:1] != "#" and " " in line else 0
             if line.startswith("fleetgate_cache_prefilter_total{"):
-                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-                counts[outcome] += int(float(line.rsplit(" ", 1)[1]))
+                counts[line.split('outcome="', 1)[1].split('"', 1)[0]] += value
+            elif line.startswith("fleetgate_cache_encoder_fallbacks_total{"):
+                counts["fallbacks"] += value
+            elif line.startswith('fleetgate_cache_semantic_stage_seconds_count{stage="align"}'):
+                counts["align"] += value
         return counts
 
     async def throughput(self, url: str, template: bytes, proc: Proc | None,
@@ -174,9 +184,11 @@ class Runner:
         result.rps, result.cpu_per_request_s = await self.throughput(gateway.url, template, gateway,
                                                                      start=offset + 5000)
         after = await self.prefilter_counts(gateway)
-        lookups = sum(after.values()) - sum(before.values())
+        outcomes = ("skipped", "matched", "encoded")
+        lookups = sum(after[o] for o in outcomes) - sum(before[o] for o in outcomes)
         if lookups:
             result.encoded = (after["encoded"] - before["encoded"]) / lookups
+        result.fallbacks, result.aligned = after["fallbacks"] - before["fallbacks"], after["align"] - before["align"]
         result.rss_mb = gateway.rss_mb()
         return result
 
@@ -213,12 +225,17 @@ async def _measure(args: argparse.Namespace, s: Stack) -> tuple[list[Result], di
                               rss_mb=floor.rss_mb()))
         s.stop(floor)
         streaming: dict[str, Any] = {}
+        encoder_url = args.encoder_url
+        if encoder_url is None and any(e.startswith("remote") for e in args.embedder):
+            encoder_url = s.encoder().url
+        chosen = {name: WORKLOADS[name] for name in args.workloads}
         gateways = [("minimal", ""), ("full, cache off", "")] + [("full, cache on", e) for e in args.embedder]
         for kind, embedder in gateways:
             gateway = s.gateway(kind=kind, engine_url=engine.url, key_hash=key_hash, embedder=embedder,
-                                log_requests=not args.no_gateway_log)
+                                log_requests=not args.no_gateway_log, encoder_url=encoder_url,
+                                encoder_timeout_ms=args.encoder_timeout_ms)
             idle_rss = gateway.rss_mb()
-            workloads = WORKLOADS if kind == "full, cache on" else {"": WORKLOADS["bypass"]}
+            workloads = chosen if kind == "full, cache on" else {"": WORKLOADS["bypass"]}
             for workload, (prompt, temperature, seed) in workloads.items():
                 template = chat_body(prompt, temperature=temperature)
                 seed_body = chat_body(seed, temperature=temperature) if seed else None
@@ -226,7 +243,7 @@ async def _measure(args: argparse.Namespace, s: Stack) -> tuple[list[Result], di
                 print(f"... {name}", file=sys.stderr, flush=True)
                 results.append(await runner.phase(name, gateway, template, seed_body))
             results[-len(workloads)].cache_headers["rss at start, MB"] = round(idle_rss)
-            if kind == "full, cache off":
+            if kind == "full, cache off" and args.stream_requests > 0:
                 streaming = await runner.streaming(gateway)
             s.stop(gateway)
     finally:
@@ -242,6 +259,10 @@ def _report(args: argparse.Namespace, results: list[Result], streaming: dict[str
     print(f"fleetgate bench gateway  ({os.cpu_count()} CPUs, {pin}, load average {os.getloadavg()[0]:.1f} "
           f"at the end, loadgen={args.loadgen}, {args.concurrency} connections x {args.duration:g}s, "
           f"embedders {', '.join(args.embedder)})")
+    if any(e.startswith("remote") for e in args.embedder):
+        print("encoder service of `remote`: " + (args.encoder_url or "the loopback stub (fleetgate.bench.encoder_stub: "
+              "MiniLM fp32 vectors from a precomputed table, microseconds a text, on the engine's CPUs: a stand-in "
+              "for a GPU encoder when what is measured is the gateway's own CPU)"))
     print(f"\ndirect-to-engine (the baseline): {direct.rate:8.0f} req/s  p50 {_ms(direct.p50)} ms  "
           f"p99 {_ms(direct.p99)} ms  errors {direct.errors}")
     print("\nper configuration: added latency at concurrency 1 (gateway minus direct, same blocks), "
@@ -256,6 +277,8 @@ def _report(args: argparse.Namespace, results: list[Result], streaming: dict[str
         seen = ", ".join(f"{k} {v}" for k, v in r.cache_headers.items())
         if r.encoded is not None:
             seen += f"; encoded {100 * r.encoded:.0f}% of lookups"
+        if r.fallbacks or r.aligned:
+            seen += f"; {r.fallbacks} without the encoder, {r.aligned} token-state pairs"
         print(f"  {r.name:<34} {_ms(added50):>8} {_ms(added99):>8} {r.rps.rate:8.0f} {r.rps.rate / direct.rate:8.2f} "
               f"{_ms(r.rps.p99):>8} {r.rps.errors:6d} {r.cpu_per_request_s * 1e3:10.3f} {r.rss_mb:7.0f}  {seen}")
     print("  targets (issue 13): semantic lookup on every request >= 800 req/s per core, +p50 <= 2 ms, "
@@ -271,7 +294,8 @@ def _report(args: argparse.Namespace, results: list[Result], streaming: dict[str
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=1000, help="requests per path and phase at concurrency 1")
-    parser.add_argument("--stream-requests", type=int, default=200, help="streams per path for time to first token")
+    parser.add_argument("--stream-requests", type=int, default=200,
+                        help="streams per path for time to first token (0: no streaming phase)")
     parser.add_argument("--concurrency", type=int, default=64, help="connections for the throughput phases")
     parser.add_argument("--stream-concurrency", type=int, default=64, help="concurrent streams, chunk-rate phase")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of each throughput phase")
@@ -284,6 +308,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "NAME+memo: with the embedding memo on, which answers the "
                         "repeated paraphrase of `semantic hit` without encoding; NAME+encode-all: the static "
                         "prefilter off, every lookup encodes)")
+    parser.add_argument("--workloads", choices=list(WORKLOADS), nargs="+", default=list(WORKLOADS),
+                        help="the cache-on workloads to run (default: all)")
+    parser.add_argument("--encoder-url", help="`remote` embedders use this encoder service (e.g. vLLM serving "
+                        "MiniLM with the pooling runner) instead of the loopback stub")
+    parser.add_argument("--encoder-timeout-ms", type=float, help="`remote`: the cache's bound on a lookup's wait "
+                        "for the encoder (default: the shipped semantic.remote.timeout_ms)")
     parser.add_argument("--gateway-cpu", type=int, default=0,
                         help="pin gateways to this CPU, the rest elsewhere (-1: no pinning)")
 

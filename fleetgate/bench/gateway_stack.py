@@ -4,7 +4,8 @@ Gateway configurations (what a phase of the benchmark runs against):
 - `minimal`: every stage a no-op (round-robin, open auth, no limits, accounting, cache or tiers);
 - `full, cache off`: the shipped stages (API keys with one provisioned benchmark tenant, limits,
   accounting, round-robin, the per-request log line) and no response cache;
-- `full, cache on`: the same plus the response cache with the semantic layer (`--embedder`).
+- `full, cache on`: the same plus the response cache with the semantic layer (`--embedder`); `remote`: its
+  encoder is a service, `--encoder-url` or the loopback stub `Stack.encoder` starts.
 
 The benchmark tenant's key is made here (`new_key`) and only its hash goes into the gateway's config, as
 in production; every request carries it (the engine ignores it). Gateways and the floor may be pinned to
@@ -65,7 +66,8 @@ class Pinning:
 
 
 def gateway_settings(*, kind: str, port: int, engine_url: str, key_hash: str, embedder: str,
-                     log_requests: bool) -> dict[str, Any]:
+                     log_requests: bool, encoder_url: str | None = None,
+                     encoder_timeout_ms: float | None = None) -> dict[str, Any]:
     settings: dict[str, Any] = {
         # Its own free metrics port: several gateways of one run must not clash on the default.
         "server": {"port": port, "metrics_port": free_port(), "log_requests": log_requests, "auth": "api_key"},
@@ -81,6 +83,10 @@ def gateway_settings(*, kind: str, port: int, engine_url: str, key_hash: str, em
         semantic: dict[str, Any] = {"embedder": name} if "memo" in flags else {"embedder": name, "embed_memo": 0}
         if "encode-all" in flags:
             semantic["prefilter"] = "off"
+        if name == "remote":  # the encoder service: `--encoder-url`, or the loopback stub (`Stack.encoder`)
+            semantic["remote"] = {"url": encoder_url}
+            if encoder_timeout_ms is not None:
+                semantic["remote"]["timeout_ms"] = encoder_timeout_ms
         settings["cache"] = {"enabled": True, "store_truncated": True, "semantic": semantic}
     return settings
 
@@ -131,11 +137,20 @@ class Stack:
         return self._start("floor", ["fleetgate.bench.gateway_overhead", "passthrough", str(port), engine_url],
                            url=f"http://127.0.0.1:{port}", ready="/", cpus=self.pinning.gateway)
 
-    def gateway(self, *, kind: str, engine_url: str, key_hash: str, embedder: str, log_requests: bool) -> Proc:
+    def encoder(self) -> Proc:
+        """The loopback stand-in for an encoder service (`fleetgate.bench.encoder_stub`: MiniLM fp32 vectors from
+        a precomputed table), on the engine's CPUs."""
+        port = free_port()
+        return self._start("encoder", ["fleetgate.bench.encoder_stub", "--port", str(port)],
+                           url=f"http://127.0.0.1:{port}", ready="/health", cpus=self.pinning.others)
+
+    def gateway(self, *, kind: str, engine_url: str, key_hash: str, embedder: str, log_requests: bool,
+                encoder_url: str | None = None, encoder_timeout_ms: float | None = None) -> Proc:
         port = free_port()
         config = self.tmp / f"gateway-{port}.yaml"
         settings = gateway_settings(kind=kind, port=port, engine_url=engine_url, key_hash=key_hash,
-                                    embedder=embedder, log_requests=log_requests)
+                                    embedder=embedder, log_requests=log_requests, encoder_url=encoder_url,
+                                    encoder_timeout_ms=encoder_timeout_ms)
         config.write_text(yaml.safe_dump(settings))
         argv = (["fleetgate.bench.gateway_overhead", "minimal", str(config)] if kind == "minimal"
                 else ["fleetgate", "gateway", "--config", str(config)])

@@ -3,8 +3,11 @@
 `write_reports(rows, out_dir=..., info=...)` writes `report.md` (tables and the issue's targets, each
 met or missed with its figure) and `throughput.json` (the GPU tier's measured-throughput file, see
 `fleetgate.bench.live_throughput`: the calibration probe, the capacity probe and every routing point's
-per-replica tokens/s). `python -m fleetgate.bench.live_report RESULTS.jsonl [OUT_DIR]` rebuilds both from
-a results file (e.g. the one a GPU run sent back).
+per-replica tokens/s). `python -m fleetgate.bench.live_report RESULTS.jsonl [OUT_DIR] [--info RUN_INFO.json]`
+rebuilds both from a results file (e.g. the one a GPU run sent back). The run's engine description, card
+and engine configuration come from its `run-info.json`: `--info`, else `run-info.json` beside the results,
+else `<results stem>-run-info.json` beside them (how a run's files are kept under `docs/reports/data/`).
+Without one, the card is `unknown` and the tool says so.
 
 Targets (issue 24), judged on these rows:
 - shared-prefix near saturation (each load >= 1): TTFT p90 >= 3x better than round-robin and output
@@ -192,15 +195,48 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def run_info_path(results: Path, explicit: Path | None = None) -> Path | None:
+    """The run-info file of a results file: the one named, else `run-info.json` beside it, else
+    `<stem>-run-info.json` beside it (a kept copy renamed after its run); None when there is none."""
+    if explicit is not None:
+        if not explicit.is_file():
+            raise FileNotFoundError(f"no run-info file at {explicit}")
+        return explicit
+    for candidate in (results.with_name("run-info.json"), results.with_name(f"{results.stem}-run-info.json")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+USAGE = "usage: python -m fleetgate.bench.live_report RESULTS.jsonl [OUT_DIR] [--info RUN_INFO.json]"
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
-        print("usage: python -m fleetgate.bench.live_report RESULTS.jsonl [OUT_DIR]", file=sys.stderr)
+    args = list(argv)
+    explicit: Path | None = None
+    if "--info" in args:
+        at = args.index("--info")
+        if at + 1 >= len(args):
+            print(USAGE, file=sys.stderr)
+            return 2
+        explicit = Path(args[at + 1])
+        del args[at:at + 2]
+    if not args or len(args) > 2:
+        print(USAGE, file=sys.stderr)
         return 2
-    results = Path(argv[0])
+    results = Path(args[0])
     rows = read_rows(results)
-    info_path = results.with_name("run-info.json")
-    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
-    out = Path(argv[1]) if len(argv) > 1 else results.parent
+    try:
+        info_path = run_info_path(results, explicit)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    info = json.loads(info_path.read_text(encoding="utf-8")) if info_path is not None else {}
+    if info_path is None:
+        print(f"warning: no run-info.json beside {results} (nor {results.stem}-run-info.json): the engine, card "
+              "and engine configuration are unknown in the report and the throughput file; pass --info",
+              file=sys.stderr)
+    out = Path(args[1]) if len(args) > 1 else results.parent
     for p in write_reports(rows, out_dir=out, engine=str(info.get("engine_desc", "")), info=info):
         print(f"{time.strftime('%H:%M:%S')} wrote {p}")
     return 0

@@ -28,6 +28,13 @@ one tenant that another sent it. Callers get a copy: a caller that changes its
 vector in place cannot change what the next caller of that text gets. Only texts this process embedded
 are memoised; a failed encode stores nothing.
 
+Remote encoders: an embedder with `async aencode(texts)` (an encoder service,
+`fleetgate.cache.remote_encoder`) is awaited on the event loop instead of a worker thread, with up to
+`max_in_flight` batches out at once (a thread-run encoder always has one: its one worker). The drain task
+waits for a free slot before it takes a batch, so texts that arrive while every slot is busy still form the
+next batch. `timeout_s` bounds how long any caller waits for its vector, queueing included: past it the
+caller gets `TimeoutError` and leaves (the encode goes on for the others, or is dropped when nobody waits).
+
 The wrapped embedder stays reachable through the blocking `embed(texts)` (same contract as any embedder,
 for offline callers and the tier router's own thread). `load()` loads the model only when `preload` is set:
 otherwise the model loads on the first embedding, in the worker thread, so a gateway whose traffic never
@@ -52,6 +59,9 @@ class BlockingEmbedder(Protocol):
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
+Batch = list[tuple[str, str, "asyncio.Future[np.ndarray]"]]  # (scope, text, the future its callers wait on)
+
+
 class BatchingEmbedder:
     def __init__(
         self,
@@ -61,15 +71,25 @@ class BatchingEmbedder:
         max_wait_s: float = 0.0,
         preload: bool = False,
         memo_entries: int = 0,
+        max_in_flight: int = 1,
+        timeout_s: float | None = None,
     ) -> None:
-        if max_batch < 1 or max_wait_s < 0 or memo_entries < 0:
-            raise ValueError("max_batch must be >= 1, max_wait_s >= 0 and memo_entries >= 0")
+        if max_batch < 1 or max_wait_s < 0 or memo_entries < 0 or max_in_flight < 1:
+            raise ValueError("max_batch and max_in_flight must be >= 1, max_wait_s >= 0 and memo_entries >= 0")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError("timeout_s must be > 0 (None: no bound)")
         self.inner = embedder
         self.dim = embedder.dim
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
+        self.timeout_s = timeout_s
+        # an encoder service is awaited, several requests at once; a model in this process runs in one worker
+        self._aencode = getattr(embedder, "aencode", None)
+        self.max_in_flight = max_in_flight if self._aencode is not None else 1
+        self._slots: asyncio.Semaphore | None = None
+        self._encodes: set[asyncio.Task[None]] = set()
         self._preload = preload
-        self._queue: deque[tuple[str, str, asyncio.Future[np.ndarray]]] = deque()  # (scope, text, caller)
+        self._queue: deque[tuple[str, str, asyncio.Future[np.ndarray]]] = deque()
         self._full: asyncio.Event | None = None
         self._drain: asyncio.Task[None] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -118,7 +138,9 @@ class BatchingEmbedder:
         waiting[0] += 1
         try:
             # shielded: one caller that leaves must not cancel the encode the others wait for
-            return (await asyncio.shield(future)).copy()
+            if self.timeout_s is None:
+                return (await asyncio.shield(future)).copy()
+            return (await asyncio.wait_for(asyncio.shield(future), self.timeout_s)).copy()
         finally:
             waiting[0] -= 1
             if waiting[0] == 0 and not future.done():
@@ -126,8 +148,8 @@ class BatchingEmbedder:
             if future.done() and self._inflight.get(key, (None,))[0] is future:
                 del self._inflight[key]
 
-    def _take(self) -> list[tuple[str, str, asyncio.Future[np.ndarray]]]:
-        batch: list[tuple[str, str, asyncio.Future[np.ndarray]]] = []
+    def _take(self) -> Batch:
+        batch: Batch = []
         while self._queue and len(batch) < self.max_batch:
             item = self._queue.popleft()
             if not item[2].done():  # a cancelled caller does not cost an encode
@@ -135,32 +157,49 @@ class BatchingEmbedder:
         return batch
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         assert self._full is not None
+        if self._slots is None or not self._encodes:  # none out: a fresh one (this loop's), all slots free
+            self._slots = asyncio.Semaphore(self.max_in_flight)
         while self._queue:
+            await self._slots.acquire()  # before taking: texts arriving meanwhile join this batch
             if len(self._queue) < self.max_batch and self.max_wait_s > 0:
                 self._full.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._full.wait(), timeout=self.max_wait_s)
             batch = self._take()
             if not batch:
+                self._slots.release()
                 continue
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
-            try:
-                vectors = await loop.run_in_executor(self._pool, self.inner.embed, [text for _, text, _ in batch])
-            except Exception as exc:
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                        future.exception()  # retrieved here: a future all of whose callers left is not logged
-                continue
-            self.batches += 1
-            for row, (scope, text, future) in enumerate(batch):
-                if self.memo_entries:
-                    self._remember((scope, text), vectors[row])
+            task = asyncio.get_running_loop().create_task(self._encode(batch), name="embed-batch")
+            self._encodes.add(task)
+            task.add_done_callback(self._encoded)
+
+    def _encoded(self, task: asyncio.Task[None]) -> None:
+        self._encodes.discard(task)
+        assert self._slots is not None
+        self._slots.release()
+
+    async def _encode(self, batch: Batch) -> None:
+        texts = [text for _, text, _ in batch]
+        try:
+            if self._aencode is not None:
+                vectors = await self._aencode(texts)
+            else:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
+                vectors = await asyncio.get_running_loop().run_in_executor(self._pool, self.inner.embed, texts)
+        except Exception as exc:
+            for _, _, future in batch:
                 if not future.done():
-                    future.set_result(vectors[row])  # every caller gets its own copy (`aembed`)
+                    future.set_exception(exc)
+                    future.exception()  # retrieved here: a future all of whose callers left is not logged
+            return
+        self.batches += 1
+        for row, (scope, text, future) in enumerate(batch):
+            if self.memo_entries:
+                self._remember((scope, text), vectors[row])
+            if not future.done():
+                future.set_result(vectors[row])  # every caller gets its own copy (`aembed`)
 
     def _remember(self, key: tuple[str, str], vector: np.ndarray) -> None:
         self._memo[key] = np.array(vector, dtype=np.float32)  # its own copy, not a view of the batch
@@ -169,9 +208,14 @@ class BatchingEmbedder:
             self._memo.popitem(last=False)
 
     async def aclose(self) -> None:
-        """Finish queued work and stop the worker thread."""
+        """Finish queued work, stop the worker thread and close the encoder service's connections."""
         if self._drain is not None and not self._drain.done():
             await asyncio.wait([self._drain])
+        if self._encodes:
+            await asyncio.wait(list(self._encodes))
+        close = getattr(self.inner, "aclose", None)
+        if close is not None:
+            await close()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None

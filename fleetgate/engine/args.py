@@ -8,6 +8,11 @@ default use the `--x`/`--no-x` pair of `argparse.BooleanOptionalAction`, and spe
 one JSON object in `--speculative-config`. A knob left at `None` is omitted so vLLM's own default
 (often model-dependent) applies.
 
+Encoders: `runner="pooling"` renders `--runner pooling`, vLLM's pooling runner (the same spelling in 0.26,
+the GPU engine, and 0.32, the CPU one; both refuse the old `--task embed`, which `extra_args` may not carry):
+a sentence-transformers encoder serves `/v1/embeddings`; a generative architecture is converted (vLLM's
+`--convert auto`).
+
 LoRA: `enable_lora` renders `--enable-lora --max-loras N --max-lora-rank R` (always explicit, so the capacity
 plan's adapter slots are exactly vLLM's) and `lora_modules` the adapters loaded at start-up
 (`--lora-modules name=path ...`). `env()` holds what the engine process needs besides flags:
@@ -96,9 +101,13 @@ OWNED_FLAGS: frozenset[str] = frozenset(
         "--max-loras",
         "--max-lora-rank",
         "--lora-modules",
+        "--runner",
         "--kv-events-config",
     }
 )
+# Flags of older vLLM releases that 0.26 and 0.32 refuse; `extra_args` naming one gets the typed field instead.
+REMOVED_FLAGS: dict[str, str] = {"--task": "engine.task (vLLM >= 0.26 has no --task; an encoder is --runner pooling)"}
+RUNNERS: tuple[str, ...] = ("generate", "pooling")
 # `--kv-events-config` JSON keys (vLLM 0.26 and 0.32 `KVEventsConfig`: same names, same meaning).
 KV_EVENTS_PUBLISHER = "zmq"
 
@@ -148,6 +157,7 @@ class EngineArgs:
     speculative_model: str | None = None
     num_speculative_tokens: int | None = None
     enforce_eager: bool = False
+    runner: str | None = None  # "pooling": an encoder (--runner pooling, /v1/embeddings); None: vLLM decides
     enable_lora: bool = False
     max_loras: int | None = None  # with enable_lora: DEFAULT_MAX_LORAS when None
     max_lora_rank: int | None = None  # with enable_lora: DEFAULT_MAX_LORA_RANK when None
@@ -190,6 +200,8 @@ class EngineArgs:
         if self.served_model_name is not None:
             argv += ["--served-model-name", self.served_model_name]
         argv += ["--host", self.host, "--port", str(self.port)]
+        if self.runner is not None:
+            argv += ["--runner", self.runner]
         if self.dtype != "auto":
             argv += ["--dtype", self.dtype]
         if self.quantization is not None:
@@ -262,6 +274,9 @@ def _validate(args: EngineArgs) -> None:
     _one_of(args, "dtype", DTYPES)
     _one_of(args, "quantization", QUANTIZATIONS)
     _one_of(args, "kv_cache_dtype", KV_CACHE_DTYPES)
+    _one_of(args, "runner", RUNNERS)
+    if args.runner == "pooling" and args.speculative_method is not None:
+        _fail("runner", "the pooling runner (an encoder) takes no speculative decoding")
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
         _positive(args, name)
     util = args.gpu_memory_utilization
@@ -355,3 +370,5 @@ def _validate_extra(args: EngineArgs) -> None:
         flag = token.split("=", 1)[0]
         if flag in OWNED_FLAGS:
             _fail("extra_args", f"{flag} is set by a typed field; use that field instead")
+        if flag in REMOVED_FLAGS:
+            _fail("extra_args", f"{flag} is not a vLLM flag any more: use {REMOVED_FLAGS[flag]}")

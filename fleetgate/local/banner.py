@@ -34,6 +34,7 @@ def banner(
     log_dir: Path | None,
     metrics_url: str | None = None,
     adapters: Sequence[str] = (),
+    encoder_url: str | None = None,
 ) -> str:
     lines = [
         "",
@@ -46,6 +47,8 @@ def banner(
         "",
         f"  gateway metrics: {metrics_url or '(off: server.metrics_port is null)'}",
         "  engine metrics:  " + ", ".join(f"{u}/metrics" for u in engine_urls),
+        *([f"  cache encoder:   {encoder_url} (all-MiniLM-L6-v2, vLLM CPU pooling engine, float32)"]
+          if encoder_url else []),
     ]
     if log_dir is not None:
         lines.append(f"  engine logs:     {log_dir}/engine-<i>.log")

@@ -18,6 +18,7 @@ from fleetgate.core.adapters import valid_adapter_name
 from fleetgate.core.config import load_model
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.local.adapter_prep import PACKAGED_ADAPTERS
+from fleetgate.local.encoder_config import EncoderEngineConfig
 from fleetgate.local.model_prep import DEFAULT_DTYPE, MODEL_BASENAME
 
 # `fleetgate up` runs the gateway in local mode: no API keys (the gateway's own default requires them).
@@ -139,6 +140,7 @@ class EngineConfig(_Strict):
 class UpConfig(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     gateway: GatewaySettings = Field(default_factory=lambda: GatewaySettings.model_validate(LOCAL_GATEWAY))
+    encoder: EncoderEngineConfig = Field(default_factory=EncoderEngineConfig)  # the cache's encoder engine
 
     @model_validator(mode="before")
     @classmethod

@@ -1,6 +1,7 @@
 """`fleetgate up`: the whole local stack, engines and gateway, from one YAML file (or none).
 
-Order: prepare the model (once, cached) -> start the engines and wait for `/health` -> start the
+Order: prepare the model (once, cached) -> start the engines (and, with `--embedder engine`, the semantic
+cache's encoder as a vLLM CPU pooling engine: `fleetgate.local.encoder_engine`) and wait for `/health` -> start the
 gateway in-process in front of them -> print the URL, a curl example and the metrics URLs -> serve
 until Ctrl-C (or, with `--check`, send one chat request through the gateway, print the answer and
 exit). Every path out stops the gateway first and then the engines (no orphaned processes).
@@ -27,6 +28,7 @@ from fleetgate.local.adapter_prep import PACKAGED_ADAPTERS
 from fleetgate.local.banner import banner
 from fleetgate.local.check import CheckResult, send_check
 from fleetgate.local.config import AdapterRef, EngineConfig, UpConfig, load_up_config
+from fleetgate.local.encoder_engine import EncoderEngine, check_cache, with_encoder
 from fleetgate.local.engines import EngineFleet, EngineSpec, free_port, port_in_use
 from fleetgate.local.errors import EngineStartError, LocalStackError
 
@@ -41,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-base-port", type=int, help="engine i listens on this + i (0: free ports)")
     parser.add_argument("--check", action="store_true", help="send one chat request, print the answer, exit")
     parser.add_argument("--prompt", default=DEFAULT_CHECK_PROMPT, help="the --check question")
+    parser.add_argument(
+        "--embedder", choices=("in-process", "engine"),
+        help="the semantic cache's encoder: MiniLM in the gateway (default), or `engine`: a vLLM CPU pooling engine "
+             "serving it (about a minute to start), which turns the cache on",
+    )
     parser.add_argument(
         "--adapters", action="store_true",
         help="also serve the packaged LoRA adapters (pirate, signoff; trained once, ~1-3 min each) when the "
@@ -67,8 +74,11 @@ def apply_overrides(config: UpConfig, args: argparse.Namespace) -> UpConfig:
         gateway.server.port = args.port
     if getattr(args, "adapters", False) and not engine.adapters:
         engine.adapters = [AdapterRef(name=name) for name in PACKAGED_ADAPTERS]
-    return parse_model(UpConfig, {"engine": engine.model_dump(), "gateway": gateway.model_dump()},
-                       source="the command line")
+    encoder = config.encoder.model_copy()
+    if getattr(args, "embedder", None) is not None:
+        encoder.enabled = args.embedder == "engine"
+    return parse_model(UpConfig, {"engine": engine.model_dump(), "gateway": gateway.model_dump(),
+                                  "encoder": encoder.model_dump()}, source="the command line")
 
 
 def route_models(*, gateway: GatewaySettings, model: str, served_name: str, urls: list[str],
@@ -250,12 +260,16 @@ async def _sim_engines(
 
 
 async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: bool, prompt: str,
-                 adapters: Mapping[str, Path] | None = None, kv_events: list[KvEventsRoute] | None = None) -> int:
+                 adapters: Mapping[str, Path] | None = None, encoder_url: str | None = None,
+                 kv_events: list[KvEventsRoute] | None = None) -> int:
     from fleetgate.gateway.serve import build_server, metrics_url
 
     engine = config.engine
     settings = route_models(gateway=config.gateway, model=engine.model, served_name=served_name, urls=urls,
                             max_model_len=engine.max_model_len, adapters=adapters, kv_events=kv_events)
+    if encoder_url is not None:
+        settings = parse_model(GatewaySettings, with_encoder(settings.model_dump(), url=encoder_url,
+                                                             config=config.encoder), source="--embedder engine")
     if not check:
         # Interactive: one structured line per request on stderr. --check keeps its output to the answer.
         configure_logging(level=settings.server.log_level)
@@ -273,31 +287,61 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
     gateway_url = f"http://{host}:{port}"
     _say(banner(gateway_url=gateway_url, settings=settings, model=engine.model, engine_urls=urls,
                 log_dir=engine.log_dir if engine.kind == "vllm" else None, metrics_url=metrics_url(server),
-                adapters=list(adapters or {})))
+                adapters=list(adapters or {}), encoder_url=encoder_url))
     if not check:
         await task
         return 0
     results: dict[str, CheckResult] = {}
+    cached = None
     try:  # the base model, then each adapter: the same greedy question shows what each adapter changes
         for model in [engine.model, *(adapters or {})]:
             results[model] = await send_check(gateway_url=gateway_url, model=model, prompt=prompt)
+        if encoder_url is not None:
+            cached = await check_cache(gateway_url=gateway_url, model=engine.model, metrics_url=metrics_url(server))
     finally:
         server.should_exit = True
         await task
     print(f"Q: {prompt}")
     for model, result in results.items():
         print(f"A: {result.answer}" if model == engine.model else f"A ({model}): {result.answer}")
+    if cached is not None:
+        print(cached)
     tokens = sum(r.completion_tokens for r in results.values())
     seconds = sum(r.seconds for r in results.values())
     _say(f"==> check passed: {tokens} tokens in {seconds:.2f}s through {gateway_url}")
     return 0
 
 
-async def _run_sim(config: UpConfig, *, check: bool, prompt: str, adapters: Mapping[str, Path]) -> int:
+async def _run_sim(config: UpConfig, *, check: bool, prompt: str, adapters: Mapping[str, Path],
+                   encoder_url: str | None) -> int:
     sims: AbstractAsyncContextManager[tuple[list[str], str]] = _sim_engines(config.engine, adapters=adapters)
     async with sims as (urls, served_name):
         return await _serve(config=config, urls=urls, served_name=served_name, check=check, prompt=prompt,
-                            adapters=adapters)
+                            adapters=adapters, encoder_url=encoder_url)
+
+
+@contextmanager
+def _encoder_engine(config: UpConfig) -> Iterator[EncoderEngine | None]:
+    """The cache's encoder engine, launched now (it loads while the LLM engines do), stopped on the way out."""
+    if not config.encoder.enabled:
+        yield None
+        return
+    encoder = EncoderEngine(config.encoder, progress=_say)
+    _say(f"==> starting the cache's encoder (all-MiniLM-L6-v2) as a vLLM CPU pooling engine; log in "
+         f"{config.encoder.log_dir}/encoder.log")
+    try:
+        encoder.launch()
+        yield encoder
+    finally:
+        _say("==> stopping the encoder engine")
+        encoder.stop()
+
+
+def _ready(encoder: EncoderEngine | None) -> str | None:
+    if encoder is None:
+        return None
+    _say(f"==> encoder engine ready after {encoder.wait():.0f}s")
+    return encoder.url
 
 
 def run(args: argparse.Namespace) -> int:
@@ -306,13 +350,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check_ports(config)
         adapters = resolve_adapters(engine=config.engine)  # before the engines start: training takes minutes
-        if config.engine.kind == "sim":
-            return asyncio.run(_run_sim(config, check=args.check, prompt=args.prompt, adapters=adapters))
-        with _vllm_engines(config.engine, adapters=adapters) as fleet:
-            return asyncio.run(
-                _serve(config=config, urls=fleet.urls, served_name=config.engine.model, check=args.check,
-                       prompt=args.prompt, adapters=adapters, kv_events=kv_event_routes(fleet.specs))
-            )
+        with _encoder_engine(config) as encoder:
+            if config.engine.kind == "sim":
+                url = _ready(encoder)
+                return asyncio.run(_run_sim(config, check=args.check, prompt=args.prompt, adapters=adapters,
+                                            encoder_url=url))
+            with _vllm_engines(config.engine, adapters=adapters) as fleet:
+                url = _ready(encoder)
+                return asyncio.run(
+                    _serve(config=config, urls=fleet.urls, served_name=config.engine.model, check=args.check,
+                           prompt=args.prompt, adapters=adapters, encoder_url=url,
+                           kv_events=kv_event_routes(fleet.specs))
+                )
     except LocalStackError as exc:
         print(f"fleetgate up: {exc}", file=sys.stderr)
         return 1

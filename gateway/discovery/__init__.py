@@ -91,6 +91,7 @@ class ModelListing:
     scaled_to_zero: bool = False
     wakeable: bool = False  # no ready pod, but a request is held until one is (scaled to zero, or starting)
     parent: str | None = None  # a LoRA adapter: its base model (vLLM's `/v1/models` says the same)
+    task: str = "generate"  # "embed": an embedding model (an encoder); it answers /v1/embeddings only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +131,24 @@ def context_length(source: EndpointSource, model: str) -> int | None:
 
 
 @runtime_checkable
+class TaskSource(Protocol):
+    def task(self, model: str) -> str:
+        """"embed" for an embedding model (an encoder: /v1/embeddings only), else "generate"."""
+        ...
+
+
+def task_of(source: EndpointSource, model: str) -> str:
+    """What `model` serves: "embed" (an encoder) or "generate"; an adapter serves what its base does. Per
+    request: `getattr`, as `context_length`."""
+    lookup = getattr(source, "task", None)
+    if lookup is None:
+        return "generate"
+    spec = adapter_named(source, model)
+    task: str = lookup(spec.base if spec is not None else model)
+    return task
+
+
+@runtime_checkable
 class WakeableSource(Protocol):
     def wake_targets(self, model: str) -> list[WakeTarget]:
         """What to scale up for `model` when it has no endpoint; empty when it cannot be woken."""
@@ -152,7 +171,7 @@ def listing(source: EndpointSource) -> list[ModelListing]:
         bases = [m for m in source.listing() if m.name not in adapter_names]
     else:
         names = [m for m in source.models() if m not in adapter_names]
-        bases = [ModelListing(name=m, ready=bool(source.endpoints(m))) for m in names]
+        bases = [ModelListing(name=m, ready=bool(source.endpoints(m)), task=task_of(source, m)) for m in names]
     by_name = {m.name: m for m in bases}
     out = list(bases)
     for spec in adapters_of(source):
@@ -186,7 +205,10 @@ def models_page(
         entry: dict[str, object] = {"id": m.name, "object": "model", "created": 0, "owned_by": "fleetgate"}
         if m.parent is not None:
             entry["parent"] = m.parent
-        entry["fleetgate"] = {"ready": m.ready, "scaled_to_zero": m.scaled_to_zero}
+        state: dict[str, object] = {"ready": m.ready, "scaled_to_zero": m.scaled_to_zero}
+        if m.task == "embed":  # an encoder: /v1/embeddings, never chat or completions
+            state["task"] = m.task
+        entry["fleetgate"] = state
         data.append(entry)
     return orjson.dumps({"object": "list", "data": data})
 
@@ -222,6 +244,7 @@ class StaticEndpointSource:
             for r in routes
         }
         self._names = list(self._by_model)
+        self._tasks = {r.name: r.task for r in routes}
         self._adapters = [a.spec(base=r.name) for r in routes for a in r.adapters]
         self._by_adapter = {a.name: a for a in self._adapters}
 
@@ -237,3 +260,6 @@ class StaticEndpointSource:
     def endpoints(self, model: str) -> list[Endpoint]:
         spec = self._by_adapter.get(model)
         return self._by_model.get(spec.base if spec is not None else model, [])
+
+    def task(self, model: str) -> str:
+        return self._tasks.get(model, "generate")

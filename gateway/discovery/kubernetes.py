@@ -25,6 +25,10 @@ KV-cache events: for an InferenceService with `spec.engine.kvEvents`, each endpo
 publishes (`kv_events: tcp://<pod IP>:<port "kv-events">`, `kv_events_replay` from port "kv-replay",
 `kv_events_topic`), read by the precise prefix scorer.
 
+An InferenceService with `engine.task: embed` serves an encoder: its model is marked as an embedding model
+(`task(model)`, the endpoints' `task` label, `/v1/models`), which chat and completions refuse and the semantic
+cache finds its encoder service by (`semantic.remote.model`).
+
 Each endpoint carries labels from the CR: `tier`, prices (`price_input_per_1m`, `price_output_per_1m`,
 `price_cached_input_per_1m`), `inferenceservice`, `namespace`, `pod`. `start()` lists once (so the first
 request after start-up already has endpoints) and then keeps watching; a broken watch is re-listed after
@@ -87,6 +91,7 @@ class ServiceInfo:
     wake_replicas: int | None = None  # scale-from-zero capable: replicas to wake it to; None: not wakeable
     context_length: int | None = None  # spec.engine.maxModelLen: bounds a request that sets no max_tokens
     adapters: tuple[AdapterSpec, ...] = ()  # spec.adapters, base = served_model
+    task: str = "generate"  # spec.engine.task: "embed" for an encoder (the pooling runner, /v1/embeddings)
     scaled_to_zero: bool = False  # spec.replicas is 0 (idle scale-down, or by hand)
     kv_events_topic: str | None = None  # spec.engine.kvEvents.topic when the engines publish KV events; None: off
 
@@ -146,15 +151,20 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
         if pricing.get(key) is not None:
             labels[label] = str(pricing[key])
     unservable = status.get("phase") in UNSERVABLE_PHASES
-    context = (spec.get("engine") or {}).get("maxModelLen")
+    engine = spec.get("engine") or {}
+    context = engine.get("maxModelLen")
+    task = "embed" if engine.get("task") == "embed" else "generate"
+    if task == "embed":
+        labels["task"] = task
     replicas = spec.get("replicas")
-    kv_events = (spec.get("engine") or {}).get("kvEvents")
+    kv_events = engine.get("kvEvents")
     return ServiceInfo(
         namespace=namespace, name=name, served_model=str(served), labels=labels, unservable=unservable,
         wake_replicas=None if unservable else _wake_replicas(meta, spec),
         context_length=context if isinstance(context, int) and not isinstance(context, bool) and context > 0
         else None,
         adapters=_adapters(spec, base=str(served)),
+        task=task,
         scaled_to_zero=isinstance(replicas, int) and not isinstance(replicas, bool) and replicas == 0,
         kv_events_topic=str(kv_events.get("topic", KV_EVENTS_DEFAULT_TOPIC)) if isinstance(kv_events, dict) else None,
     )  # fmt: skip
@@ -311,11 +321,17 @@ class KubernetesEndpointSource:
         out = []
         for model in self.models():
             if self._index[model]:
-                out.append(ModelListing(name=model, ready=True))
+                out.append(ModelListing(name=model, ready=True, task=self.task(model)))
             elif self.wake_targets(model):
                 zero = any(i.scaled_to_zero for i in self._services.values() if i.served_model == model)
-                out.append(ModelListing(name=model, ready=False, scaled_to_zero=zero, wakeable=True))
+                out.append(ModelListing(name=model, ready=False, scaled_to_zero=zero, wakeable=True,
+                                        task=self.task(model)))
         return out
+
+    def task(self, model: str) -> str:
+        """`TaskSource`: "embed" when an InferenceService serves `model` as an encoder (`engine.task: embed`)."""
+        embed = any(info.served_model == model and info.task == "embed" for info in self._services.values())
+        return "embed" if embed else "generate"
 
     async def scale(self, target: WakeTarget) -> None:
         """Set `spec.replicas` through the InferenceService's scale subresource."""

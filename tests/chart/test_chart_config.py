@@ -309,3 +309,19 @@ def test_helm_test_pod_checks_health_and_auth_and_is_always_deleted(
     finally:
         server.shutdown()
     assert (proc.returncode == 0) is passes, proc.stdout + proc.stderr
+
+
+def test_naming_the_cache_encoder_points_the_semantic_cache_at_it(chart: Any, tmp_path: Path) -> None:
+    """gateway.cacheEncoder merges into whatever cache section the values give; empty, nothing changes."""
+    scenario = Path(__file__).resolve().parents[2] / "charts/fleetgate/ci/cache-encoder-values.yaml"
+    _, configmap = _gateway(chart.render(values=[scenario]))
+    cache = _load_settings(configmap, tmp_path).cache
+    assert cache.enabled and cache.ttl_s == 600 and cache.semantic.threshold == 0.55  # the values' own settings
+    assert cache.semantic.embedder == "remote"
+    assert (cache.semantic.remote.model, cache.semantic.remote.url, cache.semantic.remote.timeout_ms) == (
+        "all-minilm-l6-v2", None, 80)  # no url: the encoder's pods, from discovery
+    _, configmap = _gateway(chart.render(values=[scenario], set_values=[
+        "gateway.cacheEncoder.url=http://all-minilm-l6-v2.models:8000"]))
+    assert _load_settings(configmap, tmp_path).cache.semantic.remote.url == "http://all-minilm-l6-v2.models:8000"
+    _, configmap = _gateway(chart.render())
+    assert not _load_settings(configmap, tmp_path).cache.enabled  # no encoder named, no cache section: off

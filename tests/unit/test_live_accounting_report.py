@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fleetgate.bench import live_report
 from fleetgate.bench.live_report import targets, write_reports
 from fleetgate.bench.live_routing import accounting_line, accounting_summary
 from fleetgate.bench.measured_throughput import load
@@ -123,3 +125,44 @@ def test_the_throughput_file_holds_the_calibration_the_capacity_probe_and_every_
 def test_a_run_that_measured_nothing_writes_no_throughput_file(tmp_path: Path) -> None:
     rows = [{"kind": "meta", "replicas": 2}, {"kind": "skipped", "point": "x", "why": "budget"}]
     assert [p.name for p in write_reports(rows, out_dir=tmp_path)] == ["report.md"]
+
+
+RUN_ROWS = [{"kind": "meta", "replicas": 2, "model": "llama-3.1-8b", "sizes": {"output_tokens": 64}},
+            point("round-robin", 1.0, mean_in_flight=30.0)]
+RUN_INFO = {"engine_desc": "vllm 0.26.0, 2x llama-3.1-8b on NVIDIA H100 80GB HBM3", "model_shape": "llama-3.1-8b",
+            "card": "NVIDIA H100 80GB HBM3", "vllm_version": "0.26.0"}
+
+
+def _write_run(tmp_path: Path, info_name: str | None) -> Path:
+    results = tmp_path / "gpu-routing-h100-call1.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in RUN_ROWS), encoding="utf-8")
+    if info_name is not None:
+        (tmp_path / info_name).write_text(json.dumps(RUN_INFO), encoding="utf-8")
+    return results
+
+
+@pytest.mark.parametrize("info_name", ["run-info.json", "gpu-routing-h100-call1-run-info.json"])
+def test_the_cli_finds_the_run_info_kept_beside_the_results_under_either_name(tmp_path: Path, info_name: str
+                                                                              ) -> None:
+    results = _write_run(tmp_path, info_name)
+    assert live_report.main([str(results), str(tmp_path / "out")]) == 0
+    assert "on NVIDIA H100 80GB HBM3" in (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    [entry] = load(tmp_path / "out" / "throughput.json").entries
+    assert entry.card == "NVIDIA H100 80GB HBM3"
+
+
+def test_the_cli_takes_a_named_run_info_and_refuses_a_missing_one(tmp_path: Path) -> None:
+    results = _write_run(tmp_path, "elsewhere.json")
+    assert live_report.main([str(results), str(tmp_path / "out"), "--info", str(tmp_path / "elsewhere.json")]) == 0
+    assert load(tmp_path / "out" / "throughput.json").entries[0].card == "NVIDIA H100 80GB HBM3"
+    assert live_report.main([str(results), str(tmp_path / "o2"), "--info", str(tmp_path / "nope.json")]) == 2
+    assert not (tmp_path / "o2").exists()
+    assert live_report.main([str(results), "--info"]) == 2
+
+
+def test_the_cli_without_run_info_says_the_card_is_unknown(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    results = _write_run(tmp_path, None)
+    assert live_report.main([str(results), str(tmp_path / "out")]) == 0
+    assert "no run-info.json" in capsys.readouterr().err
+    assert load(tmp_path / "out" / "throughput.json").entries[0].card == "unknown"

@@ -203,6 +203,22 @@ of the mounted key file.
 {{- if $redis }}
 {{- $_ := set $cfg "redis_url" $redis }}
 {{- end }}
+{{- with $gw.cacheEncoder }}
+{{- if .model }}
+{{- $cache := deepCopy (default dict $cfg.cache) }}
+{{- $semantic := deepCopy (default dict $cache.semantic) }}
+{{- $remote := deepCopy (default dict $semantic.remote) }}
+{{- $_ := set $remote "model" .model }}
+{{- $_ := set $remote "timeout_ms" .timeoutMs }}
+{{- if .url }}
+{{- $_ := set $remote "url" .url }}
+{{- end }}
+{{- $_ := set $semantic "embedder" "remote" }}
+{{- $_ := set $semantic "remote" $remote }}
+{{- $_ := set $cache "semantic" $semantic }}
+{{- $_ := set $cfg "cache" $cache }}
+{{- end }}
+{{- end }}
 {{- if include "fleetgate.gateway.keysSecret" . }}
 {{- $tenancy := deepCopy (default dict $cfg.tenancy) }}
 {{- $_ := set $tenancy "keys_file" "/etc/fleetgate/keys/keys.yaml" }}

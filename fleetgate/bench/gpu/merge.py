@@ -17,6 +17,7 @@ from typing import Any
 from fleetgate.bench.gpu.compare import compare, within_target
 from fleetgate.bench.gpu.matrix import SweepConfig
 from fleetgate.bench.gpu.render import render
+from fleetgate.engine.capacity import CapacityPlan
 from fleetgate.engine.vllm_log import EngineLogReport
 from fleetgate.operator.profiles import Profiles
 
@@ -47,7 +48,7 @@ def recompare(record: dict[str, Any], *, config: SweepConfig, profiles: Profiles
         return record
     report = EngineLogReport(**logged)
     out = {**record, "plan": plan.to_status(), "plan_recomputed": True}
-    if report.kv_tokens is not None:
+    if isinstance(plan, CapacityPlan) and report.kv_tokens is not None:  # an encoder plan has no KV cache
         figures = compare(plan=plan, log=report)
         out["comparison"] = {k: v.to_dict() for k, v in figures.items()}
         out["within_5pct"] = within_target(figures)

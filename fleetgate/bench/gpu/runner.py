@@ -37,6 +37,7 @@ from fleetgate.bench.gpu.load import LAST_ID, post_json, requests_for, run_level
 from fleetgate.bench.gpu.matrix import SweepConfig
 from fleetgate.bench.gpu.render import Rendered, render
 from fleetgate.core.localredis import free_port
+from fleetgate.engine.capacity import CapacityPlan
 from fleetgate.engine.vllm_log import failure_reason, parse_engine_log
 from fleetgate.operator.profiles import Profiles
 
@@ -240,7 +241,7 @@ class EngineRunner:
                 record["gpus_released"] = wait_gpus_released(slots, timeout_s=wait)
         report = parse_engine_log(engine.text())
         record["vllm_log"] = report.to_dict()
-        if plan is not None and report.kv_tokens is not None:
+        if isinstance(plan, CapacityPlan) and report.kv_tokens is not None:  # an encoder plan has no KV cache
             figures = compare(plan=plan, log=report)
             record["comparison"] = {k: v.to_dict() for k, v in figures.items()}
             record["within_5pct"] = within_target(figures)
