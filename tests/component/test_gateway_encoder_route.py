@@ -35,3 +35,22 @@ async def test_chat_to_an_embedding_model_is_refused_and_the_listing_marks_it(
     assert len(engine.received) == 1  # the refused requests never reached an engine
     tasks = {m["id"]: m["fleetgate"].get("task") for m in listing["data"]}
     assert tasks == {"m1": None, "all-minilm-l6-v2": "embed"}
+
+
+async def test_the_responses_and_messages_routes_refuse_an_embedding_model_and_embeddings_reach_it(
+    engine: FakeEngine, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    settings = GatewaySettings.model_validate({"server": {"auth": "open"}, "models": [
+        {"name": "all-minilm-l6-v2", "endpoints": [engine.url], "task": "embed"}]})
+    gw = await start_gateway(settings)
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        responses = await client.post("/v1/responses", json={"model": "all-minilm-l6-v2", "input": "hi"})
+        messages = await client.post("/v1/messages", json={
+            "model": "all-minilm-l6-v2", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        embeddings = await client.post("/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": ["a b", "c"]})
+    assert responses.status_code == 400
+    assert responses.json()["error"]["param"] == "model" and "embedding model" in responses.json()["error"]["message"]
+    assert messages.status_code == 400 and messages.json()["type"] == "error"  # Anthropic's shape
+    assert messages.json()["error"]["type"] == "invalid_request_error" and "embedding model" in messages.text
+    assert embeddings.status_code == 200 and len(embeddings.json()["data"]) == 2
+    assert [r.path for r in engine.received] == ["/v1/embeddings"]  # the refused requests never reached it
