@@ -1,57 +1,42 @@
-"""The request pipeline: everything between the HTTP layer and the engines, with no web framework.
+"""The HTTP front door's request pipeline: everything between the HTTP layer and the engines, with no web framework.
 
-Order: authenticate from the header (401; before the body is even read, see `fastpath`) -> parse +
-validate (400) -> authorize the requested model or alias (403) -> known model or alias (404) -> reserve
-against limits (429) -> cache lookup (hit: answer, settle zero engine usage) -> tier resolution, whose
-concrete models are authorized too (`authorization`) -> endpoint picking and forwarding (fallbacks, one connect
-retry) -> optional cascade escalation (non-streaming) -> relay -> settle, record, cache store.
-Settling, recording and storing run after the response, in tasks the pipeline tracks (`drain`).
+Admission and accounting are the `flow.Flow` both front doors share (see there for the order of the stages:
+auth, limits, cache, tier). This door then picks an endpoint and forwards (`forwarding`: fallbacks, one
+connect retry), optionally escalates a non-streaming answer (cascade), relays it, and finishes through the
+flow (settle, record, cache store, in tasks the flow tracks: `drain`). A cache hit is answered from the
+cache, replayed as SSE when the client streams.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
 import aiohttp
 import orjson
 
-from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
-from fleetgate.core.errors import (
-    FleetGateError,
-    NotFoundError,
-    UpstreamBadResponseError,
-    UpstreamTimeoutError,
-    UpstreamUnavailableError,
-)
+from fleetgate.cache.types import CacheStatus
+from fleetgate.core.errors import FleetGateError, UpstreamBadResponseError, UpstreamTimeoutError
 from fleetgate.core.types import Usage
-from fleetgate.gateway.answercheck import start_answer_check
 from fleetgate.gateway.assembly import StreamAssembler
-from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorize_model, authorized_decision, shown
-from fleetgate.gateway.collect import answer_of, charged_usage, collect_stream
-from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import context_length, models_page, served_names, serves
+from fleetgate.gateway.collect import answer_of, collect_stream
+from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
-from fleetgate.gateway.errors import error_body, from_engine, internal_error_body
-from fleetgate.gateway.estimate import estimate_request, reserve_request
+from fleetgate.gateway.errors import from_engine, internal_error_body
+from fleetgate.gateway.flow import Admitted, Flow
 from fleetgate.gateway.forwarding import Forwarder, assembled_upstream
 from fleetgate.gateway.metrics import GatewayMetrics
-from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
+from fleetgate.gateway.parsing import Kind, ParsedRequest
 from fleetgate.gateway.replay import replay_chunks
 from fleetgate.gateway.settings import GatewaySettings
-from fleetgate.gateway.stages import RequestRecord, Tenant
+from fleetgate.gateway.stages import Tenant
 from fleetgate.gateway.stageset import Stages
 from fleetgate.gateway.streaming import RelayStream, ReplayStream, StreamOutcome
 from fleetgate.gateway.upstream import read_body
 from fleetgate.gateway.wake import Waker
-from fleetgate.router.tiers.types import TierDecision
-
-SAMPLED_OPT_IN = "x-fleetgate-cache-sampled"
-HITS = (CacheStatus.HIT_EXACT, CacheStatus.HIT_SEMANTIC)
 
 
 class Pipeline:
@@ -73,9 +58,7 @@ class Pipeline:
             metrics=metrics,
             session=session,
         )
-        self._context = {n: m.max_model_len for m in settings.models if m.max_model_len  # adapters: their base's
-                         for n in (m.name, *(a.name for a in m.adapters))}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.flow = Flow(settings=settings, stages=stages, metrics=metrics, on_finished=self._forwarder.finished)
         self._log = logging.getLogger("fleetgate.gateway.requests")
 
     # ---- public -------------------------------------------------------------------------------
@@ -85,151 +68,83 @@ class Pipeline:
         """Scale from zero: the requests held while a model wakes."""
         return self._forwarder.waker
 
+    @property
+    def forwarder(self) -> Forwarder:
+        return self._forwarder
+
     async def authenticate(self, *, headers: Mapping[str, str]) -> Tenant:
         """The caller's tenant from the `authorization` header alone (cheap: one hash and a dict lookup)."""
-        return await self._s.auth.authenticate(headers.get("authorization"))
+        return await self.flow.authenticate(headers=headers)
 
     def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse:
         """The answer to a request refused before its body was read (counted like any other)."""
-        ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
-        return self._error(ctx, exc)
+        return self.flow.error(self.flow.new_context(headers), exc)
 
     async def handle(
         self, *, kind: Kind, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None
     ) -> GatewayResponse:
         """`headers` must have lower-case names; `tenant`: already authenticated (`authenticate`).
         Never raises: every failure becomes a response."""
-        ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
+        flow = self.flow
+        ctx = flow.new_context(headers)
         self._m.in_flight.inc()
         try:
             response = await self._run(ctx, kind, raw, headers, tenant)
         except FleetGateError as exc:
-            response = self._error(ctx, exc)
+            response = flow.error(ctx, exc)
         except asyncio.CancelledError:  # the client left before a non-streaming answer: engine call aborted
             self._m.in_flight.dec()
-            self._finish(ctx, status=499, usage=ctx.unanswered_usage(), records=self._rejected_records(ctx, 499))
+            flow.finish(ctx, status=499, usage=ctx.unanswered_usage(), records=flow.rejected_records(ctx, 499))
             raise
         except Exception:
             self._log.exception("unexpected error", extra={"request_id": ctx.request_id})
-            response = GatewayResponse(500, self._headers(ctx), internal_error_body(ctx.request_id))
-            self._finish(ctx, status=500, usage=Usage(), records=[])
+            response = GatewayResponse(500, flow.headers(ctx), internal_error_body(ctx.request_id))
+            flow.finish(ctx, status=500, usage=Usage(), records=[])
         if response.stream is None:
             self._m.in_flight.dec()
         return response
 
     def known_models(self) -> list[str]:
-        return [*served_names(self._s.endpoint_source), *self._s.tiers.aliases()]
+        return self.flow.known_models()
 
     async def list_models(self, *, headers: Mapping[str, str]) -> GatewayResponse:
-        ctx = RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
-        try:
-            tenant = await self._s.auth.authenticate(headers.get("authorization"))
-        except FleetGateError as exc:
-            return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
-        body = models_page(self._s.endpoint_source, aliases=self._s.tiers.aliases(), allowed=tenant.allowed_models,
-                           tenant=tenant.id)
-        return GatewayResponse(200, self._headers(ctx), body)
-
-    def _context_of(self, model: str) -> int | None:
-        """The model's context length: configured on its route, else what discovery knows."""
-        return self._context.get(model) or context_length(self._s.endpoint_source, model)
+        return await self.flow.list_models(headers=headers)
 
     async def drain(self) -> None:
         """Wait for the settle/record/store work of finished requests (and their scale-from-zero activity marks)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.flow.drain()
         await self._forwarder.waker.drain()
+
+    async def answer_call(
+        self, ctx: RequestContext, targets: list[tuple[str, str | None]]
+    ) -> tuple[Attempt, dict[str, Any], Usage, bytes]:
+        """One non-streaming engine call (the cache's answer checks ask engines through this, from either door)."""
+        return await self._call(ctx, targets)
 
     # ---- the pipeline -------------------------------------------------------------------------
 
     async def _run(
         self, ctx: RequestContext, kind: Kind, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None
     ) -> GatewayResponse:
-        # Authenticate before parsing: an unauthenticated client must not cost JSON parsing of a big body.
-        ctx.tenant = tenant if tenant is not None else await self.authenticate(headers=headers)
-        ctx.authenticated = True
-        parsed = parse_request(kind, raw, session_header=headers.get("x-session-id"))
-        ctx.parsed = parsed
-        # Until the name is authorized and known it is the client's arbitrary string: records, ledger rows
-        # and metric labels get a fixed placeholder instead, so they cannot grow with what clients send.
-        ctx.model_label = REFUSED_MODEL
-        authorize_model(self._s.auth, ctx.tenant, parsed.model, source=self._s.endpoint_source)
-        ctx.model_label = UNKNOWN_MODEL
-        if not serves(self._s.endpoint_source, parsed.model) and parsed.model not in self._s.tiers.aliases():
-            names = ", ".join([*served_names(self._s.endpoint_source, visible_to=ctx.tenant.id),
-                               *self._s.tiers.aliases()]) or "(none configured)"
-            raise NotFoundError(f"model {shown(parsed.model)} does not exist; available models: {names}",
-                                param="model")
-        ctx.model_label = parsed.model
-        estimate = estimate_request(parsed)
-        ctx.prompt_estimate = estimate.prompt_tokens
-        ctx.reservation = await reserve_request(
-            limiter=self._s.limiter, tenant=ctx.tenant, parsed=parsed, estimate=estimate,
-            context=self._context_of(parsed.model), default=self._server.default_max_tokens)
-        lookup = await self._lookup(ctx, parsed, headers)
-        if lookup.status in HITS and lookup.response is not None:
-            return self._serve_hit(ctx, parsed, lookup)
-        decision = authorized_decision(await self._resolve(ctx, parsed, lookup), tenant=ctx.tenant, auth=self._s.auth,
-                                       source=self._s.endpoint_source)
-        ctx.tier = decision
-        ctx.served_model, ctx.served_tier = decision.model, decision.tier  # until an engine call says otherwise
-        targets = [(decision.model, decision.tier), *decision.fallbacks]
-        if parsed.stream:
-            return await self._stream(ctx, parsed, targets)
-        return await self._complete(ctx, parsed, targets)
+        admitted = await self.flow.admit(ctx, kind=kind, raw=raw, headers=headers, tenant=tenant)
+        if admitted.hit is not None:
+            return self._serve_hit(ctx, admitted)
+        if admitted.parsed.stream:
+            return await self._stream(ctx, admitted.parsed, admitted.targets)
+        return await self._complete(ctx, admitted.parsed, admitted.targets)
 
-    async def _lookup(self, ctx: RequestContext, parsed: ParsedRequest, headers: Mapping[str, str]) -> CacheLookup:
-        directives = {d.strip().lower() for d in headers.get("cache-control", "").split(",")}
-        req = CacheRequest(
-            tenant=ctx.tenant.id,
-            model=parsed.model,  # the requested name: an alias is its own cache partition
-            kind=parsed.kind,
-            body=parsed.body,
-            no_cache="no-cache" in directives,
-            no_store="no-store" in directives,
-            allow_sampled=headers.get(SAMPLED_OPT_IN, "").lower() in ("1", "true", "yes"),
-        )
-        ctx.cache_request = req
-        try:
-            lookup = await self._s.cache.lookup(req)
-        except Exception:  # the cache fails open: a broken cache must not fail requests
-            self._log.exception("cache lookup failed", extra={"request_id": ctx.request_id})
-            lookup = CacheLookup(status=CacheStatus.BYPASS, reason="cache error")
-        ctx.lookup = lookup
-        return lookup
-
-    async def _resolve(self, ctx: RequestContext, parsed: ParsedRequest, lookup: CacheLookup) -> TierDecision:
-        try:
-            if ctx.tenant.allowed_models is not None:
-                # The alias picks among the tiers this tenant may use (`authorized_decision` re-checks the result).
-                return await self._s.tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding,
-                                                   allowed_models=ctx.tenant.allowed_models)
-            return await self._s.tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding)
-        except FleetGateError:
-            raise
-        except Exception as exc:  # a broken tier router must not take explicit models down with it
-            self._log.exception("tier resolution failed", extra={"request_id": ctx.request_id})
-            if serves(self._s.endpoint_source, parsed.model):
-                return TierDecision(model=parsed.model, reason="tier router error")
-            raise UpstreamUnavailableError(f"cannot resolve model alias {parsed.model!r}: {exc}") from exc
-
-    def _serve_hit(self, ctx: RequestContext, parsed: ParsedRequest, lookup: CacheLookup) -> GatewayResponse:
-        assert lookup.response is not None
-        response = lookup.response
-        ctx.served_model = str(response.get("model") or parsed.model)
-        record = self._record(ctx, model=ctx.served_model, tier=None, endpoint=None,
-                              usage=Usage.from_openai(response.get("usage")), status=200)
-        headers = self._headers(ctx)
-        start_answer_check(cache=self._s.cache, ctx=ctx, lookup=lookup, call=self._call,
-                           finished=self._forwarder.finished, record=self._s.accountant.record,
-                           served=self._s.endpoint_source.models)
+    def _serve_hit(self, ctx: RequestContext, admitted: Admitted) -> GatewayResponse:
+        response, parsed = admitted.hit, admitted.parsed
+        assert response is not None
+        record = self.flow.hit_record(ctx, admitted, call=self._call)
+        headers = self.flow.headers(ctx)
         if not parsed.stream:
-            self._finish(ctx, status=200, usage=Usage(), records=[record])
+            self.flow.finish(ctx, status=200, usage=Usage(), records=[record])
             return GatewayResponse(200, headers, orjson.dumps(response))
 
         def done(ok: bool) -> None:
             self._m.in_flight.dec()
-            self._finish(ctx, status=200 if ok else 499, usage=Usage(), records=[record])
+            self.flow.finish(ctx, status=200 if ok else 499, usage=Usage(), records=[record])
 
         chunks = replay_chunks(response, include_usage=parsed.include_usage)
         return GatewayResponse(200, headers, stream=ReplayStream(chunks, on_done=done), media_type="text/event-stream")
@@ -283,7 +198,7 @@ class Pipeline:
         done: list[tuple[StreamOutcome, Usage]] = []
 
         def on_done(out: StreamOutcome) -> None:  # also when the client left: the usage so far is charged
-            usage = self._charged(ctx, attempt, out)
+            usage = self.flow.charged(ctx, attempt, out)
             ctx.spent = (ctx.spent or Usage()) + usage
             self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok and out.assembled is not None, usage=usage)
             done.append((out, usage))
@@ -300,17 +215,12 @@ class Pipeline:
         obj = answer_of(out, usage, model=attempt.model if ep.model != attempt.model else ep.model)
         return attempt, obj, usage, orjson.dumps(obj)
 
-    def _charged(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> Usage:
-        if out.bad_usage:
-            self._m.upstream_errors.labels(attempt.model, attempt.endpoint.id, "bad_usage").inc()
-        return charged_usage(out, prompt_estimate=ctx.prompt_estimate)
-
     async def _complete(
         self, ctx: RequestContext, parsed: ParsedRequest, targets: list[tuple[str, str | None]]
     ) -> GatewayResponse:
         attempt, obj, usage, body = await self._call(ctx, targets)
-        records = [self._record(ctx, model=attempt.model, tier=attempt.tier,
-                                endpoint=attempt.endpoint.id, usage=usage, status=200)]
+        records = [self.flow.record(ctx, model=attempt.model, tier=attempt.tier,
+                                    endpoint=attempt.endpoint.id, usage=usage, status=200)]
         total = usage
         decision = ctx.tier
         reason = None
@@ -329,12 +239,12 @@ class Pipeline:
             else:
                 attempt, obj, body = attempt2, obj2, body2
                 total = total + usage2
-                records.append(self._record(ctx, model=attempt2.model, tier=attempt2.tier,
-                                            endpoint=attempt2.endpoint.id, usage=usage2, status=200))
+                records.append(self.flow.record(ctx, model=attempt2.model, tier=attempt2.tier,
+                                                endpoint=attempt2.endpoint.id, usage=usage2, status=200))
                 records[-1].extra["cascade"] = f"escalation of {records[0].model}: {reason}"
         store = obj if ctx.lookup is not None and ctx.lookup.status == CacheStatus.MISS else None
-        self._finish(ctx, status=200, usage=total, records=records, store=store)
-        return GatewayResponse(200, self._headers(ctx, attempt), body)
+        self.flow.finish(ctx, status=200, usage=total, records=records, store=store)
+        return GatewayResponse(200, self.flow.headers(ctx, attempt), body)
 
     async def _stream(
         self, ctx: RequestContext, parsed: ParsedRequest, targets: list[tuple[str, str | None]]
@@ -362,133 +272,8 @@ class Pipeline:
             assembler=StreamAssembler(parsed.kind) if assemble else None,
             on_done=partial(self._stream_done, ctx, attempt),
         )
-        return GatewayResponse(200, self._headers(ctx, attempt), stream=relay, media_type="text/event-stream")
+        return GatewayResponse(200, self.flow.headers(ctx, attempt), stream=relay, media_type="text/event-stream")
 
     def _stream_done(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> None:
         self._m.in_flight.dec()
-        usage = self._charged(ctx, attempt, out)
-        ep = attempt.endpoint
-        self._s.scheduler.on_complete(attempt.routing, ep, ok=out.ok, usage=usage)
-        if out.error_kind:
-            self._m.upstream_errors.labels(attempt.model, ep.id, out.error_kind).inc()
-        status = 200 if out.ok else 499 if out.cancelled else 504 if out.error_kind == "timeout" else 502
-        record = self._record(ctx, model=attempt.model, tier=attempt.tier, endpoint=ep.id, usage=usage, status=status)
-        record.stream = True
-        if out.first_token_at is not None:
-            record.ttft_s = out.first_token_at - ctx.received_at
-        if out.cancelled:
-            record.extra["cancelled"] = "client disconnected"
-        self._finish(ctx, status=status, usage=usage, records=[record], store=out.assembled, outcome=out)
-
-    # ---- responses, records, finishing --------------------------------------------------------
-
-    def _rejected_records(self, ctx: RequestContext, status: int) -> list[RequestRecord]:
-        """The record of a request that got no answer (only once the tenant is known)."""
-        if not ctx.authenticated or ctx.parsed is None:
-            return []
-        model = ctx.served_model or ctx.model_label
-        endpoint = ctx.attempts[-1].endpoint.id if ctx.attempts else None
-        return [self._record(ctx, model=model, tier=ctx.served_tier, endpoint=endpoint, usage=ctx.unanswered_usage(),
-                             status=status)]
-
-    def _error(self, ctx: RequestContext, exc: FleetGateError) -> GatewayResponse:
-        records = self._rejected_records(ctx, exc.status)
-        self._finish(ctx, status=exc.status, usage=ctx.unanswered_usage(), records=records)
-        return GatewayResponse(exc.status, {**self._headers(ctx), **exc.headers}, error_body(exc))
-
-    def _headers(self, ctx: RequestContext, attempt: Attempt | None = None) -> dict[str, str]:
-        headers = {"x-request-id": ctx.request_id}
-        if ctx.served_model:
-            headers["x-fleetgate-model"] = ctx.served_model
-        if ctx.served_tier:
-            headers["x-fleetgate-tier"] = ctx.served_tier
-        if ctx.lookup is not None:
-            cache = ctx.lookup.status.value
-            if ctx.lookup.similarity is not None:
-                cache += f"; similarity={ctx.lookup.similarity:.4f}"
-            headers["x-fleetgate-cache"] = cache
-        if self._server.debug_headers and attempt is not None:
-            headers["x-fleetgate-endpoint"] = attempt.endpoint.id
-            reasons = attempt.decision.reasons
-            headers["x-fleetgate-route-reasons"] = (
-                ",".join(f"{k}={v:.3f}" for k, v in reasons.items()) or attempt.decision.profile
-            )
-        return headers
-
-    def _record(
-        self, ctx: RequestContext, *, model: str, tier: str | None, endpoint: str | None, usage: Usage, status: int
-    ) -> RequestRecord:
-        parsed = ctx.parsed
-        return RequestRecord(
-            request_id=ctx.request_id,
-            tenant=ctx.tenant,
-            model=model,
-            tier=tier,
-            endpoint=endpoint,
-            usage=usage,
-            status=status,
-            stream=bool(parsed and parsed.stream),
-            cache_status=ctx.lookup.status.value if ctx.lookup is not None else CacheStatus.BYPASS.value,
-            duration_s=time.perf_counter() - ctx.received_at,
-        )
-
-    def _finish(
-        self,
-        ctx: RequestContext,
-        *,
-        status: int,
-        usage: Usage,
-        records: list[RequestRecord],
-        store: dict[str, Any] | None = None,
-        outcome: StreamOutcome | None = None,
-    ) -> None:
-        """Metrics and the log line now; settle, record and cache store in a tracked task."""
-        if ctx.finished:
-            return
-        ctx.finished = True
-        self._forwarder.finished(ctx)
-        now = time.perf_counter()
-        model = ctx.served_model or ""
-        tier = ctx.served_tier or ""
-        tenant = ctx.tenant.id
-        cache = ctx.lookup.status.value if ctx.lookup is not None else "none"
-        self._m.requests.labels(model, tier, tenant, str(status), cache).inc()
-        self._m.duration.labels(model, tier, tenant).observe(now - ctx.received_at)
-        if outcome is not None and outcome.first_token_at is not None:
-            self._m.ttft.labels(model, tier, tenant).observe(outcome.first_token_at - ctx.received_at)
-            if outcome.last_token_at is not None and usage.completion_tokens > 1:
-                tpot = (outcome.last_token_at - outcome.first_token_at) / (usage.completion_tokens - 1)
-                self._m.tpot.labels(model, tier, tenant).observe(tpot)
-        for record in records:
-            record.duration_s = now - ctx.received_at
-        if self._server.log_requests:
-            self._log.info("request", extra={
-                "request_id": ctx.request_id, "tenant": tenant, "model": model, "tier": tier, "status": status,
-                "cache": cache, "stream": bool(ctx.parsed and ctx.parsed.stream),
-                "duration_ms": round((now - ctx.received_at) * 1000, 3),
-                "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-                "endpoint": ctx.attempts[-1].endpoint.id if ctx.attempts else None,
-            })
-        if ctx.reservation is None and not records and store is None:
-            return
-        self._spawn(self._settle(ctx, usage, records, store))
-
-    async def _settle(
-        self, ctx: RequestContext, usage: Usage, records: list[RequestRecord], store: dict[str, Any] | None
-    ) -> None:
-        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
-        if ctx.reservation is not None:
-            steps.append(("settle", partial(self._s.limiter.settle, ctx.reservation, usage)))
-        steps.extend(("record", partial(self._s.accountant.record, r)) for r in records)
-        if store is not None and ctx.cache_request is not None and ctx.lookup is not None:
-            steps.append(("cache store", partial(self._s.cache.store, ctx.cache_request, ctx.lookup, store)))
-        for name, step in steps:
-            try:
-                await step()
-            except Exception:
-                self._log.exception(f"{name} failed", extra={"request_id": ctx.request_id})
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.flow.stream_done(ctx, attempt, out)

@@ -1,0 +1,341 @@
+"""The stages both front doors drive, with no framing: admission before an engine is chosen, accounting after.
+
+FleetGate has two front doors: its own HTTP gateway (`pipeline.Pipeline` behind `fastpath`) and the Endpoint
+Picker that any Gateway API inference gateway asks over Envoy ext_proc (`fleetgate.gateway.epp`). Both run
+every request through this one object, so a feature is written once and only the framing differs:
+
+- `admit`: authenticate from the header (401) -> parse + validate (400) -> authorize the requested model or
+  alias (403) -> known model or alias (404) -> reserve against limits and budgets (429) -> cache lookup ->
+  on a miss, tier resolution whose concrete models are authorized too (`authorization`). The result says
+  what to serve: a cache hit, or the (model, tier) targets in order (the tier's choice, then its fallbacks).
+- `stream_done`: what a streamed engine answer is charged and recorded as (also when the client left).
+- `finish`: metrics and the log line now; settle the reservation, record the request and store the answer
+  in the cache in a task the flow tracks (`drain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
+from fleetgate.core.errors import FleetGateError, NotFoundError, UpstreamUnavailableError
+from fleetgate.core.types import Usage
+from fleetgate.gateway.answercheck import Call, start_answer_check
+from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorize_model, authorized_decision, shown
+from fleetgate.gateway.collect import charged_usage
+from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
+from fleetgate.gateway.discovery import context_length, models_page, served_names, serves
+from fleetgate.gateway.errors import error_body
+from fleetgate.gateway.estimate import estimate_request, reserve_request
+from fleetgate.gateway.metrics import GatewayMetrics
+from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
+from fleetgate.gateway.settings import GatewaySettings
+from fleetgate.gateway.stages import RequestRecord, Tenant
+from fleetgate.gateway.stageset import Stages
+from fleetgate.gateway.streaming import StreamOutcome
+from fleetgate.router.tiers.types import TierDecision
+
+SAMPLED_OPT_IN = "x-fleetgate-cache-sampled"
+HITS = (CacheStatus.HIT_EXACT, CacheStatus.HIT_SEMANTIC)
+
+
+@dataclass(slots=True)
+class Admitted:
+    """An admitted request: a cache hit to answer with, or the (model, tier) targets to route to, in order."""
+
+    parsed: ParsedRequest
+    lookup: CacheLookup
+    decision: TierDecision | None = None  # None: a cache hit
+
+    @property
+    def hit(self) -> dict[str, Any] | None:
+        """The cached response, when this is a hit."""
+        return self.lookup.response if self.decision is None else None
+
+    @property
+    def targets(self) -> list[tuple[str, str | None]]:
+        assert self.decision is not None
+        return [(self.decision.model, self.decision.tier), *self.decision.fallbacks]
+
+
+class Flow:
+    def __init__(
+        self,
+        *,
+        settings: GatewaySettings,
+        stages: Stages,
+        metrics: GatewayMetrics,
+        on_finished: Callable[[RequestContext], None] = lambda ctx: None,
+    ) -> None:
+        self.stages = stages
+        self.metrics = metrics
+        self._server = settings.server
+        self._on_finished = on_finished  # the door's own bookkeeping (the forwarder's scale-from-zero marks)
+        self._context = {n: m.max_model_len for m in settings.models if m.max_model_len  # adapters: their base's
+                         for n in (m.name, *(a.name for a in m.adapters))}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._log = logging.getLogger("fleetgate.gateway.requests")
+
+    # ---- before an engine is chosen -------------------------------------------------------------
+
+    def new_context(self, headers: Mapping[str, str]) -> RequestContext:
+        return RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
+
+    async def authenticate(self, *, headers: Mapping[str, str]) -> Tenant:
+        """The caller's tenant from the `authorization` header alone (cheap: one hash and a dict lookup)."""
+        return await self.stages.auth.authenticate(headers.get("authorization"))
+
+    async def admit(
+        self, ctx: RequestContext, *, kind: Kind, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None
+    ) -> Admitted:
+        """Everything before an engine is chosen; raises the `FleetGateError` a client is answered with.
+        `headers` must have lower-case names; `tenant`: already authenticated (`authenticate`)."""
+        s = self.stages
+        # Authenticate before parsing: an unauthenticated client must not cost JSON parsing of a big body.
+        ctx.tenant = tenant if tenant is not None else await self.authenticate(headers=headers)
+        ctx.authenticated = True
+        parsed = parse_request(kind, raw, session_header=headers.get("x-session-id"))
+        ctx.parsed = parsed
+        # Until the name is authorized and known it is the client's arbitrary string: records, ledger rows
+        # and metric labels get a fixed placeholder instead, so they cannot grow with what clients send.
+        ctx.model_label = REFUSED_MODEL
+        authorize_model(s.auth, ctx.tenant, parsed.model, source=s.endpoint_source)
+        ctx.model_label = UNKNOWN_MODEL
+        if not serves(s.endpoint_source, parsed.model) and parsed.model not in s.tiers.aliases():
+            names = ", ".join([*served_names(s.endpoint_source, visible_to=ctx.tenant.id),
+                               *s.tiers.aliases()]) or "(none configured)"
+            raise NotFoundError(f"model {shown(parsed.model)} does not exist; available models: {names}",
+                                param="model")
+        ctx.model_label = parsed.model
+        estimate = estimate_request(parsed)
+        ctx.prompt_estimate = estimate.prompt_tokens
+        ctx.reservation = await reserve_request(
+            limiter=s.limiter, tenant=ctx.tenant, parsed=parsed, estimate=estimate,
+            context=self._context_of(parsed.model), default=self._server.default_max_tokens)
+        lookup = await self._lookup(ctx, parsed, headers)
+        if lookup.status in HITS and lookup.response is not None:
+            return Admitted(parsed=parsed, lookup=lookup)
+        decision = authorized_decision(await self._resolve(ctx, parsed, lookup), tenant=ctx.tenant, auth=s.auth,
+                                       source=s.endpoint_source)
+        ctx.tier = decision
+        ctx.served_model, ctx.served_tier = decision.model, decision.tier  # until an engine call says otherwise
+        return Admitted(parsed=parsed, lookup=lookup, decision=decision)
+
+    def known_models(self) -> list[str]:
+        return [*served_names(self.stages.endpoint_source), *self.stages.tiers.aliases()]
+
+    async def list_models(self, *, headers: Mapping[str, str]) -> GatewayResponse:
+        ctx = self.new_context(headers)
+        try:
+            tenant = await self.stages.auth.authenticate(headers.get("authorization"))
+        except FleetGateError as exc:
+            return GatewayResponse(exc.status, {**self.headers(ctx), **exc.headers}, error_body(exc))
+        body = models_page(self.stages.endpoint_source, aliases=self.stages.tiers.aliases(),
+                           allowed=tenant.allowed_models, tenant=tenant.id)
+        return GatewayResponse(200, self.headers(ctx), body)
+
+    def _context_of(self, model: str) -> int | None:
+        """The model's context length: configured on its route, else what discovery knows."""
+        return self._context.get(model) or context_length(self.stages.endpoint_source, model)
+
+    async def _lookup(self, ctx: RequestContext, parsed: ParsedRequest, headers: Mapping[str, str]) -> CacheLookup:
+        directives = {d.strip().lower() for d in headers.get("cache-control", "").split(",")}
+        req = CacheRequest(
+            tenant=ctx.tenant.id,
+            model=parsed.model,  # the requested name: an alias is its own cache partition
+            kind=parsed.kind,
+            body=parsed.body,
+            no_cache="no-cache" in directives,
+            no_store="no-store" in directives,
+            allow_sampled=headers.get(SAMPLED_OPT_IN, "").lower() in ("1", "true", "yes"),
+        )
+        ctx.cache_request = req
+        try:
+            lookup = await self.stages.cache.lookup(req)
+        except Exception:  # the cache fails open: a broken cache must not fail requests
+            self._log.exception("cache lookup failed", extra={"request_id": ctx.request_id})
+            lookup = CacheLookup(status=CacheStatus.BYPASS, reason="cache error")
+        ctx.lookup = lookup
+        return lookup
+
+    async def _resolve(self, ctx: RequestContext, parsed: ParsedRequest, lookup: CacheLookup) -> TierDecision:
+        tiers, source = self.stages.tiers, self.stages.endpoint_source
+        try:
+            if ctx.tenant.allowed_models is not None:
+                # The alias picks among the tiers this tenant may use (`authorized_decision` re-checks the result).
+                return await tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding,
+                                           allowed_models=ctx.tenant.allowed_models)
+            return await tiers.resolve(parsed.model, parsed.prompt_text, embedding=lookup.embedding)
+        except FleetGateError:
+            raise
+        except Exception as exc:  # a broken tier router must not take explicit models down with it
+            self._log.exception("tier resolution failed", extra={"request_id": ctx.request_id})
+            if serves(source, parsed.model):
+                return TierDecision(model=parsed.model, reason="tier router error")
+            raise UpstreamUnavailableError(f"cannot resolve model alias {parsed.model!r}: {exc}") from exc
+
+    # ---- answers ------------------------------------------------------------------------------
+
+    def hit_record(self, ctx: RequestContext, admitted: Admitted, *, call: Call | None) -> RequestRecord:
+        """A cache hit is being served: its record (zero engine usage), and the answer check offered to the
+        cache (`call`: how the door asks an engine; None: no checks through this door)."""
+        response = admitted.hit
+        assert response is not None
+        ctx.served_model = str(response.get("model") or admitted.parsed.model)
+        record = self.record(ctx, model=ctx.served_model, tier=None, endpoint=None,
+                             usage=Usage.from_openai(response.get("usage")), status=200)
+        if call is not None:
+            s = self.stages
+            start_answer_check(cache=s.cache, ctx=ctx, lookup=admitted.lookup, call=call, finished=self._on_finished,
+                               record=s.accountant.record, served=s.endpoint_source.models)
+        return record
+
+    def charged(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> Usage:
+        if out.bad_usage:
+            self.metrics.upstream_errors.labels(attempt.model, attempt.endpoint.id, "bad_usage").inc()
+        return charged_usage(out, prompt_estimate=ctx.prompt_estimate)
+
+    def stream_done(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> None:
+        """A streamed engine answer ended (completed, broke off, timed out, or the client left): charge what the
+        engine did, tell the scheduler, record and finish."""
+        usage = self.charged(ctx, attempt, out)
+        ep = attempt.endpoint
+        self.stages.scheduler.on_complete(attempt.routing, ep, ok=out.ok, usage=usage)
+        if out.error_kind:
+            self.metrics.upstream_errors.labels(attempt.model, ep.id, out.error_kind).inc()
+        status = 200 if out.ok else 499 if out.cancelled else 504 if out.error_kind == "timeout" else 502
+        record = self.record(ctx, model=attempt.model, tier=attempt.tier, endpoint=ep.id, usage=usage, status=status)
+        record.stream = True
+        if out.first_token_at is not None:
+            record.ttft_s = out.first_token_at - ctx.received_at
+        if out.cancelled:
+            record.extra["cancelled"] = "client disconnected"
+        self.finish(ctx, status=status, usage=usage, records=[record], store=out.assembled, outcome=out)
+
+    def rejected_records(self, ctx: RequestContext, status: int) -> list[RequestRecord]:
+        """The record of a request that got no answer (only once the tenant is known)."""
+        if not ctx.authenticated or ctx.parsed is None:
+            return []
+        model = ctx.served_model or ctx.model_label
+        endpoint = ctx.attempts[-1].endpoint.id if ctx.attempts else None
+        return [self.record(ctx, model=model, tier=ctx.served_tier, endpoint=endpoint, usage=ctx.unanswered_usage(),
+                            status=status)]
+
+    def error(self, ctx: RequestContext, exc: FleetGateError) -> GatewayResponse:
+        """The OpenAI-shaped answer to a refused or failed request; the request is finished (and charged what
+        the engine did, if it was reached)."""
+        records = self.rejected_records(ctx, exc.status)
+        self.finish(ctx, status=exc.status, usage=ctx.unanswered_usage(), records=records)
+        return GatewayResponse(exc.status, {**self.headers(ctx), **exc.headers}, error_body(exc))
+
+    def headers(self, ctx: RequestContext, attempt: Attempt | None = None) -> dict[str, str]:
+        headers = {"x-request-id": ctx.request_id}
+        if ctx.served_model:
+            headers["x-fleetgate-model"] = ctx.served_model
+        if ctx.served_tier:
+            headers["x-fleetgate-tier"] = ctx.served_tier
+        if ctx.lookup is not None:
+            cache = ctx.lookup.status.value
+            if ctx.lookup.similarity is not None:
+                cache += f"; similarity={ctx.lookup.similarity:.4f}"
+            headers["x-fleetgate-cache"] = cache
+        if self._server.debug_headers and attempt is not None:
+            headers["x-fleetgate-endpoint"] = attempt.endpoint.id
+            reasons = attempt.decision.reasons
+            headers["x-fleetgate-route-reasons"] = (
+                ",".join(f"{k}={v:.3f}" for k, v in reasons.items()) or attempt.decision.profile
+            )
+        return headers
+
+    def record(
+        self, ctx: RequestContext, *, model: str, tier: str | None, endpoint: str | None, usage: Usage, status: int
+    ) -> RequestRecord:
+        parsed = ctx.parsed
+        return RequestRecord(
+            request_id=ctx.request_id,
+            tenant=ctx.tenant,
+            model=model,
+            tier=tier,
+            endpoint=endpoint,
+            usage=usage,
+            status=status,
+            stream=bool(parsed and parsed.stream),
+            cache_status=ctx.lookup.status.value if ctx.lookup is not None else CacheStatus.BYPASS.value,
+            duration_s=time.perf_counter() - ctx.received_at,
+        )
+
+    # ---- finishing ----------------------------------------------------------------------------
+
+    def finish(
+        self,
+        ctx: RequestContext,
+        *,
+        status: int,
+        usage: Usage,
+        records: list[RequestRecord],
+        store: dict[str, Any] | None = None,
+        outcome: StreamOutcome | None = None,
+    ) -> None:
+        """Metrics and the log line now; settle, record and cache store in a tracked task. Once per request."""
+        if ctx.finished:
+            return
+        ctx.finished = True
+        self._on_finished(ctx)
+        m = self.metrics
+        now = time.perf_counter()
+        model = ctx.served_model or ""
+        tier = ctx.served_tier or ""
+        tenant = ctx.tenant.id
+        cache = ctx.lookup.status.value if ctx.lookup is not None else "none"
+        m.requests.labels(model, tier, tenant, str(status), cache).inc()
+        m.duration.labels(model, tier, tenant).observe(now - ctx.received_at)
+        if outcome is not None and outcome.first_token_at is not None:
+            m.ttft.labels(model, tier, tenant).observe(outcome.first_token_at - ctx.received_at)
+            if outcome.last_token_at is not None and usage.completion_tokens > 1:
+                tpot = (outcome.last_token_at - outcome.first_token_at) / (usage.completion_tokens - 1)
+                m.tpot.labels(model, tier, tenant).observe(tpot)
+        for record in records:
+            record.duration_s = now - ctx.received_at
+        if self._server.log_requests:
+            self._log.info("request", extra={
+                "request_id": ctx.request_id, "tenant": tenant, "model": model, "tier": tier, "status": status,
+                "cache": cache, "stream": bool(ctx.parsed and ctx.parsed.stream),
+                "duration_ms": round((now - ctx.received_at) * 1000, 3),
+                "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                "endpoint": ctx.attempts[-1].endpoint.id if ctx.attempts else None,
+            })
+        if ctx.reservation is None and not records and store is None:
+            return
+        self._spawn(self._settle(ctx, usage, records, store))
+
+    async def _settle(
+        self, ctx: RequestContext, usage: Usage, records: list[RequestRecord], store: dict[str, Any] | None
+    ) -> None:
+        s = self.stages
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if ctx.reservation is not None:
+            steps.append(("settle", partial(s.limiter.settle, ctx.reservation, usage)))
+        steps.extend(("record", partial(s.accountant.record, r)) for r in records)
+        if store is not None and ctx.cache_request is not None and ctx.lookup is not None:
+            steps.append(("cache store", partial(s.cache.store, ctx.cache_request, ctx.lookup, store)))
+        for name, step in steps:
+            try:
+                await step()
+            except Exception:
+                self._log.exception(f"{name} failed", extra={"request_id": ctx.request_id})
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for the settle/record/store work of finished requests."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
