@@ -132,6 +132,16 @@ class DiscoverySettings(_Strict):
     resync_s: float = Field(default=30.0, gt=0)
 
 
+class EppSettings(_Strict):
+    """`fleetgate epp`: the same stages served as a Gateway API Inference Extension Endpoint Picker (ext_proc)."""
+
+    host: str = Field(default="127.0.0.1", description="gRPC listen address (0.0.0.0 in a pod)")
+    port: int = Field(default=9002, ge=0, le=65535, description="ext_proc and gRPC health (9002: the GIE default)")
+    max_endpoints: int = Field(
+        default=1, ge=1, le=2, description="endpoints per pick, the proxy's retry order (plain Envoy's ORIGINAL_DST "
+        "cluster reads one; gateways that walk the list can use the scheduler's fallback too)")
+
+
 class GatewaySettings(_Strict):
     server: ServerSettings = Field(default_factory=ServerSettings)
     models: list[ModelRoute] = Field(default_factory=list)
@@ -141,6 +151,7 @@ class GatewaySettings(_Strict):
     cache: CacheConfig = Field(default_factory=lambda: CacheConfig(enabled=False))  # no section: off
     tiers: TierConfig = Field(default_factory=TierConfig)
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
+    epp: EppSettings = Field(default_factory=EppSettings)
 
     @field_validator("models")
     @classmethod

@@ -64,6 +64,18 @@ class Pinning:
         return cls(gateway={gateway_cpu}, others=set(cpus) - {gateway_cpu})
 
 
+def terminate(popen: subprocess.Popen[bytes], *, grace_s: float = 10.0) -> None:
+    """SIGTERM, and SIGKILL after `grace_s`."""
+    if popen.poll() is not None:
+        return
+    popen.terminate()
+    try:
+        popen.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()
+
+
 def gateway_settings(*, kind: str, port: int, engine_url: str, key_hash: str, embedder: str,
                      log_requests: bool) -> dict[str, Any]:
     settings: dict[str, Any] = {
@@ -145,12 +157,7 @@ class Stack:
         return proc
 
     def stop(self, proc: Proc) -> None:
-        proc.popen.terminate()
-        try:
-            proc.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.popen.kill()
-            proc.popen.wait()
+        terminate(proc.popen)
         self.procs.remove(proc)
 
 

@@ -78,6 +78,13 @@ class RateLimitError(FleetGateError):
         self.retry_after_s = retry_after_s
 
 
+class FleetSaturatedError(RateLimitError):
+    """Every endpoint that could serve the request is saturated: the request is shed rather than queued
+    (the Gateway API Inference Extension's 429 for dropped requests)."""
+
+    code = "fleet_saturated"
+
+
 class UpstreamUnavailableError(FleetGateError):
     """No engine could be reached (connect refused, no healthy endpoint)."""
 
