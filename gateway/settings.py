@@ -126,9 +126,14 @@ class ModelRoute(_Strict):
 
 
 class DiscoverySettings(_Strict):
-    kind: Literal["static", "kubernetes"] = "static"
-    namespace: str | None = Field(default=None, description="kubernetes: namespace to watch (None: the pod's own)")
+    kind: Literal["static", "kubernetes", "inferencepool"] = Field(
+        default="static", description="static: `models`; kubernetes: InferenceServices and their EndpointSlices; "
+        "inferencepool: Gateway API Inference Extension InferencePools and the pods they select")
+    namespace: str | None = Field(default=None, description="kubernetes, inferencepool: namespace to watch (None: "
+                                  "the pod's own; kubernetes also takes every namespace then, if allowed)")
     label_selector: str = "app.kubernetes.io/managed-by=fleetgate"
+    pool: str | None = Field(default=None, description="inferencepool: the one pool to serve (None: every pool)")
+    pod_label_selector: str = Field(default="", description="inferencepool: watch only pods with these labels")
     resync_s: float = Field(default=30.0, gt=0)
 
 

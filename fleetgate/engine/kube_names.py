@@ -33,3 +33,11 @@ ANNOTATION_SERVED_MODEL = "fleetgate.io/served-model"
 ANNOTATION_LAST_REQUEST = "fleetgate.io/last-request"
 ANNOTATION_WAKE_REPLICAS = "fleetgate.io/wake-replicas"
 SPEC_SCALE_TO_ZERO_AFTER = "scaleToZeroAfterSeconds"
+
+# The Gateway API Inference Extension's InferencePool (GA, v1): the operator publishes one per InferenceService
+# when its CRD is installed; the Endpoint Picker's `inferencepool` discovery reads them.
+POOL_GROUP = "inference.networking.k8s.io"
+POOL_VERSION = "v1"
+POOL_KIND = "InferencePool"
+POOL_PLURAL = "inferencepools"
+POOL_CRD = f"{POOL_PLURAL}.{POOL_GROUP}"

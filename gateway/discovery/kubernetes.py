@@ -27,7 +27,6 @@ come from `fleetgate.engine.kube_names`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import logging
@@ -53,6 +52,7 @@ from fleetgate.engine.kube_names import (
 )
 from fleetgate.engine.pod_paths import adapter_load_path
 from fleetgate.gateway.discovery import ModelListing, WakeTarget
+from fleetgate.gateway.discovery.watching import WatchedSource
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -198,8 +198,11 @@ def adapter_index(
     return out
 
 
-class KubernetesEndpointSource:
+class KubernetesEndpointSource(WatchedSource):
     """An EndpointSource fed by watches on InferenceServices and EndpointSlices."""
+
+    NAME = "kubernetes discovery"
+    KINDS = ("isvc", "slice")
 
     def __init__(
         self,
@@ -211,17 +214,13 @@ class KubernetesEndpointSource:
         registry: CollectorRegistry | None = None,
         retry_s: float = 2.0,
     ) -> None:
-        self._client_factory = client_factory
+        super().__init__(client_factory=client_factory, resync_s=resync_s, retry_s=retry_s)
         self._namespace = namespace
         self._selector: dict[str, Any] = dict(p.split("=", 1) for p in label_selector.split(",") if "=" in p)
-        self._resync_s = resync_s
-        self._retry_s = retry_s
         self._services: dict[tuple[str, str], ServiceInfo] = {}
         self._slices: dict[tuple[str, str], Mapping[str, Any]] = {}
         self._index: dict[str, list[Endpoint]] = {}
         self._adapter_index: dict[str, AdapterSpec] = {}
-        self._tasks: list[asyncio.Task[None]] = []
-        self._client: AsyncClient | None = None
         self._gauge = (
             Gauge("fleetgate_discovered_endpoints", "Ready engine pods per model (Kubernetes discovery).", ["model"],
                   registry=registry)
@@ -316,10 +315,6 @@ class KubernetesEndpointSource:
         )
         return isvc, EndpointSlice
 
-    @staticmethod
-    def _plain(obj: Any) -> dict[str, Any]:
-        return dict(obj) if isinstance(obj, dict) else dict(obj.to_dict())
-
     def _namespace_arg(self) -> str:
         from lightkube import ALL_NS
 
@@ -358,53 +353,13 @@ class KubernetesEndpointSource:
             self._slices[key] = obj
         self._rebuild()
 
-    async def _watch(self, kind: str) -> None:
+    def _watched(self, kind: str) -> tuple[Any, str, dict[str, Any] | None]:
         isvc, slice_cls = self._resources()
-        res = isvc if kind == "isvc" else slice_cls
-        labels = None if kind == "isvc" else self._selector
-        while True:
-            try:
-                assert self._client is not None
-                async for event, obj in self._client.watch(res, namespace=self._namespace_arg(), labels=labels):
-                    self.apply_event(kind, event, self._plain(obj))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a broken watch must never take discovery down: re-list and go on
-                log.warning("kubernetes discovery: %s watch failed (%s); re-listing in %.0fs", kind, exc, self._retry_s)
-                await asyncio.sleep(self._retry_s)
-                with contextlib.suppress(Exception):
-                    await self.relist()
-
-    async def _resync(self) -> None:
-        while True:
-            await asyncio.sleep(self._resync_s)
-            try:
-                await self.relist()
-            except Exception as exc:
-                log.warning("kubernetes discovery: resync failed: %s", exc)
-
-    async def start(self) -> None:
-        self._client = self._client_factory()
-        await self.relist()
-        self._tasks = [
-            asyncio.create_task(self._watch("isvc")),
-            asyncio.create_task(self._watch("slice")),
-            asyncio.create_task(self._resync()),
-        ]
-
-    async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks = []
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        return (isvc, self._namespace_arg(), None) if kind == "isvc" else (slice_cls, self._namespace_arg(),
+                                                                           self._selector)
 
 
-def _own_namespace() -> str | None:
+def own_namespace() -> str | None:
     try:
         return SA_NAMESPACE.read_text().strip() or None
     except OSError:
@@ -422,7 +377,7 @@ def build_source(settings: GatewaySettings, *, registry: CollectorRegistry) -> K
     discovery = settings.discovery
     return KubernetesEndpointSource(
         client_factory=client,
-        namespace=discovery.namespace or _own_namespace(),
+        namespace=discovery.namespace or own_namespace(),
         label_selector=discovery.label_selector,
         resync_s=discovery.resync_s,
         registry=registry,

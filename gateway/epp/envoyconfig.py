@@ -7,12 +7,13 @@ hand-run proxy. Filters, in order:
    it can never choose the pod (with FailOpen, a picker that is down would otherwise leave the client's
    choice in place);
 2. `ext_proc` to the EPP: headers SEND, both bodies FULL_DUPLEX_STREAMED (as the llm-d router runs), the
-   `envoy.lb` namespace forwarded (the served endpoint) and accepted back (the pick); `failure_mode_allow` is
-   the pool's `failureMode` (FailOpen: true);
-3. `lua`: on the response, the upstream host (put in a header by the route, `%UPSTREAM_HOST%`, and removed
-   here) becomes `envoy.lb` metadata `x-gateway-destination-endpoint-served`, which ext_proc then sends
-   the EPP, as the protocol's data plane must (Envoy's Lua API has no accessor for the upstream host);
-4. `router`.
+   `envoy.lb` namespaces forwarded (a subset hint) and accepted back (the pick); the endpoint that served is
+   sent as the `upstream.address` attribute on the response path (a Gateway API implementation says it in
+   `envoy.lb` metadata instead; the picker reads either); `failure_mode_allow` is the pool's `failureMode`
+   (FailOpen: true). The picker's cluster is health-checked over gRPC (Envoy fails open only before the
+   first body chunk went to the picker, so a picker that is down must be known before a request needs it);
+3. `router`.
+Envoy's own failures (connect errors, upstream resets) answer with an OpenAI-shaped error body.
 Routes: with the destination header, the `ORIGINAL_DST` cluster (`use_http_header`; it reads one `ip:port`,
 hence `epp.max_endpoints: 1` for plain Envoy); without it (the EPP failed and the pool fails open), the pool's
 endpoints round-robin; with FailClose, 503.
@@ -24,30 +25,22 @@ from typing import Any, Literal
 
 import yaml
 
-from fleetgate.gateway.epp.messages import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE
+from fleetgate.gateway.epp.messages import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE, UPSTREAM_ADDRESS
 
 FailureMode = Literal["FailOpen", "FailClose"]
-UPSTREAM_HOST = "x-fleetgate-upstream-host"
+
+# Envoy's own failures (no healthy upstream, connect failure, upstream reset or timeout, protocol error, ...): their
+# local replies get an OpenAI-shaped body; the picker's own answers (ImmediateResponses) carry no such flag.
+PROXY_FAILURES = ("UH", "UF", "UO", "NR", "URX", "UC", "UT", "UPE", "UMSDR", "NC", "DT")
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 _T = "type.googleapis.com/envoy.extensions"
 
 GUARD_LUA = f"""\
 function envoy_on_request(handle)
   local headers = handle:headers()
-  if headers:get("{DESTINATION}") ~= nil or headers:get("{UPSTREAM_HOST}") ~= nil then
+  if headers:get("{DESTINATION}") ~= nil then
     headers:remove("{DESTINATION}")
-    headers:remove("{UPSTREAM_HOST}")
     handle:clearRouteCache()
-  end
-end
-"""
-
-SERVED_LUA = f"""\
-function envoy_on_response(handle)
-  local host = handle:headers():get("{UPSTREAM_HOST}")
-  if host ~= nil then
-    handle:headers():remove("{UPSTREAM_HOST}")
-    handle:streamInfo():dynamicMetadata():set("{LB_NAMESPACE}", "{DESTINATION}-served", host)
   end
 end
 """
@@ -116,9 +109,8 @@ def envoy_config(
                                 "response_body_mode": "FULL_DUPLEX_STREAMED",
                                 "request_trailer_mode": "SEND", "response_trailer_mode": "SEND"},
             "metadata_options": {"forwarding_namespaces": {"untyped": [LB_NAMESPACE, SUBSET_NAMESPACE]},
-                                 "receiving_namespaces": {"untyped": [LB_NAMESPACE]}}}},
-        {"name": "fleetgate.served", "typed_config": {
-            "@type": f"{_T}.filters.http.lua.v3.Lua", "default_source_code": {"inline_string": SERVED_LUA}}},
+                                 "receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
+            "response_attributes": [UPSTREAM_ADDRESS]}},
         {"name": "envoy.filters.http.router", "typed_config": {
             "@type": f"{_T}.filters.http.router.v3.Router", "suppress_envoy_headers": True}},
     ]
@@ -126,9 +118,13 @@ def envoy_config(
         "@type": f"{_T}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "inference",
         "route_config": {"virtual_hosts": [{
-            "name": "inference", "domains": ["*"], "routes": [with_pick, without],
-            "response_headers_to_add": [{"header": {"key": UPSTREAM_HOST, "value": "%UPSTREAM_HOST%"}}]}]},
+            "name": "inference", "domains": ["*"], "routes": [with_pick, without]}]},
         "http_filters": filters,
+        "local_reply_config": {"mappers": [{
+            "filter": {"response_flag_filter": {"flags": list(PROXY_FAILURES)}},
+            "body_format_override": {"json_format": {"error": {
+                "message": "the proxy could not complete the request: %LOCAL_REPLY_BODY%", "type": "server_error",
+                "param": None, "code": "proxy_error"}}}}]},
     }
     clusters = [
         {"name": "original_dst", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED", "connect_timeout": "2s",

@@ -31,6 +31,8 @@ SUBSET = "x-gateway-destination-endpoint-subset"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 BODY_PIECE = 62_000
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+UPSTREAM_ADDRESS = "upstream.address"
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
@@ -58,7 +60,13 @@ def subset_hint(req: pb.ProcessingRequest) -> set[str] | None:
 
 
 def served_endpoint(req: pb.ProcessingRequest) -> str | None:
+    """The endpoint that served: the protocol's `envoy.lb` metadata, else Envoy's `upstream.address` attribute
+    (what a plain Envoy can send: `envoyconfig`)."""
     value = metadata(req, LB_NAMESPACE).get(SERVED)
+    if not value:
+        attributes = req.attributes.get(EXT_PROC_FILTER)
+        value = attributes.fields[UPSTREAM_ADDRESS].string_value if attributes is not None and \
+            UPSTREAM_ADDRESS in attributes.fields else None
     return str(value) if value else None
 
 

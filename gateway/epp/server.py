@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import grpc
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from fleetgate.core.kvstore import KVStore, make_kvstore
 from fleetgate.gateway.epp import messages
+from fleetgate.gateway.epp.envoyconfig import FailureMode, envoy_yaml
 from fleetgate.gateway.epp.exchange import Door, Exchange
 from fleetgate.gateway.epp.metrics import EppMetrics
 from fleetgate.gateway.metrics import GatewayMetrics
@@ -147,12 +149,29 @@ def build_epp(
                      metrics_port=settings.server.metrics_port if metrics_port is None else metrics_port)
 
 
+def envoy_bootstrap(settings: GatewaySettings, *, host: str | None, port: int | None, listen: str,
+                    failure_mode: FailureMode) -> str:
+    """`fleetgate epp --envoy-config`: Envoy in front of this picker; the static models' endpoints are the pool."""
+    listen_host, _, listen_port = listen.rpartition(":")
+    epp_host = host or settings.epp.host
+    pool = [(u.hostname or "", u.port or 80) for m in settings.models for u in map(urlsplit, m.endpoints)]
+    return envoy_yaml(listen=(listen_host or "0.0.0.0", int(listen_port)),
+                      epp=("127.0.0.1" if epp_host in ("0.0.0.0", "") else epp_host,
+                           settings.epp.port if port is None else port),
+                      pool=pool, failure_mode=failure_mode)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="gateway YAML file: the same stages as `fleetgate gateway` (default: "
                         "embedded defaults)")
     parser.add_argument("--host", help="gRPC listen address (default: epp.host)")
     parser.add_argument("--port", type=int, help="gRPC port for ext_proc and health (default: epp.port, 9002)")
     parser.add_argument("--metrics-port", type=int, help="/metrics listen port (default: server.metrics_port)")
+    parser.add_argument("--envoy-config", action="store_true",
+                        help="print a plain Envoy bootstrap that routes through this picker, and exit")
+    parser.add_argument("--listen", default="0.0.0.0:8081", help="with --envoy-config: Envoy's client address")
+    parser.add_argument("--failure-mode", choices=["FailClose", "FailOpen"], default="FailClose",
+                        help="with --envoy-config: the pool's failureMode (FailOpen: the static models' endpoints)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
     from fleetgate.core.telemetry import configure_logging
 
     settings = load_model(GatewaySettings, args.config)
+    if args.envoy_config:
+        print(envoy_bootstrap(settings, host=args.host, port=args.port, listen=args.listen,
+                              failure_mode=args.failure_mode), end="")
+        return 0
     configure_logging(level=settings.server.log_level)
 
     async def serve() -> None:

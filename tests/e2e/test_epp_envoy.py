@@ -10,6 +10,7 @@ client leaves), and cache hits answered without an engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -294,3 +295,68 @@ async def test_exact_cache_hit_is_answered_by_the_picker(engines: Engines) -> No
             replay = await r.read()
             assert r.headers["x-fleetgate-cache"] == "hit-exact" and replay.endswith(b"data: [DONE]\n\n")
     assert engine.stats.requests == 1
+
+
+async def test_hostile_requests_and_failing_engines_get_the_gateways_answers(engines: Engines) -> None:
+    (engine,) = await engines(1)
+    (broken,) = await engines(1, model="m2", fail_status=500, fail_message="Traceback: /srv/secret.py line 3")
+    (dying,) = await engines(1, model="m3", drop_after_chunks=2, inter_token_delay_s=0.05)
+    settings = settings_for({"m1": [engine.url], "m2": [broken.url], "m3": [dying.url]},
+                            server={"max_body_bytes": 4096})
+    async with epp_stack(settings, pool=[engine.port]) as stack, aiohttp.ClientSession() as s:
+        async with s.post(stack.url + CHAT, data=b"{not json", headers={"content-type": "application/json"}) as r:
+            assert r.status == 400 and (await r.json())["error"]["type"] == "invalid_request_error"
+        status, _, body = await post(stack.url, chat("x" * 5000))
+        assert status == 413 and orjson.loads(body)["error"]["code"] == "request_too_large"
+        async with s.get(stack.url + "/admin") as r:
+            assert r.status == 404 and (await r.json())["error"]["code"] == "unknown_route"
+        status, _, body = await post(stack.url, chat("hello", model="m2"))
+        assert status == 500 and b"secret" not in body and b"Traceback" not in body  # the engine's words stay inside
+        # the engine breaks off a non-streaming answer: Envoy sees the upstream reset and answers itself (the
+        # picker's config gives its local replies the OpenAI shape)
+        status, headers, body = await post(stack.url, chat("hello", model="m3", max_tokens=10))
+        assert status == 502 and orjson.loads(body)["error"]["code"] == "proxy_error", body
+        assert not any(h.lower().startswith("x-fleetgate-upstream") for h in headers)
+        # mid-stream, Envoy has sent the headers already: it cuts the client's stream, which never ends with
+        # [DONE] (the gateway itself would add an error event; through a proxy the client sees the cut)
+        async with s.post(stack.url + CHAT, json=chat("hello", model="m3", max_tokens=10, stream=True)) as r:
+            assert r.status == 200
+            text = b""
+            with contextlib.suppress(aiohttp.ClientPayloadError):
+                async for chunk in r.content.iter_any():
+                    text += chunk
+        assert text.count(b"data: ") >= 1 and not text.endswith(b"data: [DONE]\n\n")
+    assert engine.stats.requests == 0  # nothing hostile reached an engine
+
+
+async def test_grpc_health_services(engines: Engines) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    (engine,) = await engines(1)
+    async with epp_stack(settings_for({"m1": [engine.url]}), pool=[engine.port]) as stack:
+        assert stack.epp is not None
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.epp.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+                answer = await health.Check(health_pb2.HealthCheckRequest(service=service))
+                assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+            await stack.epp.stop(grace_s=0.1)  # stopping: not ready any more, before the port closes
+            with pytest.raises(grpc.aio.AioRpcError):
+                await health.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=2)
+
+
+@pytest.mark.redis
+async def test_replicas_share_prefix_state_through_redis(engines: Engines, redis_url: str) -> None:
+    fleet = await engines(3)
+    settings = settings_for({"m1": [e.url for e in fleet]}, redis_url=redis_url)
+    pool = [e.port for e in fleet]
+    async with epp_stack(settings, pool=pool) as first, epp_stack(settings, pool=pool) as second:
+        prefix = " ".join(f"shared-{i}" for i in range(400))
+        status, headers, _ = await post(first.url, chat(f"{prefix} one"))
+        assert status == 200
+        home = headers[SERVED]
+        await asyncio.sleep(0.3)  # the replicas' prefix indexes sync through Redis
+        for i in range(4):  # the other replica has never seen this prefix itself
+            status, headers, _ = await post(second.url, chat(f"{prefix} more {i}"))
+            assert status == 200 and headers[SERVED] == home
