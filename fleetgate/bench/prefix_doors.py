@@ -30,7 +30,7 @@ from fleetgate.core.localredis import free_port
 from fleetgate.gateway.epp.envoyconfig import envoy_config
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.router.config import RoutingConfig, preset
-from fleetgate.sim.http_run import engine_counters
+from fleetgate.sim.http_run import at_arrivals, engine_counters
 from fleetgate.sim.profile import get_profile
 from fleetgate.sim.report import quantile
 from fleetgate.sim.workloads import WorkItem, shared_prefix
@@ -148,14 +148,8 @@ async def one_run(args: argparse.Namespace, run: Run, seed: int) -> None:
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         await _ready(session, url, fleet.model)
         before = [await engine_counters(session, u) for u in fleet.urls]
-        t0 = time.perf_counter()
-        tasks = []
-        for item in items:
-            delay = item.arrival_s - (time.perf_counter() - t0)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_send(session, url, fleet.model, item, run.ttfts)))
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        results = await at_arrivals(items, lambda item: _send(session, url, fleet.model, item, run.ttfts),
+                                    return_exceptions=True)
         after = [await engine_counters(session, u) for u in fleet.urls]
     run.queries += sum(a["queries"] - b["queries"] for a, b in zip(after, before, strict=True))
     run.hits += sum(a["hits"] - b["hits"] for a, b in zip(after, before, strict=True))
