@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from functools import partial
 from typing import Any
@@ -62,11 +62,11 @@ async def engine_counters(session: aiohttp.ClientSession, url: str) -> dict[str,
     return out
 
 
-async def at_arrivals(items: list[WorkItem], send: Callable[[WorkItem], Awaitable[Any]],
+async def at_arrivals(items: list[WorkItem], send: Callable[[WorkItem], Coroutine[Any, Any, Any]],
                       *, return_exceptions: bool = False) -> list[Any]:
     """Start `send(item)` for each item at its `arrival_s` (from now), then wait for all; their results."""
     t0 = time.perf_counter()
-    tasks = []
+    tasks: list[asyncio.Task[Any]] = []
     for item in items:
         delay = item.arrival_s - (time.perf_counter() - t0)
         if delay > 0:
