@@ -145,6 +145,10 @@ class EppSettings(_Strict):
     max_endpoints: int = Field(
         default=1, ge=1, le=2, description="endpoints per pick, the proxy's retry order (plain Envoy's ORIGINAL_DST "
         "cluster reads one; gateways that walk the list can use the scheduler's fallback too)")
+    assemble_non_streaming: bool = Field(
+        default=True, description="stream a non-streaming request from the engine and assemble the answer, as the "
+        "gateway does, so a client that leaves is charged the tokens generated so far; off: one JSON answer from "
+        "the engine (far fewer ext_proc messages per request; a client that leaves is charged the prompt estimate)")
 
 
 class GatewaySettings(_Strict):

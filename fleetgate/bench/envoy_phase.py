@@ -4,7 +4,9 @@
   proxy costs, the baseline of what the picker adds;
 - `envoy + EPP (full, cache off)`: the same Envoy with ext_proc to `fleetgate epp` (the `--envoy-config`
   bootstrap) running the gateway's `full, cache off` stages (API keys with the benchmark tenant, limits,
-  accounting, the default routing profile).
+  accounting, the default routing profile);
+- `envoy + EPP, one-answer mode`: the same with `epp.assemble_non_streaming: false` (the engine answers a
+  non-streaming request in one JSON body instead of a stream the picker assembles: fewer ext_proc messages).
 Latency at concurrency 1 is measured in blocks alternating direct, Envoy alone and Envoy + EPP, so the three
 share the machine's moments: added p50/p99 over direct and, for the picker, over Envoy alone. Throughput and
 CPU per request at `--concurrency` as for the gateways: CPU of Envoy and of the picker, each from its own
@@ -65,17 +67,17 @@ class Front:
 @dataclass
 class EnvoyFigures:
     direct: list[float] = field(default_factory=list)
-    alone: list[float] = field(default_factory=list)
-    picked: list[float] = field(default_factory=list)
-    decision_buckets: dict[float, float] = field(default_factory=dict)  # le -> count over the measured phases
+    fronts: dict[str, list[float]] = field(default_factory=dict)  # front name -> latencies, same blocks
+    decision_buckets: dict[float, float] = field(default_factory=dict)  # le -> count, the first picker's
 
 
-def start_picker(s: Stack, *, engine_url: str, key_hash: str, log_requests: bool) -> Proc:
-    """`fleetgate epp` with the `full, cache off` gateway's settings, in its own process."""
+def start_picker(s: Stack, *, engine_url: str, key_hash: str, log_requests: bool, assemble: bool = True) -> Proc:
+    """`fleetgate epp` with the `full, cache off` gateway's settings, in its own process (`assemble`:
+    `epp.assemble_non_streaming`)."""
     grpc_port = free_port()
     settings = gateway_settings(kind="full, cache off", port=free_port(), engine_url=engine_url, key_hash=key_hash,
                                 embedder="", log_requests=log_requests)
-    settings["epp"] = {"host": "127.0.0.1", "port": grpc_port}
+    settings["epp"] = {"host": "127.0.0.1", "port": grpc_port, "assemble_non_streaming": assemble}
     config = s.tmp / f"epp-{grpc_port}.yaml"
     config.write_text(yaml.safe_dump(settings))
     metrics = f"http://127.0.0.1:{settings['server']['metrics_port']}"
@@ -86,18 +88,26 @@ def start_picker(s: Stack, *, engine_url: str, key_hash: str, log_requests: bool
     return proc
 
 
-def start_fronts(s: Stack, *, engine: Proc, picker: Proc) -> list[Front]:
+PICKED = ("envoy + EPP (full, cache off)", "envoy + EPP, one-answer mode")
+
+
+def start_fronts(s: Stack, *, engine: Proc, pickers: list[Proc]) -> list[Front]:
+    """Envoy alone, then one Envoy per picker (`PICKED` names them)."""
     host, port = engine.url.removeprefix("http://").rsplit(":", 1)
-    assert picker.grpc_port is not None
-    alone_port, picked_port = free_port(), free_port()
-    alone = EnvoyProcess(plain_proxy_config(listen=alone_port, upstream=(host, int(port))), cpus=s.pinning.gateway)
-    picked = EnvoyProcess(envoy_config(listen=("127.0.0.1", picked_port), epp=("127.0.0.1", picker.grpc_port),
-                                       pool=[(host, int(port))], health_interval_s=0.5), cpus=s.pinning.gateway)
+    upstream = (host, int(port))
+    alone_port = free_port()
+    plans: list[tuple[str, dict[str, Any], int, Proc | None]] = [
+        ("envoy alone", plain_proxy_config(listen=alone_port, upstream=upstream), alone_port, None)]
+    for name, picker in zip(PICKED, pickers, strict=False):
+        assert picker.grpc_port is not None
+        listen = free_port()
+        plans.append((name, envoy_config(listen=("127.0.0.1", listen), epp=("127.0.0.1", picker.grpc_port),
+                                         pool=[upstream], health_interval_s=0.5), listen, picker))
     fronts = []
-    for name, envoy, port_, epp in (("envoy alone", alone, alone_port, None),
-                                    ("envoy + EPP (full, cache off)", picked, picked_port, picker)):
+    for name, config, listen, epp in plans:
+        envoy = EnvoyProcess(config, cpus=s.pinning.gateway)
         envoy.__enter__()
-        fronts.append(Front(name=name, url=f"http://127.0.0.1:{port_}", envoy=envoy, epp=epp,
+        fronts.append(Front(name=name, url=f"http://127.0.0.1:{listen}", envoy=envoy, epp=epp,
                             metrics_url=epp.metrics_url if epp is not None else None))
     return fronts
 
@@ -141,18 +151,19 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
 
 async def latency_blocks(session: aiohttp.ClientSession, *, direct: str, fronts: list[Front], template: bytes,
                          requests: int, headers: dict[str, str]) -> EnvoyFigures:
-    """Concurrency-1 latency in blocks alternating direct, Envoy alone, Envoy + EPP (same prompts each)."""
-    figures = EnvoyFigures()
+    """Concurrency-1 latency in blocks alternating direct and each front (the same prompts each)."""
+    figures = EnvoyFigures(fronts={f.name: [] for f in fronts})
     picker = fronts[1]
     assert picker.metrics_url is not None
     before = await decision_buckets(session, picker.metrics_url)
     blocks = max(1, requests // 250)
     per_block = max(1, requests // blocks)
-    streams = [Bodies(template, start=9_000_000) for _ in range(3)]
+    streams = [Bodies(template, start=9_000_000) for _ in range(len(fronts) + 1)]
     for _ in range(blocks):
         figures.direct += await sequential(session, direct, streams[0], count=per_block, headers=headers)
-        figures.alone += await sequential(session, fronts[0].url, streams[1], count=per_block, headers=headers)
-        figures.picked += await sequential(session, fronts[1].url, streams[2], count=per_block, headers=headers)
+        for front, bodies in zip(fronts, streams[1:], strict=True):
+            figures.fronts[front.name] += await sequential(session, front.url, bodies, count=per_block,
+                                                           headers=headers)
     after = await decision_buckets(session, picker.metrics_url)
     figures.decision_buckets = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in after}
     return figures

@@ -150,7 +150,8 @@ class Exchange:
         attempt = choice.attempt
         ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
         parsed = admitted.parsed
-        self._assembled = not parsed.stream and assembled_upstream(parsed.body)
+        self._assembled = (door.settings.epp.assemble_non_streaming and not parsed.stream
+                           and assembled_upstream(parsed.body))
         cap = ctx.reservation.max_tokens if ctx.reservation is not None and parsed.max_tokens is None else None
         body = upstream_body(parsed.body, served_name=choice.served_name or attempt.endpoint.model,
                              stream=parsed.stream or self._assembled, raw=parsed.raw, max_tokens=cap)

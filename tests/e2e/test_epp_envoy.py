@@ -352,11 +352,30 @@ async def test_replicas_share_prefix_state_through_redis(engines: Engines, redis
     settings = settings_for({"m1": [e.url for e in fleet]}, redis_url=redis_url)
     pool = [e.port for e in fleet]
     async with epp_stack(settings, pool=pool) as first, epp_stack(settings, pool=pool) as second:
-        prefix = " ".join(f"shared-{i}" for i in range(400))
-        status, headers, _ = await post(first.url, chat(f"{prefix} one"))
-        assert status == 200
-        home = headers[SERVED]
-        await asyncio.sleep(0.3)  # the replicas' prefix indexes sync through Redis
-        for i in range(4):  # the other replica has never seen this prefix itself
-            status, headers, _ = await post(second.url, chat(f"{prefix} more {i}"))
+        homes = {}
+        for group in range(4):  # four prefixes: landing on each one's home by chance would be (1/3)^4
+            prefix = " ".join(f"shared-{group}-{i}" for i in range(400))
+            status, headers, _ = await post(first.url, chat(f"{prefix} one"))
+            assert status == 200
+            homes[prefix] = headers[SERVED]
+        # A replica syncs its prefix index in the background of its own requests (`router.prefix_sync`: never on
+        # a request's path): the first replica's next request publishes the records, the second's pulls them.
+        for replica in (first, second):
+            await asyncio.sleep(0.2)
+            assert (await post(replica.url, chat("an unrelated short question")))[0] == 200
+        await asyncio.sleep(0.2)
+        for prefix, home in homes.items():  # the other replica has never routed these prefixes itself
+            status, headers, _ = await post(second.url, chat(f"{prefix} again"))
             assert status == 200 and headers[SERVED] == home
+
+
+async def test_one_answer_mode_asks_the_engine_for_one_json_answer(engines: Engines) -> None:
+    (engine,) = await engines(1)
+    settings = settings_for({"m1": [engine.url]}, server={"auth": "api_key"}, tenancy=tenancy(),
+                            epp={"assemble_non_streaming": False})
+    async with epp_stack(settings, pool=[engine.port]) as stack:
+        status, headers, body = await post(stack.url, chat("a b c d e", max_tokens=7), headers=auth("acme"))
+        assert status == 200 and headers["Content-Type"].startswith("application/json")
+        assert orjson.loads(body)["usage"]["completion_tokens"] == 7
+        assert "stream" not in engine.received[-1].body  # one JSON answer, not a stream to assemble
+        assert tokens(await ledger(stack, "acme")) == (5, 7)
