@@ -4,13 +4,14 @@ Columns, for pairs and for conversations, at the shipped settings:
 - `dev`: `cache_pairs.dev.jsonl` / `cache_conversations.dev.jsonl` (`--data`, default ../shared/data/eval);
 - one column per frozen set in `--frozen` (default tests/data/eval): `cache_pairs.NAME.jsonl` with
   `cache_conversations.NAME.jsonl` for every NAME starting with `frozen` (`frozen`, `frozen2`, ...), so a
-  set added later shows up by itself. The sets named in `DEVELOPMENT_FROZEN` (`frozen` and `frozen2`,
-  each reported once in issue 12, in rounds 1 and 2) have since been used for development and training: they are marked
-  in-sample; any other is a held-out set nobody tuned on;
+  set added later shows up by itself. The sets named in `DEVELOPMENT_FROZEN` (`frozen`, `frozen2` and
+  `frozen3`, each reported once, in rounds 1-3 of issue 12) have since been used for development and training:
+  they are marked in-sample; any other (`frozen4`, issue 30) is a held-out set nobody tuned on;
 - `cv`: out-of-fold results of the pair model on dev + the development frozen sets + the hand-written
   training rows (cache/data), folds grouped by shared prompt, with the shipped threshold: each row is judged
   by a model that saw neither it nor any row sharing a prompt with it.
-Each column gives precision, recall of the same=true rows, false hits and false-hit rate by kind, and
+Each column gives precision (with its one-sided 95% Clopper-Pearson lower bound), recall of the same=true rows,
+false hits and false-hit rate by kind, and
 cross-tenant hits (dev and frozen run through the real `TwoLayerCache`, a fresh one per row). Then two
 sweeps on dev and each frozen set: the similarity threshold with the verifier on and off, and the pair model's
 `min_confidence`. `--fit` first refits the pair model on the cv sets and writes pair_model.json.
@@ -34,7 +35,9 @@ DEFAULT_THRESHOLDS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9)
 DEFAULT_CONFIDENCES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
 _REPO = Path(__file__).resolve().parent.parent
 KINDS = ("pairs", "conversations")
-DEVELOPMENT_FROZEN = ("frozen", "frozen2")  # frozen sets since used to develop and train (in-sample columns)
+# frozen sets since used to develop and train (in-sample columns): `frozen` since round 2 of issue 12, `frozen2`
+# since round 3, `frozen3` since issue 30 (its held-out set is `frozen4`)
+DEVELOPMENT_FROZEN = ("frozen", "frozen2", "frozen3")
 
 
 def default_data_dir() -> Path:
@@ -79,6 +82,15 @@ def _cell(s: Score | None) -> str:
     if s is None:
         return "n/a"
     return f"{100 * s.precision:5.1f}% / {100 * s.recall:5.1f}% ({s.true_hits}/{s.hits} hits, {s.positives} true)"
+
+
+def _bounded(s: Score | None) -> str:
+    """`_cell` with the one-sided 95% Clopper-Pearson lower bound of the precision of the rows served."""
+    if s is None:
+        return "n/a"
+    from fleetgate.cache.training import precision_lower_bound
+
+    return f"{_cell(s)}, precision >= {100 * precision_lower_bound(s):5.1f}% (95% one-sided)"
 
 
 def _kinds(s: Score | None) -> str:
@@ -196,9 +208,9 @@ async def _evaluate(args: argparse.Namespace) -> int:
         scores: dict[str, Score | None] = {name: (await score_rows(sets[name][kind], shipped, embedder, prefilter)
                                                   if name in sets else None) for name in columns}
         scores["cv"] = cv[kind]
-        print(f"\n{kind} at the shipped settings: precision / recall")
+        print(f"\n{kind} at the shipped settings: precision / recall, and the precision's lower bound")
         for name, s in scores.items():
-            print(f"  {name:<7} {_cell(s)}")
+            print(f"  {name:<7} {_bounded(s)}")
         print("  false hits by kind (false hits / rows of that kind):")
         for name, s in scores.items():
             print(f"  {name:<7} {_kinds(s)}")

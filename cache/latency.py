@@ -16,13 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from fleetgate.cache.asymmetry import STATE_NEUTRAL, state_features
 from fleetgate.cache.config import CacheConfig
 from fleetgate.cache.embedding import Embedder
 from fleetgate.cache.keys import cache_keys
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.pairmodel import load_model
 from fleetgate.cache.sharedindex import LogEntry
-from fleetgate.cache.tokenalign import NEUTRAL, TokenStates, align_features
+from fleetgate.cache.tokenalign import TokenStates
 from fleetgate.cache.twolayer import TwoLayerCache
 from fleetgate.cache.types import CacheRequest, CacheStatus
 from fleetgate.cache.verifier import Pending, alignment, judge, judge_without_alignment, precheck
@@ -90,8 +91,8 @@ def verification_cost(pairs: Sequence[tuple[str, str, float]], *,
         if uses and judge_without_alignment(step, similarity=similarity) is not None:
             bound.seconds.append(time.perf_counter() - s0)
             continue
-        align = (align_features(states.words(stored), states.compute(query))  # the query's: a fresh pass
-                 if uses else NEUTRAL)
+        align = (state_features(states.words(stored), states.compute(query),  # the query's: a fresh pass
+                                head=load_model().head) if uses else STATE_NEUTRAL)
         judge(step, similarity=similarity, align=align)
         model.seconds.append(time.perf_counter() - s0)
     return cheap, bound, model

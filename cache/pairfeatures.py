@@ -51,7 +51,10 @@ whatever the wording around it; these are exact structural checks, not word list
   a question asked in French against the same question in English;
 - token alignment (`fleetgate.cache.tokenalign.ALIGN_FEATURES`): how well every content word of one prompt
   aligns with a word of the other by MiniLM's contextual token states, a representation that is not a word
-  list (the worst-aligned words, the weighted mean, the share left unaligned, capitalised names).
+  list (the worst-aligned words, the weighted mean, the share left unaligned, capitalised names);
+- `align_residual` (`fleetgate.cache.asymmetry`): a learned head over the token states of the words that one
+  side adds and the other does not explain: a constraint, a format, an audience, a step ("... told entirely
+  through letters") against a courtesy or a redundant word ("Hi, quick question: ...").
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ from collections import Counter
 from collections.abc import Sequence
 from functools import lru_cache
 
+from fleetgate.cache.asymmetry import STATE_FEATURES, STATE_NEUTRAL
 from fleetgate.cache.textnorm import NEGATION, Analysis, corrected, critical_kind, polarity
-from fleetgate.cache.tokenalign import ALIGN_FEATURES, NEUTRAL
 from fleetgate.cache.wordmatch import WordMatch, zipf
 
 _KINDS = ("negation", "format", "language", "unit", "date", "scope", "comparative", "constraint")
@@ -77,7 +80,7 @@ FEATURES: tuple[str, ...] = (
     "one_sided_attached", "diff_unknown", "diff_proper",
     *(f"kind_{k}" for k in _KINDS), "char_ratio", "length_ratio", "foreign_gap", "rewrite_distance",
     "question_mismatch", "conversation", "inversions", "language_mismatch", "modifier_swaps", "negations",
-    *ALIGN_FEATURES,
+    *STATE_FEATURES,
 )
 
 
@@ -321,9 +324,10 @@ def foreign_share(x: Analysis) -> float:
 
 
 def features(a: Analysis, b: Analysis, *, similarity: float, match: WordMatch, text_a: str, text_b: str,
-             conversation: bool = False, align: Sequence[float] = NEUTRAL) -> list[float]:
+             conversation: bool = False, align: Sequence[float] = STATE_NEUTRAL) -> list[float]:
     """The pair model's inputs, in `FEATURES` order; `align`: `fleetgate.cache.tokenalign.align_features` of
-    the two prompts (`NEUTRAL` when token states are not available: tests, `verify` without a `TokenStates`)."""
+    the two prompts with the residual head's score (`asymmetry.state_features`; `STATE_NEUTRAL` when token
+    states are not available: tests, `verify` without a `TokenStates`)."""
     from rapidfuzz.distance import Indel
 
     diff = [(a, i) for i in match.left] + [(b, j) for j in match.right]

@@ -6,7 +6,9 @@ accepted when p >= `threshold`, the operating point chosen by cross-validation f
 (`fleetgate.cache.training`). Inference is a dot product in plain Python: no scikit-learn at run time.
 
 The shipped weights live in `pair_model.json` beside this module and are refitted with
-`fleetgate cache-eval --fit` from the dev set and the hand-written training rows in `data/`.
+`fleetgate cache-eval --fit` from the dev set and the hand-written training rows in `data/`. The same file
+holds the residual head (`fleetgate.cache.asymmetry.ResidualHead`) whose score is the model's input
+`align_residual`: the two are fitted together, so they travel together.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from fleetgate.cache.asymmetry import ResidualHead
 from fleetgate.cache.pairfeatures import FEATURES
 
 MODEL_PATH = Path(__file__).resolve().parent / "pair_model.json"
@@ -33,6 +36,7 @@ class PairModel:
     intercept: float
     threshold: float
     info: dict[str, Any]  # how it was fitted (rows, cross-validated precision/recall): reported, not used
+    head: ResidualHead | None = None  # the residual head behind `align_residual` (None: fitted without states)
 
     @property
     def uses_alignment(self) -> bool:
@@ -55,9 +59,12 @@ class PairModel:
         return _sigmoid(z_low), _sigmoid(z_high)
 
     def to_json(self) -> str:
-        return json.dumps({"features": list(self.features), "mean": list(self.mean), "scale": list(self.scale),
-                           "coef": list(self.coef), "intercept": self.intercept, "threshold": self.threshold,
-                           "info": self.info}, indent=1) + "\n"
+        raw: dict[str, Any] = {"features": list(self.features), "mean": list(self.mean), "scale": list(self.scale),
+                               "coef": list(self.coef), "intercept": self.intercept, "threshold": self.threshold,
+                               "info": self.info}
+        if self.head is not None:
+            raw["residual_head"] = self.head.to_dict()
+        return json.dumps(raw, indent=1) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> PairModel:
@@ -71,7 +78,8 @@ class PairModel:
             raise ValueError("pair model: mean, scale and coef must have one value per feature")
         return cls(features=features, mean=tuple(map(float, raw["mean"])), scale=tuple(map(float, raw["scale"])),
                    coef=tuple(map(float, raw["coef"])), intercept=float(raw["intercept"]),
-                   threshold=float(raw["threshold"]), info=dict(raw.get("info", {})))
+                   threshold=float(raw["threshold"]), info=dict(raw.get("info", {})),
+                   head=ResidualHead.from_dict(raw["residual_head"]) if "residual_head" in raw else None)
 
 
 def _sigmoid(z: float) -> float:

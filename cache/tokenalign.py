@@ -211,7 +211,8 @@ def _words(text: str, states: np.ndarray, offsets: np.ndarray) -> Words:
     return Words([t.lower() for t in texts], vectors, capital)
 
 
-def _weight(word: str) -> float:
+def content_weight(word: str) -> float:
+    """How much a word counts as content: 0 for function words (Zipf >= `FUNCTION_ZIPF`), more the rarer."""
     from fleetgate.cache.wordmatch import zipf
 
     return max(0.0, FUNCTION_ZIPF - zipf(word))
@@ -225,7 +226,7 @@ def align_features(a: Words, b: Words, swaps: Sequence[tuple[str, str]] = ()) ->
     sims = a.vectors @ b.vectors.T
     best = [(w, c, float(s)) for w, c, s in zip(a.text, a.capital, sims.max(axis=1), strict=True)]
     best += [(w, c, float(s)) for w, c, s in zip(b.text, b.capital, sims.max(axis=0), strict=True)]
-    weights = [_weight(w) for w, _, _ in best]
+    weights = [content_weight(w) for w, _, _ in best]
     content = [(s, c, wt) for (_, c, s), wt in zip(best, weights, strict=True) if wt > 0]
     if not content:
         return NEUTRAL
@@ -236,7 +237,7 @@ def align_features(a: Words, b: Words, swaps: Sequence[tuple[str, str]] = ()) ->
     same = [
         max(float(sims[i, j]) for j, v in enumerate(b.text) if v == w)
         for i, w in enumerate(a.text)
-        if w in b.text and _weight(w) > 0
+        if w in b.text and content_weight(w) > 0
     ]
     swapped = [
         float(sims[a.text.index(x), b.text.index(y)]) for x, y in swaps if x in a.text and y in b.text

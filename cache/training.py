@@ -10,9 +10,15 @@ says. Each example goes through the lookup's own gates with the pair's cosine si
 - otherwise a *candidate*: the model decides. Only candidates train the model.
 
 Fitting: scikit-learn's `LogisticRegression` (L2, C = `C`) on standardised features; the weights are
-exported into a `PairModel` (plain Python at run time). The operating threshold is the lowest point of
-`THRESHOLD_GRID` at which the *lower* one-sided 95% Clopper-Pearson (exact binomial) bound of the
-out-of-fold precision over all examples is >= `TARGET_PRECISION` (0.98, the product target): the margin
+exported into a `PairModel` (plain Python at run time). With token states, the residual head
+(`fleetgate.cache.asymmetry`, a logistic regression with C = `HEAD_C` over `residual_inputs`) is fitted first
+on the same rows, and its score is the model's input `align_residual`: stacked, the model is fitted on the
+head's out-of-fold scores (`HEAD_FOLDS` folds grouped like the rest) so that it weighs the head as much as
+the head is worth on rows it did not see, and every cross-validation fold refits the head on its own
+training rows, so no held-out row's label reaches the head that scores it.
+The operating threshold is the lowest point of `THRESHOLD_GRID` at which the *lower* one-sided 95%
+Clopper-Pearson (exact binomial) bound of the out-of-fold precision over all examples is >= `TARGET_PRECISION`
+(0.98, the product target): the margin
 over the point estimate grows as the number of hits shrinks, so a point estimate of 100% on a handful of
 hits does not pass. Out-of-fold probabilities come from `repeats` x `folds` stratified cross-validation
 over the candidates, grouped (`groups`) so that rows sharing a prompt are never split across folds.
@@ -27,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from fleetgate.cache.asymmetry import STATE_NEUTRAL, ResidualHead
 from fleetgate.cache.evaluation import Score
 from fleetgate.cache.keys import follows_user_turns
 from fleetgate.cache.pairfeatures import FEATURES, features, veto
 from fleetgate.cache.pairmodel import PairModel
-from fleetgate.cache.tokenalign import NEUTRAL
 from fleetgate.cache.verifier import analyse_pair
 from fleetgate.cache.wordmatch import full_match, match
 
@@ -42,6 +48,13 @@ C = 0.3
 TARGET_PRECISION = 0.98  # the product target, met by the lower confidence bound below (that is the margin)
 CONFIDENCE = 0.95  # one-sided Clopper-Pearson bound
 THRESHOLD_GRID = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99
+# the residual head (issue 30): L2 strength by grouped cross-validation over 0.1, 0.3, 1 (pairs recall at the
+# 98% bound within a point; the head's out-of-fold AUC 0.86-0.88); inner folds for its stacked scores
+HEAD_C = 0.3
+HEAD_FOLDS = 3
+_RESIDUAL = FEATURES.index("align_residual")
+# `align(a, b)` of `featurize`: the token-state features (the residual score 0) and the residual head's inputs
+Align = Callable[[str, str], tuple[Sequence[float], np.ndarray]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +75,7 @@ class Featurized:
     y: np.ndarray  # bool
     candidate: np.ndarray  # bool: the model decides
     accepted: np.ndarray  # bool: a hit without the model
+    residual: np.ndarray | None = None  # (n, k): `asymmetry.residual_inputs` of candidates; None: no states
 
 
 def examples(rows: Iterable[Mapping[str, Any]], *, source: str) -> list[Example]:
@@ -79,10 +93,12 @@ def examples(rows: Iterable[Mapping[str, Any]], *, source: str) -> list[Example]
 
 
 def featurize(items: Sequence[Example], vectors: Mapping[str, np.ndarray], *, threshold: float,
-              align: Callable[[str, str], Sequence[float]] | None = None) -> Featurized:
-    """Each example through the lookup's gates; `align(a, b)`: the token-alignment features of a candidate
-    (`fleetgate.cache.tokenalign`; None: neutral values, for tests without the model)."""
+              align: Align | None = None) -> Featurized:
+    """Each example through the lookup's gates; `align(a, b)`: the token-state features of a candidate and
+    its residual head inputs (`verifier.pair_alignment`; None: neutral values and no head, for tests without
+    the model)."""
     x = np.zeros((len(items), len(FEATURES)))
+    residual: dict[int, np.ndarray] = {}
     candidate = np.zeros(len(items), dtype=bool)
     accepted = np.zeros(len(items), dtype=bool)
     for n, ex in enumerate(items):
@@ -100,10 +116,19 @@ def featurize(items: Sequence[Example], vectors: Mapping[str, np.ndarray], *, th
             accepted[n] = True
             continue
         candidate[n] = True
+        states: Sequence[float] = STATE_NEUTRAL
+        if align is not None:
+            states, residual[n] = align(ex.a, ex.b)
         x[n] = features(a, b, similarity=similarity, match=m, text_a=ex.a, text_b=ex.b, conversation=ex.conversation,
-                        align=NEUTRAL if align is None else align(ex.a, ex.b))
+                        align=states)
     y = np.array([ex.same for ex in items], dtype=bool)
-    return Featurized(examples=tuple(items), x=x, y=y, candidate=candidate, accepted=accepted)
+    inputs = None
+    if residual:
+        width = len(next(iter(residual.values())))
+        inputs = np.zeros((len(items), width))
+        for n, r in residual.items():
+            inputs[n] = r
+    return Featurized(examples=tuple(items), x=x, y=y, candidate=candidate, accepted=accepted, residual=inputs)
 
 
 # The token-alignment features have a known direction: better aligned words can never mean less likely the
@@ -115,11 +140,44 @@ def featurize(items: Sequence[Example], vectors: Mapping[str, np.ndarray], *, th
 SIGNS: dict[str, int] = {
     "similarity": 1, "language_mismatch": -1, "align_worst": 1, "align_worst2": 1, "align_mean": 1,
     "align_unaligned": -1, "align_capital_worst": 1, "align_same_word_worst": 1, "align_swap": 1,
+    "align_residual": 1,
 }
 
 
+def fit_head(r: np.ndarray, y: np.ndarray, *, c: float = HEAD_C) -> ResidualHead:
+    """The residual head: L2 logistic regression on raw `residual_inputs` (unit-vector means: one scale)."""
+    from sklearn.linear_model import LogisticRegression
+
+    lr = LogisticRegression(C=c, max_iter=5000).fit(r, y)
+    return ResidualHead(coef=tuple(lr.coef_[0].tolist()), intercept=float(lr.intercept_[0]))
+
+
+def _head_scores(head: ResidualHead, r: np.ndarray) -> np.ndarray:
+    return np.array([head.score(row) for row in r])
+
+
+def with_head(data: Featurized, train: np.ndarray, test: np.ndarray, *, folds: int = HEAD_FOLDS,
+              seed: int = 0) -> tuple[np.ndarray, ResidualHead | None]:
+    """`data.x` with the `align_residual` column filled: for the `train` rows, out-of-fold scores of heads
+    fitted on the other training rows (`folds`, grouped by shared prompt); for the `test` rows, the score of
+    the head fitted on every training row, which is returned. Without residual inputs, `data.x` as is."""
+    if data.residual is None:
+        return data.x, None
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    x = data.x.copy()
+    group = groups(data.examples)[train]
+    splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
+    for inner, held in splitter.split(train, data.y[train], group):
+        head = fit_head(data.residual[train[inner]], data.y[train[inner]])
+        x[train[held], _RESIDUAL] = _head_scores(head, data.residual[train[held]])
+    head = fit_head(data.residual[train], data.y[train])
+    x[test, _RESIDUAL] = _head_scores(head, data.residual[test])
+    return x, head
+
+
 def fit_model(x: np.ndarray, y: np.ndarray, *, threshold: float, c: float | None = None,
-              info: dict[str, Any] | None = None) -> PairModel:
+              info: dict[str, Any] | None = None, head: ResidualHead | None = None) -> PairModel:
     """Standardised L2 logistic regression with the sign constraints of `SIGNS` (dropped features weigh 0)."""
     from sklearn.linear_model import LogisticRegression
 
@@ -129,17 +187,18 @@ def fit_model(x: np.ndarray, y: np.ndarray, *, threshold: float, c: float | None
     scale[scale == 0] = 1.0
     z = (x - mean) / scale
     active = [i for i in range(len(FEATURES)) if x[:, i].std() > 0]
-    while True:
+    coef = np.zeros(len(FEATURES))
+    share = min(max(float(np.mean(y)), 1e-6), 1 - 1e-6)
+    intercept = float(np.log(share / (1 - share)))  # no usable feature left: the base rate
+    while active:
         lr = LogisticRegression(C=c, max_iter=5000).fit(z[:, active], y)
         wrong = [i for i, w in zip(active, lr.coef_[0], strict=True) if SIGNS.get(FEATURES[i], 0) * w < 0]
         if not wrong:
+            coef[active], intercept = lr.coef_[0], float(lr.intercept_[0])
             break
         active = [i for i in active if i not in wrong]
-    coef = np.zeros(len(FEATURES))
-    coef[active] = lr.coef_[0]
     return PairModel(features=FEATURES, mean=tuple(mean.tolist()), scale=tuple(scale.tolist()),
-                     coef=tuple(coef.tolist()), intercept=float(lr.intercept_[0]), threshold=threshold,
-                     info=info or {})
+                     coef=tuple(coef.tolist()), intercept=intercept, threshold=threshold, info=info or {}, head=head)
 
 
 def _norm(text: str) -> str:
@@ -169,7 +228,8 @@ def groups(items: Sequence[Example]) -> np.ndarray:
 
 
 def out_of_fold(data: Featurized, *, folds: int = 5, repeats: int = 5, seed: int = 0) -> np.ndarray:
-    """Mean out-of-fold probability of every candidate (0 elsewhere), folds grouped by `groups`."""
+    """Mean out-of-fold probability of every candidate (0 elsewhere), folds grouped by `groups`; with residual
+    inputs, each fold fits its own residual head (`with_head`) on its training rows."""
     from sklearn.model_selection import StratifiedGroupKFold
 
     idx = np.flatnonzero(data.candidate)
@@ -178,9 +238,10 @@ def out_of_fold(data: Featurized, *, folds: int = 5, repeats: int = 5, seed: int
     for rep in range(repeats):
         splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed + rep)
         for train, test in splitter.split(idx, data.y[idx], group):
-            model = fit_model(data.x[idx[train]], data.y[idx[train]], threshold=0.5)
+            x, _ = with_head(data, idx[train], idx[test], seed=seed + rep)
+            model = fit_model(x[idx[train]], data.y[idx[train]], threshold=0.5)
             for i in idx[test]:
-                total[i] += model.probability(data.x[i].tolist())
+                total[i] += model.probability(x[i].tolist())
     return total / repeats
 
 
@@ -224,9 +285,12 @@ def fit(data: Featurized, *, target_precision: float = TARGET_PRECISION, folds: 
     threshold = choose_threshold(data, probs, target_precision=target_precision)
     oof = score(data, hits(data, probs, threshold))
     sources = Counter(ex.source for ex in data.examples)
-    info = {"rows": dict(sources), "candidates": int(data.candidate.sum()), "C": C,
+    info: dict[str, Any] = {"rows": dict(sources), "candidates": int(data.candidate.sum()), "C": C,
             "target_precision": target_precision, "cv": f"{repeats}x{folds}-fold stratified, grouped by shared prompt",
             "bound": "Clopper-Pearson 95%",
             "cv_precision": round(oof.precision, 4), "cv_recall": round(oof.recall, 4)}
     idx = np.flatnonzero(data.candidate)
-    return fit_model(data.x[idx], data.y[idx], threshold=threshold, info=info), probs
+    x, head = with_head(data, idx, idx[:0], folds=folds)
+    if head is not None:
+        info["residual_head"] = {"C": HEAD_C, "stacked": f"{folds}-fold out-of-fold scores, grouped"}
+    return fit_model(x[idx], data.y[idx], threshold=threshold, info=info, head=head), probs

@@ -48,6 +48,7 @@ import numpy as np
 import orjson
 
 from fleetgate.cache.answercheck import AnswerChecker, Ask
+from fleetgate.cache.asymmetry import STATE_NEUTRAL
 from fleetgate.cache.config import CacheConfig
 from fleetgate.cache.embedding import Embedder, encoder_of
 from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns, owns
@@ -57,7 +58,6 @@ from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.prefilter import StaticPrefilter, Survivors
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
 from fleetgate.cache.textnorm import embedding_text
-from fleetgate.cache.tokenalign import NEUTRAL
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.cache.verifier import (
     Pending,
@@ -404,7 +404,7 @@ class TwoLayerCache:
         step = step if step is not None else precheck(cached, text)
         if isinstance(step, Verdict):
             return step
-        align = NEUTRAL
+        align = STATE_NEUTRAL
         if self.token_states is not None and load_model().uses_alignment:
             known = judge_without_alignment(step, similarity=similarity, conversation=conversation,
                                             min_confidence=self.config.semantic.min_confidence)

@@ -11,16 +11,19 @@ paraphrases), so a semantic candidate must also pass, on the two last user messa
    every word matched, in order or with one clause moved (`wordmatch.full_match`), the two prompts ask
    the same thing in other function words, and the pair passes;
 3. otherwise the learned pair model (`fleetgate.cache.pairmodel`) scores the difference (its size, what it
-   is made of, where it sits, the embedding similarity, surface similarity, and the token alignment of
-   `fleetgate.cache.tokenalign`, MiniLM's contextual token states) and the pair passes when the
+   is made of, where it sits, the embedding similarity, surface similarity, the token alignment of
+   `fleetgate.cache.tokenalign`, MiniLM's contextual token states, and the residual head of
+   `fleetgate.cache.asymmetry`, what those states say about the words one side adds) and the pair passes when the
    probability is >= the model's cross-validated threshold (or `min_confidence` when set).
 `precheck` runs stages 1-2 (cheap, on the event loop); `alignment` + `judge` run stage 3 (the cache runs it
 in a worker thread, for the few candidates that get there). Its token states come with the cache's own
 embedding pass of each text when the embedder is the int8 ONNX one (`tokenalign.TokenStates.share`); a text
 embedded in another spelling, or with another embedder, costs an encoder pass of its own. Before any of
-that the cache asks `judge_without_alignment`, which settles the pair when no token alignment in its
-range could change the verdict (most pairs: the shipped model weighs two alignment features, one of them
-exactly 1.0 when no modifier is swapped), so the states are computed only for the pairs they can decide.
+that the cache asks `judge_without_alignment`, which settles the pair when no token-state feature in its
+range could change the verdict, so the states are computed only for the pairs they can decide. Since issue
+30 that is most near misses (the residual head's score is clipped to [-1.5, 1.0], and a clear near miss stays
+one at its best score: all of `bench gateway`'s varied misses), while a pair the model may accept needs its
+states, to show that neither side asks for something the other does not (`fleetgate.cache.asymmetry`).
 
 A rejection by the model is reported by what the difference holds, for the rejection metric: `entity` for
 a swapped modifier of a shared word ("overnight" / "standard delivery"), the first critical kind among the
@@ -41,10 +44,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
+from fleetgate.cache.asymmetry import SCORE_RANGE, STATE_FEATURES, STATE_NEUTRAL, residual_inputs, state_features
 from fleetgate.cache.pairfeatures import features, slot_veto, swapped_modifiers, swapped_surfaces, veto
 from fleetgate.cache.pairmodel import PairModel, load_model
 from fleetgate.cache.textnorm import Analysis, analyse, critical_kind, embedding_text, plain_text, unquote_shared
-from fleetgate.cache.tokenalign import ALIGN_FEATURES, NEUTRAL, TokenStates, align_features
+from fleetgate.cache.tokenalign import TokenStates
 from fleetgate.cache.wordmatch import WordMatch, full_match, match
 
 _analysis = lru_cache(maxsize=16384)(analyse)  # stored entries are compared again and again
@@ -116,7 +122,7 @@ def precheck(text_a: str, text_b: str) -> Verdict | Pending:
 
 def judge(pending: Pending, *, similarity: float, align: Sequence[float], conversation: bool = False,
            model: PairModel | None = None, min_confidence: float | None = None) -> Verdict:
-    """The pair model's verdict; `align`: `tokenalign.align_features` of the two texts."""
+    """The pair model's verdict; `align`: `alignment` of the two texts (`asymmetry.STATE_FEATURES`)."""
     model = model or load_model()
     p = model.probability(features(pending.a, pending.b, similarity=similarity, match=pending.match,
                                    text_a=pending.text_a, text_b=pending.text_b, conversation=conversation,
@@ -126,8 +132,10 @@ def judge(pending: Pending, *, similarity: float, align: Sequence[float], conver
                                                                 confidence=p)
 
 
-# What token alignment features can be: cosines of unit vectors, and a share (`tokenalign.ALIGN_FEATURES`)
-_ALIGN_RANGE = {name: ((0.0, 1.0) if name == "align_unaligned" else (-1.0, 1.0)) for name in ALIGN_FEATURES}
+# What the token-state features can be: cosines of unit vectors, a share (`tokenalign.ALIGN_FEATURES`), and
+# the residual head's clipped score (`asymmetry.SCORE_RANGE`)
+_ALIGN_RANGE = {name: ((0.0, 1.0) if name == "align_unaligned" else SCORE_RANGE if name == "align_residual"
+                       else (-1.0, 1.0)) for name in STATE_FEATURES}
 
 
 def judge_without_alignment(pending: Pending, *, similarity: float, conversation: bool = False,
@@ -137,16 +145,16 @@ def judge_without_alignment(pending: Pending, *, similarity: float, conversation
     Every other input is known; each alignment feature is bounded (`_ALIGN_RANGE`; `align_swap` is exactly
     1.0 when no modifier is swapped), and the model is linear in them, so the least and greatest probability
     over those ranges (`PairModel.probability_bounds`) decide the pair when both fall on one side of the
-    bar. The shipped model weighs `align_swap` (0.80) and `align_unaligned` (-0.004) only: a pair without a
-    swapped modifier is decided here unless it sits within ~0.02 logits of the bar. That saves the token
-    states' encoder pass for the candidate texts no embedding handed over."""
+    bar. The residual head's score (`align_residual`) is clipped to `asymmetry.SCORE_RANGE`, so its weight widens
+    the band of pairs left undecided: those need the token states. That saves the token states' encoder
+    pass for the candidate texts no embedding handed over."""
     model = model or load_model()
     known = {} if swapped_surfaces(pending.a, pending.b, match=pending.match) else {"align_swap": 1.0}
-    low = [known.get(name, _ALIGN_RANGE[name][0]) for name in ALIGN_FEATURES]
-    high = [known.get(name, _ALIGN_RANGE[name][1]) for name in ALIGN_FEATURES]
+    low = [known.get(name, _ALIGN_RANGE[name][0]) for name in STATE_FEATURES]
+    high = [known.get(name, _ALIGN_RANGE[name][1]) for name in STATE_FEATURES]
     base = features(pending.a, pending.b, similarity=similarity, match=pending.match, text_a=pending.text_a,
-                    text_b=pending.text_b, conversation=conversation, align=NEUTRAL)
-    fixed = base[: len(base) - len(ALIGN_FEATURES)]
+                    text_b=pending.text_b, conversation=conversation, align=STATE_NEUTRAL)
+    fixed = base[: len(base) - len(STATE_FEATURES)]
     p_low, p_high = model.probability_bounds([*fixed, *low], [*fixed, *high])
     bar = model.threshold if min_confidence is None else min_confidence
     if p_low >= bar:
@@ -156,17 +164,23 @@ def judge_without_alignment(pending: Pending, *, similarity: float, conversation
     return None
 
 
-def alignment(pending: Pending, states: TokenStates) -> tuple[float, ...]:
-    """The token-alignment features of a pending pair (blocking, run it off the event loop: an encoder pass
-    per text whose states neither the embedding pass handed over nor an earlier alignment kept)."""
-    return align_features(states.words(pending.text_a), states.words(pending.text_b),
-                          swapped_surfaces(pending.a, pending.b, match=pending.match))
+def alignment(pending: Pending, states: TokenStates, *, model: PairModel | None = None) -> tuple[float, ...]:
+    """The token-state features of a pending pair (`asymmetry.STATE_FEATURES`: the token alignment and the
+    model's residual head; blocking, run it off the event loop: an encoder pass per text whose states neither
+    the embedding pass handed over nor an earlier alignment kept)."""
+    return state_features(states.words(pending.text_a), states.words(pending.text_b),
+                          swapped_surfaces(pending.a, pending.b, match=pending.match),
+                          head=(model or load_model()).head)
 
 
-def pair_alignment(text_a: str, text_b: str, states: TokenStates) -> tuple[float, ...]:
-    """`alignment` of two prompts from their texts (training and cross-validation)."""
+def pair_alignment(text_a: str, text_b: str, states: TokenStates) -> tuple[tuple[float, ...], np.ndarray]:
+    """Training and cross-validation: the token alignment of two prompts from their texts (`STATE_FEATURES`
+    with a residual score of 0) and the residual head's inputs (`asymmetry.residual_inputs`), which the fit
+    turns into the score."""
     a, b = analyse_pair(text_a, text_b)
-    return align_features(states.words(text_a), states.words(text_b), swapped_surfaces(a, b, match=match(a, b)))
+    words_a, words_b = states.words(text_a), states.words(text_b)
+    return (state_features(words_a, words_b, swapped_surfaces(a, b, match=match(a, b))),
+            residual_inputs(words_a, words_b))
 
 
 @lru_cache(maxsize=4)
@@ -184,7 +198,7 @@ def warm_up(*, states: TokenStates | None) -> None:
     step = precheck(a, b)
     if isinstance(step, Pending):
         use = states is not None and load_model().uses_alignment
-        judge(step, similarity=0.9, align=alignment(step, states) if use and states is not None else NEUTRAL)
+        judge(step, similarity=0.9, align=alignment(step, states) if use and states is not None else STATE_NEUTRAL)
 
 
 def verify(a: str, b: str, *, similarity: float, conversation: bool = False, min_confidence: float | None = None,
@@ -196,6 +210,6 @@ def verify(a: str, b: str, *, similarity: float, conversation: bool = False, min
     if isinstance(step, Verdict):
         return step
     model = model or load_model()
-    align = alignment(step, states or default_states()) if model.uses_alignment else NEUTRAL
+    align = alignment(step, states or default_states(), model=model) if model.uses_alignment else STATE_NEUTRAL
     return judge(step, similarity=similarity, align=align, conversation=conversation, model=model,
                  min_confidence=min_confidence)

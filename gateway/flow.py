@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -312,7 +312,7 @@ class Flow:
             })
         if ctx.reservation is None and not records and store is None:
             return
-        self._spawn(self._settle(ctx, usage, records, store))
+        self.spawn(self._settle(ctx, usage, records, store))
 
     async def _settle(
         self, ctx: RequestContext, usage: Usage, records: list[RequestRecord], store: dict[str, Any] | None
@@ -330,7 +330,8 @@ class Flow:
             except Exception:
                 self._log.exception(f"{name} failed", extra={"request_id": ctx.request_id})
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro` in a task `drain` waits for (work that outlives a request's answer)."""
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -271,6 +271,8 @@ class Pipeline:
             model_name=attempt.model if ep.model != attempt.model else None,
             assembler=StreamAssembler(parsed.kind) if assemble else None,
             on_done=partial(self._stream_done, ctx, attempt),
+            cancel_drain_s=self._server.cancel_drain_s,
+            spawn=self.flow.spawn,
         )
         return GatewayResponse(200, self.flow.headers(ctx, attempt), stream=relay, media_type="text/event-stream")
 

@@ -55,6 +55,11 @@ class ServerSettings(_Strict):
     )
     inter_chunk_timeout_s: float = Field(default=60.0, gt=0, description="longest silence between two stream chunks")
     request_timeout_s: float = Field(default=600.0, gt=0, description="whole non-streaming engine call")
+    cancel_drain_s: float = Field(
+        default=2.0, ge=0, description="a client that leaves a stream mid-answer: read the engine's stream to its "
+        "next chunk, half-close and read what it sent, at most this long, so the tokens it counted are charged "
+        "(0: hang up at once)"
+    )
     adapter_load_timeout_s: float = Field(
         default=30.0, gt=0, description="longest a request waits for an engine to load its LoRA adapter on demand"
     )

@@ -93,6 +93,11 @@ class SseRewriter:
         """Bytes received but not rewritten yet (an incomplete line)."""
         return self._buf
 
+    def take_pending(self) -> bytes:
+        """`pending`, handed over: nothing more is rewritten from it."""
+        pending, self._buf = self._buf, b""
+        return pending
+
     def feed(self, data: bytes) -> bytes:
         """The client's bytes for every complete event line in what arrived so far (b"" when none)."""
         if self.ended:
@@ -173,11 +178,14 @@ class SseRewriter:
             chunk["model"] = self._model_name
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
-    def absorb(self, data: bytes) -> None:
+    def absorb(self, data: bytes, *, final: bool = True) -> bytes:
         """Before hanging up early: count the usage in what the engine sent and the gateway received but did
         not relay yet (a client that leaves is charged up to the engine's last reported token that reached the
-        gateway, not only up to the last one relayed)."""
-        for line in data.split(b"\n"):
+        gateway, not only up to the last one relayed). Nothing is relayed. Returns the incomplete last line
+        (every line is tried when `final`)."""
+        lines = data.split(b"\n")
+        rest = b"" if final else lines.pop()
+        for line in lines:
             if not line.startswith(b"data:"):
                 continue
             try:
@@ -195,6 +203,7 @@ class SseRewriter:
             choices = chunk.get("choices")
             if isinstance(choices, list) and has_output(choices):
                 self.outcome.output_chunks += 1
+        return rest
 
     def fail(self, kind: str, message: str, code: str) -> bytes:
         """End the stream with an error event; the message names no endpoint (that goes to the log)."""

@@ -9,14 +9,17 @@ A silent engine (no chunk within the first-byte / inter-chunk timeout), a broken
 end without `[DONE]` ends the client stream with an OpenAI-shaped error event and `[DONE]`.
 `close()` is called exactly once by the web layer (end, error or client disconnect): it closes
 the upstream connection if the stream did not finish (the engine aborts the request) and hands a
-`StreamOutcome` to the pipeline's callback.
+`StreamOutcome` to the pipeline's callback. A client that left after output began is reported once the
+engine's stream is drained (`_drain_then_finish`, with `cancel_drain_s`), so it is charged what the engine
+counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import aiohttp
 
@@ -44,6 +47,8 @@ class RelayStream:
         assembler: StreamAssembler | None,
         on_done: Callable[[StreamOutcome], None],
         collect_only: bool = False,
+        cancel_drain_s: float = 0.0,
+        spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
     ) -> None:
         self._resp = response
         self._endpoint_id = endpoint_id
@@ -53,6 +58,8 @@ class RelayStream:
                                continuous_usage=continuous_usage, model_name=model_name, assembler=assembler,
                                collect_only=collect_only)
         self._on_done = on_done
+        self._drain_s = cancel_drain_s if spawn is not None else 0.0
+        self._spawn = spawn
         self._closed = False
 
     def __aiter__(self) -> RelayStream:
@@ -79,14 +86,58 @@ class RelayStream:
             if out or rw.ended:
                 return out
 
+    async def _buffered(self) -> bytes:
+        """Every byte that has arrived from the engine by now, without waiting for more (one event-loop turn
+        first, so bytes already in the socket reach the reader)."""
+        await asyncio.sleep(0)
+        return self._resp.content.read_nowait()
+
+    async def _drain_then_finish(self) -> None:
+        """The client left mid-stream. vLLM counts a token when its engine step's output is processed, a moment
+        before it writes the chunk, and hangs up on an abort without sending what it counted but did not
+        write: hanging up at an arbitrary moment loses those tokens to the tenant's charge. So the gateway
+        takes in what already arrived, waits for the engine's next chunk (right after a write, nothing
+        counted is pending), then half-closes the connection (the engine sees the client leave and aborts;
+        servers flush what they wrote before closing) and reads everything up to the engine's close, taking
+        the last usage seen; at most `cancel_drain_s`, then it hangs up anyway. Costs the engine at most one
+        more token. A gateway too busy to read that chunk within an engine step can still miss a token."""
+        rw = self._rw
+        pending = rw.take_pending()
+        content = self._resp.content
+        try:
+            async with asyncio.timeout(self._drain_s):
+                pending = rw.absorb(pending + await self._buffered(), final=False)
+                data = await content.readany()
+                if data:
+                    data += await self._buffered()
+                pending = rw.absorb(pending + data, final=False)
+                connection = self._resp.connection
+                transport = connection.transport if connection is not None else None
+                if data and transport is not None and transport.can_write_eof():
+                    transport.write_eof()
+                while data:
+                    data = await content.readany()
+                    pending = rw.absorb(pending + data, final=False)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass  # what was read is counted; the rest is the engine's to drop
+        finally:
+            rw.absorb(pending, final=True)
+            self._resp.close()
+            self._on_done(rw.close(cancelled=True))
+
     def close(self, *, cancelled: bool = False) -> None:
-        """Release the engine connection and report the outcome; idempotent."""
+        """Release the engine connection and report the outcome; idempotent. A client that left after output
+        began, with `cancel_drain_s` set, is reported once the engine's stream is drained
+        (`_drain_then_finish`, in a task given to `spawn`)."""
         if self._closed:
             return
         self._closed = True
         rw = self._rw
         if rw.ended and rw.outcome.ok:
             self._resp.release()
+        elif cancelled and not rw.ended and rw.outcome.output_chunks and self._drain_s > 0 and self._spawn is not None:
+            self._spawn(self._drain_then_finish())
+            return
         else:
             try:
                 unread = rw.pending + self._resp.content.read_nowait()

@@ -17,6 +17,11 @@ Each request for a wakeable model also marks it active, at most once per `active
 operator's idle scale-down reads the mark), and while engine calls of the model are in flight (`begin` /
 `end`, paired by the forwarder) a heartbeat keeps marking it every `active_mark_s`, so a long generation is
 never taken for idleness. Models that cannot be woken pass straight through.
+
+Metrics: `fleetgate_scale_from_zero_wakes_total{model,outcome}` counts wakes (holds), once each: `ready`,
+`scale_failed`, or, when its last waiter goes before the model is ready, `timeout` / `abandoned`;
+`fleetgate_scale_from_zero_requests_total{model,outcome}` counts the requests held, each with its own
+outcome; `fleetgate_scale_from_zero_held_requests` is the number held now.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class _Hold:
         self.waiters = 0
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
+        self.counted = False  # the wake's outcome is counted once, whoever ends it
 
 
 class Waker:
@@ -52,8 +58,12 @@ class Waker:
         registry = registry if registry is not None else CollectorRegistry()
         self._held_gauge = Gauge("fleetgate_scale_from_zero_held_requests",
                                  "Requests held while their model wakes from zero.", ["model"], registry=registry)
-        self._wakes = Counter("fleetgate_scale_from_zero_wakes", "Scale-from-zero waits by outcome "
-                              "(ready, timeout, scale_failed, abandoned).", ["model", "outcome"], registry=registry)
+        self._wakes = Counter("fleetgate_scale_from_zero_wakes", "Scale-from-zero wakes (one per model woken) by "
+                              "outcome (ready, timeout, scale_failed, abandoned).", ["model", "outcome"],
+                              registry=registry)
+        self._held_requests = Counter("fleetgate_scale_from_zero_requests",
+                                      "Requests held while their model woke, by outcome (ready, timeout, "
+                                      "scale_failed, abandoned).", ["model", "outcome"], registry=registry)
         self._s = settings
         self._wakeable = source if settings.enabled and isinstance(source, WakeableSource) else None
         self._holds: dict[str, _Hold] = {}
@@ -149,12 +159,19 @@ class Waker:
             outcome = "scale_failed"
             raise
         finally:
-            self._wakes.labels(model, outcome).inc()
+            self._held_requests.labels(model, outcome).inc()
             self._held_gauge.labels(model).dec()
             hold.waiters -= 1
             if hold.waiters == 0:
+                if not hold.ready.done():  # the last waiter gave up before the model was ready
+                    self._count(model, hold, "timeout" if outcome == "timeout" else "abandoned")
                 self._close(model, hold)
         return self._source.endpoints(model)
+
+    def _count(self, model: str, hold: _Hold, outcome: str) -> None:
+        if not hold.counted:
+            hold.counted = True
+            self._wakes.labels(model, outcome).inc()
 
     def _close(self, model: str, hold: _Hold) -> None:
         if self._holds.get(model) is hold:
@@ -181,9 +198,11 @@ class Waker:
             if self._holds.get(model) is hold:
                 del self._holds[model]  # the next request tries again
             if not hold.ready.done():
+                self._count(model, hold, "scale_failed")
                 hold.ready.set_exception(self.unavailable(f"model {model!r} is scaled to zero and could not be woken"))
             return
         if not hold.ready.done():
+            self._count(model, hold, "ready")
             hold.ready.set_result(None)
 
     def _mark(self, model: str) -> None:

@@ -18,6 +18,19 @@ from fleetgate.operator.spec import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, 
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 _DROP = frozenset({"title", "$defs"})
+# Rules on the whole object: only there can CEL see metadata.name. `fieldPath` makes the API server name
+# the field in its refusal (without it the path reads `<nil>`).
+ROOT_RULES: tuple[dict[str, str], ...] = (
+    {"rule": NAME_RULE[0], "message": NAME_RULE[1], "fieldPath": ".metadata.name", "reason": "FieldValueInvalid"},
+    {
+        "rule": "!has(self.spec.adapters) || has(self.spec.model.servedName) "
+        "|| self.spec.adapters.all(a, a.name != self.metadata.name)",
+        "message": "an adapter name must differ from metadata.name, the served model's name when "
+        "model.servedName is unset",
+        "fieldPath": ".spec.adapters",
+        "reason": "FieldValueInvalid",
+    },
+)
 
 
 def structural(schema: dict[str, Any], *, defs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -125,11 +138,12 @@ def build_crd() -> dict[str, Any]:
                             "description": "A model served by vLLM engine pods, planned and reconciled by FleetGate.",
                             "required": ["spec"],
                             # Children take this name: refuse names a Service or label value cannot have.
-                            "x-kubernetes-validations": [{"rule": NAME_RULE[0], "message": NAME_RULE[1]}],
+                            "x-kubernetes-validations": [dict(rule) for rule in ROOT_RULES],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                # `name` declared so that fieldPath .metadata.name resolves.
+                                "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
                                 "spec": spec_schema(),
                                 "status": status_schema(),
                             },

@@ -13,16 +13,21 @@
   not fit and pods still loading are normal outcomes (status and Events say so), logged at INFO/WARNING,
   never raised: Kopf would log them at ERROR and retry what retrying cannot fix;
 - a child the API server refused (ApplyFailed: status, Event) is a real error: `kopf.TemporaryError`,
-  retried every `OperatorSettings.retry_failed_s`; so is a LoRA adapter that did not load on a ready pod
-  (AdaptersReady False, an AdapterLoadFailed Event per new failure), every `adapter_retry_s` (short: Kopf
-  holds the next spec change back until a pending retry is due). (No Kopf timer for a periodic resync: Kopf puts a
-  finalizer on every object a timer serves, and a stopped operator would then block deletions.)
+  retried every `OperatorSettings.retry_failed_s`. A LoRA adapter that did not load on a ready pod
+  (AdaptersReady False, an AdapterLoadFailed Event per new failure) and engine pods not all ready are the
+  reconciler's own delayed re-checks (`fleetgate.operator.resync`, every `adapter_retry_s` / `pod_check_s`),
+  not Kopf retries: those log at ERROR each time and hold back the next spec change. (No Kopf timer for a
+  periodic resync: Kopf puts a finalizer on every object a timer serves, and a stopped operator would then
+  block deletions.)
 - idle scale-down (`fleetgate.operator.idle`): every reconciled service is tracked; a background task
   started at startup scales idle ones with `spec.scaleToZeroAfterSeconds` to zero;
 - InferencePools (`fleetgate.operator.pools`, with `--epp-service`): published after each reconcile pass,
   withdrawn on the service's DELETED event, swept for missed deletions by a background task;
 - events of the children (Deployment, Service, PDB, HPA): a deleted child re-reconciles its owner at once
-  (it is recreated); other Deployment events refresh the owner's status (readiness within a watch event).
+  (it is recreated); a child whose owned fields someone edited does too (the fields are put back, one
+  DriftCorrected Event); other Deployment and HPA events refresh the owner's status (readiness within a
+  watch event). Watching the children is what makes reconciliation level-based for edits, not only for spec
+  changes.
 No status is returned from handlers (Kopf would write it under status.<handler>): the reconciler owns status.
 """
 
@@ -97,14 +102,15 @@ def register(
             )
             effective = dataclasses.replace(operator_settings, capabilities=caps)
         memo.api = api
-        memo.reconciler = Reconciler(
-            api=api, settings=effective, adapter_api=make_adapter_api() if make_adapter_api is not None else None
-        )
         paused = None
         if identity is not None and not settings.peering.standalone:
             paused = functools.partial(
                 _outranked, api=api, name=settings.peering.name, priority=settings.peering.priority, identity=identity
             )
+        memo.reconciler = Reconciler(
+            api=api, settings=effective, adapter_api=make_adapter_api() if make_adapter_api is not None else None,
+            paused=paused,
+        )  # fmt: skip
         memo.idle = IdleWatch(api=api, interval_s=effective.idle_check_s, paused=paused)
         memo.idle_task = asyncio.create_task(memo.idle.run())
         memo.pools = PoolPublisher(api=api, settings=effective)
@@ -134,9 +140,7 @@ def register(
         if pool is not None and pool.phase == "Failed":
             failed += (f"{_CHILDREN_NOT_APPLIED}: {pool.message}",)
         if failed:
-            children = any(f.startswith(_CHILDREN_NOT_APPLIED) for f in failed)
-            delay = settings.retry_failed_s if children else settings.adapter_retry_s
-            raise kopf.TemporaryError(f"not done: {'; '.join(failed)}", delay=delay)
+            raise kopf.TemporaryError(f"not done: {'; '.join(failed)}", delay=settings.retry_failed_s)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def _withdraw_pool(body: kopf.Body, memo: kopf.Memo, type: str | None = None, **_: Any) -> None:
@@ -162,15 +166,16 @@ def register(
             if type == "DELETED":
                 logger.info(f"{body.get('kind', 'child')} {meta.get('name')} was deleted: reconciling {owner}")
                 await _reconcile_and_log(memo=memo, body=isvc, logger=logger)
-            elif body.get("kind") == "Deployment":
-                await memo.reconciler.refresh_status(isvc, deployment=_plain(body))
+            else:
+                await memo.reconciler.child_changed(isvc, child=_plain(body))
 
 
 async def _reconcile_and_log(
     *, memo: kopf.Memo, body: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]
 ) -> tuple[str, ...]:
-    """One reconcile pass, its outcome logged at the level it deserves; returns what is not done yet: children
-    not applied, LoRA adapters not loaded (retried by the caller)."""
+    """One reconcile pass, its outcome logged at the level it deserves; returns the children not applied
+    (retried by the caller through Kopf). LoRA adapters not loaded are the reconciler's to re-check
+    (`fleetgate.operator.resync`): a Kopf retry would log an ERROR every time and hold back spec changes."""
     reconciler: Reconciler = memo.reconciler
     try:
         outcome = await reconciler.reconcile(body)
@@ -182,9 +187,7 @@ async def _reconcile_and_log(
         logger.info(f"waiting for engine pods: {outcome.status['ready']} ready")
     if outcome.adapter_failures:
         logger.warning(f"LoRA adapters not loaded (retried later): {'; '.join(outcome.adapter_failures)}")
-    return tuple(f"{_CHILDREN_NOT_APPLIED}: {f}" for f in outcome.failed) + tuple(
-        f"adapter not loaded: {f}" for f in outcome.adapter_failures
-    )
+    return tuple(f"{_CHILDREN_NOT_APPLIED}: {f}" for f in outcome.failed)
 
 
 async def _join_peering(

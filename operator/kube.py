@@ -8,7 +8,8 @@ and `rbac.py` is tested to grant each one (least privilege, nothing more).
 
 Writes are server-side apply (`PATCH application/apply-patch+yaml`, one field manager, `force=True`: the
 operator is the sole owner of its children's fields, and an autoscaler's `replicas` is left out of the
-applied Deployment so it is never contested).
+applied Deployment so it is never contested). `merge_patch` (`application/merge-patch+json`, lists replaced
+whole) is the fallback for putting back an edit that apply cannot undo (see `Reconciler._restore`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ API_CALLS: frozenset[tuple[str, str, str]] = frozenset(
     {(group, plural, verb) for group, _v, plural in KINDS.values() for verb in CHILD_VERBS}
     | {
         (GROUP, PLURAL, "get"),
+        (GROUP, PLURAL, "list"),  # other services of the namespace serving the same model (shared_names.py)
         (GROUP, PLURAL, "patch"),  # idle scale-down (operator/idle.py)
         (GROUP, f"{PLURAL}/status", "patch"),
         ("", "events", "create"),
@@ -164,6 +166,23 @@ class KubeApi:
         )
         return self._plain(result)
 
+    async def merge_patch(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch a child with its manifest's labels, annotations and body (everything but metadata):
+        lists are replaced whole, so list items another manager now owns go too. Returns the stored object."""
+        from lightkube.types import PatchType
+
+        kind = manifest["kind"]
+        group, _version, plural = KINDS[kind]
+        self._check(group, plural, "patch")
+        meta = manifest["metadata"]
+        body = {key: value for key, value in manifest.items() if key not in ("metadata", "apiVersion", "kind")}
+        body["metadata"] = {"labels": meta.get("labels", {}), "annotations": meta.get("annotations", {})}
+        result = await self._client.patch(
+            self._resource(kind), meta["name"], body, namespace=meta["namespace"], patch_type=PatchType.MERGE,
+            field_manager=self._field_manager,
+        )  # fmt: skip
+        return self._plain(result)
+
     async def list_children(self, *, namespace: str, owner_name: str, kinds: list[str]) -> list[dict[str, Any]]:
         """Children of one InferenceService, found by its labels (ownership is checked by the plan).
 
@@ -220,6 +239,11 @@ class KubeApi:
             if status_code(exc) == 404:
                 return None
             raise
+
+    async def list_inference_services(self, *, namespace: str) -> list[dict[str, Any]]:
+        self._check(GROUP, PLURAL, "list")
+        cls = self._resource("InferenceService")
+        return [self._plain(obj) async for obj in self._client.list(cls, namespace=namespace)]
 
     async def patch_inference_service(self, *, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge-patch an InferenceService (idle scale-down: spec.replicas and an annotation)."""

@@ -5,7 +5,9 @@ the owner's uid, and `hold`: kinds that must be neither created, updated nor del
 does not fit holds the Deployment and its autoscaler: no new pods that would crash-loop, and an engine that
 already serves keeps serving). Per child, keyed by (kind, name):
 - desired, not observed             -> create
-- desired, observed, same spec hash -> keep (no API call)
+- desired, observed, same spec hash, owned fields as desired -> keep (no API call)
+- desired, observed, same spec hash, an owned field changed  -> update, `drift` naming the fields
+  (someone edited the child: `kubectl scale`, `set image`, `patch svc`; see `fleetgate.operator.drift`)
 - desired, observed, other hash     -> update
 - observed, owned by us, not desired -> delete (e.g. the HPA after autoscaling was removed)
 - desired, observed, another controller's -> conflict (never taken over; reported as Degraded)
@@ -18,9 +20,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleetgate.engine.kube_names import ANNOTATION_SPEC_HASH
+from fleetgate.operator.drift import drift
 
 Verb = Literal["create", "update", "keep", "delete", "hold", "conflict"]
 POD_KINDS: frozenset[str] = frozenset({"Deployment", "HorizontalPodAutoscaler", "ScaledObject", "PodDisruptionBudget"})
+# Held while a spec does not fit: no pods, and no Service for them either (an engine of an earlier spec that
+# still serves keeps its Service, since held children are not deleted).
+UNFIT_HOLD: frozenset[str] = POD_KINDS | {"Service", "ServiceMonitor"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +35,7 @@ class Action:
     kind: str
     name: str
     manifest: dict[str, Any] | None = None
+    drift: tuple[str, ...] = ()  # an update that puts back edited fields: "path (was value)" each
 
     @property
     def mutates(self) -> bool:
@@ -39,7 +46,7 @@ def _key(obj: dict[str, Any]) -> tuple[str, str]:
     return obj["kind"], obj["metadata"]["name"]
 
 
-def _hash(obj: dict[str, Any]) -> str | None:
+def spec_hash_of(obj: dict[str, Any]) -> str | None:
     value = (obj.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
     return value if isinstance(value, str) else None
 
@@ -73,13 +80,16 @@ def plan(
             actions.append(Action(verb="create", kind=kind, name=name, manifest=manifest))
         elif _controlled_by_other(current, uid=owner_uid):
             actions.append(Action(verb="conflict", kind=kind, name=name))
-        elif _hash(current) == _hash(manifest) and owned_by(current, uid=owner_uid):
-            actions.append(Action(verb="keep", kind=kind, name=name))
+        elif spec_hash_of(current) == spec_hash_of(manifest) and owned_by(current, uid=owner_uid):
+            changed = tuple(d.describe() for d in drift(desired=manifest, live=current))
+            if changed:
+                actions.append(Action(verb="update", kind=kind, name=name, manifest=manifest, drift=changed))
+            else:
+                actions.append(Action(verb="keep", kind=kind, name=name))
         else:
             actions.append(Action(verb="update", kind=kind, name=name, manifest=manifest))
     for (kind, name), current in seen.items():
         if (kind, name) in wanted or not owned_by(current, uid=owner_uid):
             continue
-        verb: Verb = "hold" if kind in hold else "delete"
-        actions.append(Action(verb=verb, kind=kind, name=name))
+        actions.append(Action(verb="hold" if kind in hold else "delete", kind=kind, name=name))
     return actions

@@ -65,6 +65,14 @@ def _text(resolved: Resolved) -> str:
             f"  max sequences:      {plan.max_concurrent_sequences:8d} at max length",
             f"  fits:               {'yes' if plan.fits else 'NO'}",
         ]
+        if plan.activation_bytes_per_gpu is not None:
+            graphs, non_torch = plan.cuda_graph_bytes_per_gpu or 0, plan.non_torch_bytes_per_gpu or 0
+            lines.insert(
+                -6,
+                f"  reserve per GPU:    {(plan.reserve_bytes_per_gpu or 0) / GB:8.2f} GB (activations "
+                f"{plan.activation_bytes_per_gpu / GB:.2f}, CUDA graphs {graphs / GB:.2f}, non-torch "
+                f"{non_torch / GB:.2f}; vLLM logs its own at start-up)",
+            )
         if plan.lora_bytes_per_gpu is not None:
             lines.insert(
                 -6,

@@ -7,8 +7,12 @@ file (`fleetgate operator --profiles FILE`): a mapping of name -> fields of `Acc
 
 A CPU profile (no GPU memory) also carries the KV-cache space each engine gets (`kv_cache_space_gib`: the
 pods receive it as `VLLM_CPU_KVCACHE_SPACE`, and the capacity plan uses it as the KV budget) and vLLM CPU's
-block size (128 tokens, where CUDA uses 16). `max_num_batched_tokens` is vLLM's default for that hardware
-when the spec sets none: it sizes what sliding-window layers keep per request. `kv_cache_dtypes` lists the
+block size (128 tokens, where CUDA uses 16). `max_num_batched_tokens` and `max_num_seqs` are vLLM's
+defaults for that hardware when the spec sets none: they size what sliding-window layers keep per request,
+the modelled activation and CUDA graph reserve, and decide whether vLLM would refuse a `maxNumSeqs`.
+`overhead_bytes` left at None (the built-in GPU profiles) models vLLM's per-GPU reserve
+(`fleetgate.engine.reserve`: activations, CUDA graphs, non-torch memory); a number is a flat allowance
+instead. `kv_cache_dtypes` lists the
 KV-cache dtypes the engine accepts there (None: any): vLLM CPU's attention backend takes only `auto` and the
 fp8 variants (fp8 on x86 with AVX-512 or AMX; a pool without them should list only `auto`), so a CPU spec
 asking for another one is refused before any pod is made.
@@ -30,6 +34,11 @@ GPU_TOLERATION: Mapping[str, str] = MappingProxyType(
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 )
 DEFAULT_ACCELERATOR = "nvidia-l4"
+# vLLM's OpenAI-server defaults (`EngineArgs.get_batch_defaults`, 0.26 and 0.32).
+DEFAULT_MAX_NUM_SEQS = 256
+LARGE_GPU_MAX_NUM_BATCHED_TOKENS = 8192
+LARGE_GPU_MAX_NUM_SEQS = 1024
+CPU_MAX_NUM_SEQS = 128  # per CPU engine (world size 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,31 +48,36 @@ class AcceleratorProfile:
     resource_name: str = "nvidia.com/gpu"
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, str], ...] = (GPU_TOLERATION,)
-    overhead_bytes: int = 2 * 10**9  # activations, CUDA graphs, NCCL buffers: kept out of the KV budget
+    overhead_bytes: int | None = None  # flat per-GPU reserve; None: modelled (fleetgate.engine.reserve)
     kv_cache_space_gib: int = 0  # CPU only: GiB of KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
     kv_block_size: int = CUDA_BLOCK_SIZE
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     kv_cache_dtypes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.gpu_memory_bytes < 0 or self.kv_cache_space_gib < 0:
             raise ConfigError(f"profile {self.name!r}: gpu_memory_bytes and kv_cache_space_gib must be >= 0")
-        if self.kv_block_size < 1 or self.max_num_batched_tokens < 1:
-            raise ConfigError(f"profile {self.name!r}: kv_block_size and max_num_batched_tokens must be >= 1")
+        if self.kv_block_size < 1 or self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ConfigError(
+                f"profile {self.name!r}: kv_block_size, max_num_batched_tokens and max_num_seqs must be >= 1"
+            )
+        if self.overhead_bytes is not None and self.overhead_bytes < 0:
+            raise ConfigError(f"profile {self.name!r}: overhead_bytes must be >= 0")
 
     @property
     def is_gpu(self) -> bool:
         return self.gpu_memory_bytes > 0
 
 
-def _gpu(
-    name: str, mib: int, product: str, *, batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-) -> AcceleratorProfile:
+def _gpu(name: str, mib: int, product: str, *, large: bool = False) -> AcceleratorProfile:
+    """`large`: vLLM's defaults for >= 70 GiB GPUs other than the A100 (8192 tokens, 1024 sequences)."""
     return AcceleratorProfile(
         name=name,
         gpu_memory_bytes=mib * MIB,
         node_selector={"nvidia.com/gpu.product": product},
-        max_num_batched_tokens=batched_tokens,
+        max_num_batched_tokens=LARGE_GPU_MAX_NUM_BATCHED_TOKENS if large else DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_num_seqs=LARGE_GPU_MAX_NUM_SEQS if large else DEFAULT_MAX_NUM_SEQS,
     )
 
 
@@ -77,9 +91,9 @@ BUILTIN_PROFILES: Mapping[str, AcceleratorProfile] = MappingProxyType(
             _gpu("nvidia-l40s", 46068, "NVIDIA-L40S"),
             _gpu("nvidia-a100-40gb", 40960, "NVIDIA-A100-SXM4-40GB"),
             _gpu("nvidia-a100-80gb", 81920, "NVIDIA-A100-SXM4-80GB"),
-            # vLLM raises its default batch to 8192 tokens on >= 70 GiB GPUs other than the A100.
-            _gpu("nvidia-h100-80gb", 81559, "NVIDIA-H100-80GB-HBM3", batched_tokens=8192),
-            _gpu("nvidia-h200", 143771, "NVIDIA-H200", batched_tokens=8192),
+            # vLLM raises its default batch to 8192 tokens and 1024 sequences on >= 70 GiB GPUs but the A100.
+            _gpu("nvidia-h100-80gb", 81559, "NVIDIA-H100-80GB-HBM3", large=True),
+            _gpu("nvidia-h200", 143771, "NVIDIA-H200", large=True),
             # The CPU engine image's default VLLM_CPU_KVCACHE_SPACE is 1 GiB.
             AcceleratorProfile(
                 name="cpu",
@@ -88,6 +102,7 @@ BUILTIN_PROFILES: Mapping[str, AcceleratorProfile] = MappingProxyType(
                 tolerations=(),
                 kv_cache_space_gib=1,
                 kv_block_size=CPU_BLOCK_SIZE,
+                max_num_seqs=CPU_MAX_NUM_SEQS,
                 # vLLM 0.32 CPUAttentionBackend.supported_kv_cache_dtypes
                 kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
             ),

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetgate.core.errors import ConfigError
-from fleetgate.engine.args import EngineArgs
+from fleetgate.engine.args import LORA_MAX_VOCAB, EngineArgs
+from fleetgate.engine.batch_limits import BatchLimits, batch_problem, effective_limits
 from fleetgate.engine.capacity import (
     GIB,
     CapacityInputs,
@@ -31,6 +32,7 @@ from fleetgate.engine.capacity import (
 from fleetgate.engine.catalog import lookup
 from fleetgate.engine.kube_names import ENGINE_PORT
 from fleetgate.engine.pod_paths import MODELS_MOUNT, adapter_load_path, pvc_claim
+from fleetgate.engine.reserve import Reserve, ReserveInputs, vllm_reserve
 from fleetgate.operator.profiles import AcceleratorProfile, Profiles
 from fleetgate.operator.spec import Architecture, InferenceServiceSpec, served_name
 
@@ -107,6 +109,10 @@ def _arch(facts: Architecture | None, reference: str | None) -> ModelArch | None
             attention_heads=facts.attention_heads,
             vocab_size=facts.vocab_size,
             tied_embeddings=facts.tied_embeddings,
+            intermediate_size=facts.intermediate_size,
+            experts_per_token=facts.experts_per_token,
+            sliding_window_layers=facts.sliding_window_layers or 0,
+            sliding_window=facts.sliding_window if facts.sliding_window_layers else None,
         )
     return lookup(reference) if reference else None
 
@@ -172,12 +178,61 @@ def _check_parallelism(*, spec: InferenceServiceSpec, arch: ModelArch | None, gp
             raise ConfigError(f"engine.{problem}: vLLM would refuse to start")
 
 
+def _check_lora(*, spec: InferenceServiceSpec, arch: ModelArch | None) -> None:
+    """LoRA on a model with a separate lm_head and more than LORA_MAX_VOCAB tokens: vLLM refuses to start.
+    A tied embedding is let through: Gemma computes logits from it without an lm_head module, which vLLM
+    does not wrap (Gemma 3, 262,144 tokens, serves LoRA adapters)."""
+    if not spec.lora_enabled or arch is None or not arch.vocab_size or arch.tied_embeddings:
+        return
+    if arch.vocab_size > LORA_MAX_VOCAB:
+        raise ConfigError(
+            f"LoRA (adapters or engine.maxAdapters) on a model with a {arch.vocab_size}-token vocabulary and its own "
+            f"lm_head: vLLM refuses LoRA above {LORA_MAX_VOCAB} tokens"
+        )
+
+
 def _lora_slots(*, args: EngineArgs, dtype: str) -> LoraSlots | None:
     """vLLM's LoRA slots; LoRA weights take the activation dtype (16-bit unless the model runs in float32)."""
     slots = args.lora_slots()
     if slots is None:
         return None
     return LoraSlots(max_loras=slots[0], max_lora_rank=slots[1], dtype_bytes=4.0 if dtype == "float32" else 2.0)
+
+
+# The flat per-GPU reserve used when a GPU profile sets none and the model's hidden size is unknown.
+FLAT_OVERHEAD_BYTES = 2 * 10**9
+
+
+def batch_limits(*, spec: InferenceServiceSpec, profile: AcceleratorProfile) -> BatchLimits:
+    """The max_num_batched_tokens and max_num_seqs vLLM will run this spec with on this accelerator."""
+    engine = spec.engine
+    return effective_limits(
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        chunked_prefill=engine.chunked_prefill,
+        max_model_len=engine.max_model_len,
+        default_seqs=profile.max_num_seqs,
+        default_tokens=profile.max_num_batched_tokens,
+    )
+
+
+def reserve_for(
+    *, spec: InferenceServiceSpec, profile: AcceleratorProfile, arch: ModelArch, limits: BatchLimits
+) -> Reserve | None:
+    """vLLM's modelled per-GPU reserve, or None where the profile gives a flat one or the model's hidden
+    size is unknown (then `FLAT_OVERHEAD_BYTES`)."""
+    if not profile.is_gpu or profile.overhead_bytes is not None or not arch.hidden_size:
+        return None
+    speculative = spec.engine.speculative
+    inputs = ReserveInputs(
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_num_seqs=limits.max_num_seqs,
+        enforce_eager=spec.engine.enforce_eager,
+        activation_dtype_bytes=4.0 if spec.engine.dtype == "float32" else 2.0,
+        num_speculative_tokens=speculative.num_tokens if speculative is not None else 0,
+        speculative_method=speculative.method if speculative is not None else None,
+    )
+    return vllm_reserve(arch=arch, inputs=inputs, tensor_parallel_size=spec.engine.tensor_parallel_size)
 
 
 def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Resolved:
@@ -197,6 +252,11 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
     adapters = resolve_adapters(spec=spec, name=name)
     arch = _arch(spec.model.architecture, spec.model.source)
     _check_parallelism(spec=spec, arch=arch, gpu=profile.is_gpu)
+    _check_lora(spec=spec, arch=arch)
+    limits = batch_limits(spec=spec, profile=profile)
+    problem = batch_problem(limits)
+    if problem is not None:
+        raise ConfigError(f"engine.{problem}")
     plan: CapacityPlan | None = None
     if not profile.is_gpu and profile.kv_cache_space_gib == 0:
         note = f"no capacity plan: CPU profile {profile.name!r} gives no kv_cache_space_gib"
@@ -210,6 +270,8 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
         speculative = spec.engine.speculative
         if speculative is not None and speculative.draft_model:
             draft_arch = _arch(speculative.draft_architecture, speculative.draft_model)
+        reserve = reserve_for(spec=spec, profile=profile, arch=arch, limits=limits)
+        flat = profile.overhead_bytes if profile.overhead_bytes is not None else FLAT_OVERHEAD_BYTES
         plan = plan_capacity(
             inputs=CapacityInputs(
                 arch=arch,
@@ -218,17 +280,20 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
                 tensor_parallel_size=spec.engine.tensor_parallel_size,
                 gpu_memory_bytes=profile.gpu_memory_bytes,
                 gpu_memory_utilization=spec.engine.gpu_memory_utilization,
-                overhead_bytes=profile.overhead_bytes,
+                overhead_bytes=flat,
+                reserve=reserve,
                 max_model_len=spec.engine.max_model_len,
                 target_concurrency=spec.engine.max_num_seqs,
                 draft=draft_arch,
                 kv_cache_bytes=None if profile.is_gpu else profile.kv_cache_space_gib * GIB,
                 block_size=profile.kv_block_size,
-                max_num_batched_tokens=spec.engine.max_num_batched_tokens or profile.max_num_batched_tokens,
+                max_num_batched_tokens=limits.max_num_batched_tokens,
                 lora=_lora_slots(args=args, dtype=spec.engine.dtype),
             )
         )
         note = plan.reason
+        if profile.is_gpu and reserve is None and profile.overhead_bytes is None:
+            note += "; a flat 2 GB reserve: set architecture.hiddenSize to model activations and CUDA graphs"
         if speculative is not None and speculative.draft_model and draft_arch is None:
             note += "; draft model not in the catalog: its memory is not counted (set draftArchitecture)"
     return Resolved(

@@ -7,7 +7,8 @@ from typing import Literal
 
 from fleetgate.operator.profiles import Profiles
 
-DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.32.0"  # the vLLM release whose flags fleetgate.engine.args renders
+# The vLLM release the GPU tier proved (tests/gpu, docs/reports/gpu-h100.md); engine_image/Dockerfile.gpu pins it too.
+DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.26.0"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +34,9 @@ class OperatorSettings:
     engine_cpu_request: int = 4
     engine_memory_request_gib: int = 16
     cluster_domain: str = "cluster.local"
+    # UID (and GID, fsGroup) of engine pods: vLLM's images run as root unless told otherwise, and the
+    # restricted Pod Security Standard refuses root. None: set none (a platform that assigns UIDs, OpenShift).
+    engine_run_as_user: int | None = 1000
     # Startup probe budget: base + weights / load rate (download and load), capped.
     startup_base_s: int = 300
     startup_load_bytes_per_s: float = 100e6
@@ -44,6 +48,9 @@ class OperatorSettings:
     # A LoRA adapter that did not load is tried again after this long. Short, because Kopf holds back the
     # next spec change (e.g. the fix) until a pending retry is due.
     adapter_retry_s: float = 10.0
+    # While engine pods are not all ready, they are looked at this often: the scheduler's verdict and a
+    # container's waiting reason (a missing Secret, an image that cannot be pulled) come with no Deployment event.
+    pod_check_s: float = 10.0
     # How often services with spec.scaleToZeroAfterSeconds are checked for idleness (operator/idle.py).
     idle_check_s: float = 30.0
     # Gateway API Inference Extension: the Endpoint Picker Service each published InferencePool names (in the

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from fleetgate.core.adapters import ADAPTER_NAME_MAX, ADAPTER_NAME_PATTERN
 from fleetgate.engine.args import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 from fleetgate.engine.kube_names import GROUP, KIND, PLURAL, VERSION
+from fleetgate.operator.spec_base import Model, empty_default, rules
+from fleetgate.operator.spec_pod import PodSettings
 
-__all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "InferenceServiceSpec", "parse_spec", "served_name"]
+__all__ = [
+    "GROUP", "KIND", "PLURAL", "VERSION", "InferenceServiceSpec", "parse_spec", "served_name", "validation_message",
+]
 
 SINGULAR = "inferenceservice"
 SHORT_NAMES = ("fgis", "fgisvc")  # not `isvc`: KServe owns that short name for its own InferenceService
@@ -34,17 +37,10 @@ MODEL_SOURCE_PATTERN = (
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"
 
 
-def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
-
-
-def _empty_default(schema: dict[str, Any]) -> None:
-    """The API server fills nested defaults only inside objects that exist; `default: {}` makes them exist."""
-    schema["default"] = {}
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+# The shared base and CEL/default helpers live in spec_base (spec_pod.py uses them too).
+_rules = rules
+_empty_default = empty_default
+_Model = Model
 
 
 class Architecture(_Model):
@@ -62,9 +58,29 @@ class Architecture(_Model):
         default=None, ge=1, description="vocab_size: 4-bit checkpoints keep embeddings and lm_head in 16 bits."
     )
     tied_embeddings: bool = Field(default=False, description="tie_word_embeddings.")
+    intermediate_size: int | None = Field(
+        default=None, ge=1, description="intermediate_size (one expert's for a mixture of experts): sizes activations."
+    )
+    experts_per_token: int | None = Field(
+        default=None, ge=1, le=1024, description="num_experts_per_tok of a mixture-of-experts model."
+    )
+    sliding_window_layers: int | None = Field(
+        default=None, ge=0, le=1000, description="Layers that attend only to the last slidingWindow tokens (Gemma 3)."
+    )
+    sliding_window: int | None = Field(default=None, ge=1, description="sliding_window, in tokens.")
+
+    @model_validator(mode="after")
+    def _window(self) -> Architecture:
+        if self.sliding_window_layers and self.sliding_window is None:
+            raise ValueError("slidingWindowLayers needs slidingWindow")
+        if (self.sliding_window_layers or 0) > self.layers:
+            raise ValueError("slidingWindowLayers exceeds layers")
+        return self
 
 
 class ModelSource(_Model):
+    """The model to serve: where its weights are, the name clients send, and what the capacity plan needs."""
+
     source: str = Field(
         pattern=MODEL_SOURCE_PATTERN,
         max_length=1024,
@@ -86,6 +102,8 @@ class ModelSource(_Model):
 
 
 class Speculative(_Model):
+    """Speculative decoding (vLLM --speculative-config): a method and, for some methods, a draft model."""
+
     model_config = ConfigDict(
         json_schema_extra=_rules(
             (
@@ -114,19 +132,27 @@ class Speculative(_Model):
 
 
 class Engine(_Model):
+    """vLLM engine settings, rendered into its command-line flags (typed knobs instead of raw flags)."""
+
     image: str | None = Field(default=None, max_length=512, description="Engine image; the operator default if unset.")
-    dtype: Dtype = "auto"
+    dtype: Dtype = Field(default="auto", description="Weight and activation dtype (vLLM --dtype).")
     quantization: Quantization = Field(default="none", description="Weight quantization of the checkpoint.")
-    kv_cache_dtype: KvCacheDtype = "auto"
+    kv_cache_dtype: KvCacheDtype = Field(default="auto", description="KV-cache dtype (vLLM --kv-cache-dtype).")
     max_model_len: int = Field(default=8192, ge=16, le=10_000_000, description="Always set, so the plan is exact.")
-    prefix_caching: bool = True
+    prefix_caching: bool = Field(default=True, description="Automatic prefix caching (--enable-prefix-caching).")
     chunked_prefill: bool | None = Field(default=None, description="Unset: vLLM's default for the model.")
     max_num_seqs: int | None = Field(default=None, ge=1, le=65536, description="Concurrency the plan must fit.")
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
-    speculative: Speculative | None = None
-    enforce_eager: bool = False
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, description="Tokens per scheduler step (--max-num-batched-tokens); vLLM's default if unset."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="Share of each GPU's memory vLLM may use (--gpu-memory-utilization)."
+    )
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, le=64, description="GPUs one model copy is split over (--tensor-parallel-size)."
+    )
+    speculative: Speculative | None = Field(default=None, description="Speculative decoding; off when unset.")
+    enforce_eager: bool = Field(default=False, description="No CUDA graphs (--enforce-eager): less memory, slower.")
     max_adapters: int | None = Field(
         default=None, ge=1, le=256,
         description=f"LoRA adapters in one batch (vLLM --max-loras; {DEFAULT_MAX_LORAS} when unset and LoRA is on). "
@@ -140,6 +166,8 @@ class Engine(_Model):
 
 
 class Resources(_Model):
+    """What one engine replica gets: an accelerator profile, GPUs, CPU and memory."""
+
     accelerator: str | None = Field(
         default=None, max_length=63, description="Accelerator profile name; the operator's default when unset."
     )
@@ -147,23 +175,31 @@ class Resources(_Model):
         default=1, ge=0, le=64,
         description="GPUs per replica: tensorParallelSize x --pipeline-parallel-size (from extraArgs, default 1).",
     )  # fmt: skip
-    cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
-    memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
+    cpu: str | None = Field(
+        default=None, pattern=QUANTITY_PATTERN, description="CPU request per replica (default 4 per GPU)."
+    )
+    memory: str | None = Field(
+        default=None, pattern=QUANTITY_PATTERN, description="Memory request and limit per replica (16Gi per GPU)."
+    )
 
 
 class Autoscaling(_Model):
+    """An HPA (or a KEDA ScaledObject when KEDA is installed) on vLLM's metrics; it owns the replica count."""
+
     model_config = ConfigDict(
         json_schema_extra=_rules(
             ("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas"),
             ("self.minReplicas > 0 || self.scaleToZero", "minReplicas 0 requires scaleToZero"),
         )
     )
-    min_replicas: int = Field(default=1, ge=0, le=1000)
-    max_replicas: int = Field(ge=1, le=1000)
-    metric: Literal["queueDepth", "kvCacheUsage"] = "queueDepth"
+    min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas (0 needs scaleToZero).")
+    max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
+    metric: Literal["queueDepth", "kvCacheUsage"] = Field(
+        default="queueDepth", description="queueDepth (vllm:num_requests_waiting) or kvCacheUsage (KV-cache use)."
+    )
     target_queue_depth: float = Field(default=4, gt=0, description="Waiting requests per pod (queueDepth).")
     target_kv_cache_usage: float = Field(default=0.8, gt=0, le=1, description="KV-cache use per pod (kvCacheUsage).")
-    scale_to_zero: bool = False
+    scale_to_zero: bool = Field(default=False, description="Allow minReplicas 0 (KEDA wakes it on its metric).")
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
@@ -175,14 +211,20 @@ class Autoscaling(_Model):
 
 
 class Pricing(_Model):
-    input_per_million_tokens: float = Field(ge=0)
-    output_per_million_tokens: float = Field(ge=0)
-    cached_input_per_million_tokens: float | None = Field(default=None, ge=0)
+    """Prices the gateway charges tenants for this model (cost accounting and budgets)."""
+
+    input_per_million_tokens: float = Field(ge=0, description="Price of one million prompt tokens.")
+    output_per_million_tokens: float = Field(ge=0, description="Price of one million generated tokens.")
+    cached_input_per_million_tokens: float | None = Field(
+        default=None, ge=0, description="Price of one million prompt tokens served from the prefix cache."
+    )
 
 
 class Gateway(_Model):
+    """How the gateway offers this model: its tier and prices."""
+
     tier: str | None = Field(default=None, max_length=63, description="Tier name for the gateway's tier router.")
-    pricing: Pricing | None = None
+    pricing: Pricing | None = Field(default=None, description="Per-token prices; none when unset.")
 
 
 class Adapter(_Model):
@@ -224,6 +266,8 @@ def _adapter_list(schema: dict[str, Any]) -> None:
 
 
 class InferenceServiceSpec(_Model):
+    """What to serve and how: the model, the engine, resources, replicas or autoscaling, LoRA adapters."""
+
     model_config = ConfigDict(
         json_schema_extra=_rules(
             ("self.resources.gpus == 0 || self.resources.gpus % self.engine.tensorParallelSize == 0",
@@ -238,8 +282,15 @@ class InferenceServiceSpec(_Model):
     model: ModelSource
     engine: Engine = Field(default_factory=Engine, json_schema_extra=_empty_default)
     resources: Resources = Field(default_factory=Resources, json_schema_extra=_empty_default)
-    replicas: int = Field(default=1, ge=0, le=1000)
-    autoscaling: Autoscaling | None = None
+    pod: PodSettings = Field(
+        default_factory=PodSettings, json_schema_extra=_empty_default,
+        description="Engine pod settings (security context, ServiceAccount, scheduling, labels) over defaults "
+        "that meet the restricted Pod Security Standard.",
+    )  # fmt: skip
+    replicas: int = Field(
+        default=1, ge=0, le=1000, description="Engine replicas; with autoscaling, its floor (kubectl scale)."
+    )
+    autoscaling: Autoscaling | None = Field(default=None, description="Autoscale on vLLM metrics; fixed when unset.")
     scale_to_zero_after_seconds: int | None = Field(
         default=None, ge=60, le=30 * 86400,
         description="Idle time after which the operator scales the service to zero; a request through the gateway "
@@ -289,6 +340,15 @@ class InferenceServiceSpec(_Model):
 def parse_spec(data: Any) -> InferenceServiceSpec:
     """Validate a CR's `spec` mapping; raises pydantic.ValidationError with field paths."""
     return InferenceServiceSpec.model_validate(data)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """One line naming each invalid field (`spec.engine.maxNumSeqs: ...`), for status and Events."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ())) or "spec"
+        parts.append(f"spec.{where}: {err.get('msg')}")
+    return "; ".join(parts)
 
 
 def served_name(*, spec: InferenceServiceSpec, name: str) -> str:

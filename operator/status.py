@@ -10,11 +10,20 @@ Conditions (status True/False/Unknown, a CamelCase reason, a message with number
 - Ready: True when at least one engine pod is ready (AllReplicasReady / PartiallyReady), else False
 - Progressing: True while pods start or roll out (Starting / RollingOut), else False
 - Degraded: True for InvalidSpec, DoesNotFit, ApplyFailed (the API server refused a child; Ready is then
-  False too: a model without its Service has no endpoints), ProgressDeadlineExceeded or Conflict
+  False too: a model without its Service has no endpoints), Conflict, or engine pods the cluster refuses
+  (`fleetgate.operator.pod_problems`: FailedCreate, FailedScheduling or the container's waiting reason, such
+  as CreateContainerConfigError, with the cluster's message, which names the missing Secret or claim), else
+  ProgressDeadlineExceeded
 - AdaptersReady (LoRA on only): True Loaded when every ready pod holds every adapter of spec.adapters,
   False LoadFailed (the message names pod, adapter and reason), Unknown NoReadyPods. `status.adapters`
   lists, per ready pod, the adapters loaded and those failed with their reason.
+- AutoscalerActive (with an HPA only): the HPA's own ScalingActive condition, reason and message
+  (FailedGetPodsMetric names the missing custom metrics API), Unknown NoStatus before the HPA reports.
+- ServedModelUnique: True Unique, or False SharedModelName naming the other InferenceServices of the
+  namespace that serve the same model name (`fleetgate.operator.shared_names`); checked by reconcile
+  passes, kept as it was by status refreshes.
 Phase, for `kubectl get`: Invalid, DoesNotFit, Degraded, Pending, Progressing, Ready, ScaledToZero.
+`endpoint` is the Service's URL, absent while a spec that does not fit has no engine (no Service is made).
 """
 
 from __future__ import annotations
@@ -25,10 +34,13 @@ from typing import Any
 from fleetgate.engine.kube_names import ENGINE_PORT
 from fleetgate.operator.adapters import PodAdapters, failures
 from fleetgate.operator.builders.common import Owner, selector_labels
+from fleetgate.operator.pod_problems import PodProblem
 from fleetgate.operator.resolve import Resolved
 from fleetgate.operator.spec import InferenceServiceSpec
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "CapacityPlanned", "AdaptersReady")
+CONDITION_TYPES = (
+    "Ready", "Progressing", "Degraded", "CapacityPlanned", "AdaptersReady", "AutoscalerActive", "ServedModelUnique",
+)
 _MESSAGE_MAX = 1000
 
 
@@ -84,6 +96,15 @@ def _adapters_condition(cond: Any, *, adapters: list[PodAdapters], wanted: int) 
     return cond("AdaptersReady", "True", "Loaded", f"{wanted} adapter(s) loaded on {len(adapters)} ready pod(s)")
 
 
+def _autoscaler_condition(cond: Any, autoscaler: dict[str, Any]) -> dict[str, Any]:
+    """The HPA's ScalingActive condition as ours (its reason and message say what it cannot read)."""
+    for c in (autoscaler.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "ScalingActive" and c.get("status") in ("True", "False"):
+            reason, message = str(c.get("reason") or "ScalingActive"), str(c.get("message") or "")
+            return cond("AutoscalerActive", c["status"], reason, message)
+    return cond("AutoscalerActive", "Unknown", "NoStatus", "the HorizontalPodAutoscaler has not reported yet")
+
+
 def compute_status(
     *,
     owner: Owner,
@@ -97,8 +118,13 @@ def compute_status(
     cluster_domain: str = "cluster.local",
     failed: tuple[str, ...] = (),
     adapters: list[PodAdapters] | None = None,
+    pod_problem: PodProblem | None = None,
+    autoscaler: dict[str, Any] | None = None,
+    shared_with: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """`adapters`: the last runtime adapter pass over the ready pods (None: LoRA off or no pass)."""
+    """`adapters`: the last runtime adapter pass over the ready pods (None: LoRA off or no pass);
+    `pod_problem`: why engine pods are not created, scheduled or started; `autoscaler`: the observed HPA;
+    `shared_with`: other services serving the same model name (None: not checked, the previous verdict stays)."""
     gen = owner.generation
 
     def cond(type_: str, status: str, reason: str, message: str) -> dict[str, Any]:
@@ -136,10 +162,19 @@ def compute_status(
             degraded = cond("Degraded", "True", "Conflict", f"owned by another controller: {', '.join(conflicts)}")
             progressing = cond("Progressing", "False", "Conflict", "children cannot be applied")
         elif stuck:
-            degraded = cond("Degraded", "True", "ProgressDeadlineExceeded", "engine pods did not become ready in time")
+            reason, why = (
+                (pod_problem.reason, pod_problem.message)
+                if pod_problem is not None
+                else ("ProgressDeadlineExceeded", "engine pods did not become ready in time")
+            )
+            degraded = cond("Degraded", "True", reason, why)
             progressing = cond("Progressing", "False", "ProgressDeadlineExceeded", f"{ready}/{desired} ready")
         else:
-            degraded = cond("Degraded", "False", "AsExpected", "")
+            degraded = (
+                cond("Degraded", "True", pod_problem.reason, pod_problem.message)
+                if pod_problem is not None
+                else cond("Degraded", "False", "AsExpected", "")
+            )
             busy = deployment is None or ready < desired or updated < desired or not current
             reason = "Starting" if ready == 0 else "RollingOut"
             progressing = (
@@ -170,9 +205,21 @@ def compute_status(
     else:
         phase = "Ready"
 
+    served = resolved.served_model if resolved is not None else None
+    unique = None
+    if invalid is None and served is not None and shared_with is not None:
+        unique = (
+            cond("ServedModelUnique", "False", "SharedModelName",
+                 f"model {served!r} is also served by {', '.join(shared_with)} in namespace {owner.namespace}: the "
+                 "gateway spreads its requests over the pods of all of them")
+            if shared_with
+            else cond("ServedModelUnique", "True", "Unique", f"no other InferenceService here serves {served!r}")
+        )  # fmt: skip
+    elif invalid is None:
+        kept = [c for c in (previous or {}).get("conditions") or [] if c.get("type") == "ServedModelUnique"]
+        unique = kept[0] if kept else None
     lora = spec is not None and spec.lora_enabled and invalid is None
     adapters_cond = _adapters_condition(cond, adapters=adapters or [], wanted=len(spec.adapters) if spec else 0)
-    served = resolved.served_model if resolved is not None else None
     return {
         "observedGeneration": gen,
         "phase": phase,
@@ -183,7 +230,7 @@ def compute_status(
         "servedModel": served,
         "endpoint": (
             f"http://{owner.name}.{owner.namespace}.svc.{cluster_domain}:{ENGINE_PORT}"
-            if resolved is not None
+            if resolved is not None and (fits or deployment is not None)
             else None
         ),
         "accelerator": resolved.profile.name if resolved is not None else None,
@@ -194,5 +241,9 @@ def compute_status(
             else ({"note": resolved.plan_note} if resolved is not None else None)
         ),
         "adapters": [r.to_status() for r in adapters] if adapters is not None and lora else None,
-        "conditions": [capacity, ready_cond, progressing, degraded, *([adapters_cond] if lora else [])],
+        "conditions": [
+            capacity, ready_cond, progressing, degraded, *([adapters_cond] if lora else []),
+            *([_autoscaler_condition(cond, autoscaler)] if autoscaler is not None and invalid is None else []),
+            *([unique] if unique is not None else []),
+        ],
     }

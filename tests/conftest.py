@@ -7,8 +7,11 @@ port for the session (contract and Redis-backed tests), and is flushed between t
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,3 +36,39 @@ def redis_url(redis_server: LocalRedis) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server.url
+
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--window-size=1400,1800")
+OpenChromium = Callable[..., AbstractContextManager[Any]]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> OpenChromium:
+    """Opens Debian's headless Chromium through Selenium with its console log kept (browser tests)."""
+    if shutil.which(CHROMIUM) is None or shutil.which(CHROMEDRIVER) is None:
+        pytest.fail("chromium and chromium-driver are not installed: run scripts/install (Debian packages)")
+
+    @contextmanager
+    def open_browser(extra_flags: Sequence[str] = ()) -> Iterator[Any]:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+
+        options = Options()
+        options.binary_location = CHROMIUM
+        profile = tempfile.mkdtemp(prefix="fleetgate-chromium-")
+        for flag in [*CHROMIUM_FLAGS, *extra_flags, f"--user-data-dir={profile}"]:
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        # An explicit driver path: Selenium Manager never tries to download anything.
+        driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+        try:
+            yield driver
+        finally:
+            driver.quit()
+            shutil.rmtree(profile, ignore_errors=True)
+
+    return open_browser

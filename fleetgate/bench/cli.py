@@ -1,6 +1,7 @@
 """`fleetgate bench <name>`: each benchmark is a module with `add_arguments` and `run`.
 
-Modules are imported only when chosen, like the top-level commands.
+Modules are imported only when chosen, like the top-level commands. `fleetgate bench engine --gpu` runs the
+GPU tier's sweep (`fleetgate.bench.gpu.sweep`) instead of the local CPU engine benchmark.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "faults": ("fleetgate.bench.faults", "limits back after Redis faults, spend lost to disconnects, budget overrun"),
     "engine": ("fleetgate.local.engine_bench", "the local vLLM CPU engine: start-up, first request, tokens/s, memory"),
 }
+# `fleetgate bench engine --gpu ...`: the GPU tier's sweep (every engine knob on real vLLM, against the plan).
+GPU_ENGINE = ("fleetgate.bench.gpu.sweep", "every engine knob on a real GPU vLLM, against the capacity plan")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     module_name, help_text = BENCHMARKS[args.bench]
+    if args.bench == "engine" and "--gpu" in args.rest:
+        module_name, help_text = GPU_ENGINE
+        args.rest = [a for a in args.rest if a != "--gpu"]
     module = importlib.import_module(module_name)
     sub = argparse.ArgumentParser(prog=f"fleetgate bench {args.bench}", description=help_text)
     module.add_arguments(sub)

@@ -6,6 +6,9 @@ then everything on — each on a fresh simulated two-tier fleet (`fleetgate.benc
 prints a table with the quality guards beside each saving, plus JSON and a markdown report with
 SVG plots.
 
+`--throughput FILE` takes the engines' speed from a measured throughput file (`fleetgate.bench.cost_measured`)
+instead of the simulator's constants; the report says which tiers were measured and which simulated.
+
 `--lora` runs the LoRA comparison instead (`fleetgate.bench.cost_lora`): N fine-tunes as N deployments vs
 N adapters on one shared base, with adapter-affinity and with adapter-blind routing, on a Zipf mix.
 """
@@ -18,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from fleetgate.bench.cost_fleet import default_deployments
+from fleetgate.bench.cost_fleet import TierDeployment, default_deployments
 from fleetgate.bench.cost_report import score, table, targets, write_outputs
 from fleetgate.bench.cost_run import CONFIGS, run_config
 from fleetgate.bench.workload import generate
@@ -35,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", default=",".join(c.name for c in CONFIGS),
                         help="comma-separated subset of: " + ", ".join(c.name for c in CONFIGS))
     parser.add_argument("--out", type=Path, default=Path("artifacts/cost-report"), help="output folder")
+    parser.add_argument("--throughput", type=Path, default=None,
+                        help="a measured-throughput file (fleetgate.bench.measured_throughput: the GPU tier's or a "
+                        "live routing run's throughput.json): tiers whose model shape it holds run at the measured "
+                        "speed and are priced on its card; the others stay simulated (the report labels each)")
+    parser.add_argument("--usd-per-gpu-hour", type=float, default=None,
+                        help="with --throughput: the measured GPU's hourly price (default: a list price by card)")
     lora = parser.add_argument_group("LoRA comparison (--lora)")
     lora.add_argument("--lora", action="store_true",
                       help="run N fine-tunes as N deployments vs N adapters on one base (affinity and blind routing)")
@@ -104,7 +113,20 @@ async def _main(args: argparse.Namespace) -> int:
         print("fleetgate bench cost: the configurations must include `naive` (the baseline)", file=sys.stderr)
         return 2
     workload = generate(seed=args.seed, requests=args.requests, rate_rps=args.rate)
-    deployments = default_deployments(time_scale=args.time_scale)
+    deployments: tuple[TierDeployment, ...] = default_deployments(time_scale=args.time_scale)
+    labels = {d.tier: f"simulated (profile {d.profile.name})" for d in deployments}
+    if args.throughput is not None:
+        from fleetgate.bench.cost_measured import apply_throughput
+        from fleetgate.bench.measured_throughput import ThroughputFileError, load
+
+        try:
+            data = load(args.throughput)
+            deployments, labels = apply_throughput(deployments, data, usd_per_gpu_hour=args.usd_per_gpu_hour)
+        except (OSError, ThroughputFileError, ValueError) as exc:
+            print(f"fleetgate bench cost: --throughput {args.throughput}: {exc}", file=sys.stderr)
+            return 2
+    mode = "measured" if any(v.startswith("measured") for v in labels.values()) else "simulated"
+    _progress(f"throughput: {mode}; " + "; ".join(f"{tier} tier {label}" for tier, label in labels.items()))
     _progress(f"workload: {len(workload.items)} requests, seed {args.seed}, {workload.counts()}")
     results = []
     for config in wanted:
@@ -114,6 +136,9 @@ async def _main(args: argparse.Namespace) -> int:
         _progress(f"  {config.name}: done in {time.perf_counter() - started:.1f}s wall")
         results.append(result)
     rows = [score(r) for r in results]
+    print(f"engine throughput: {mode}")
+    for tier, label in labels.items():
+        print(f"  {tier} tier: {label}")
     print(table(rows))
     if any(r.config == "all-on" for r in rows):
         print()
@@ -123,8 +148,10 @@ async def _main(args: argparse.Namespace) -> int:
         "command": "fleetgate bench cost " + " ".join(sys.argv[3:]),
         "seed": args.seed, "requests": args.requests, "rate_rps": args.rate, "time_scale": args.time_scale,
         "mix": workload.counts(),
+        "throughput_mode": mode,
         "deployments": [{"tier": d.tier, "model": d.model, "replicas": d.replicas, "gpu": d.gpu_type,
-                         "gpus_per_replica": d.gpus_per_replica, "usd_per_gpu_hour": d.usd_per_gpu_hour}
+                         "gpus_per_replica": d.gpus_per_replica, "usd_per_gpu_hour": d.usd_per_gpu_hour,
+                         "throughput": labels[d.tier]}
                         for d in deployments],
     }
     paths = write_outputs(rows, meta=meta, out_dir=args.out)

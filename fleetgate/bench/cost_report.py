@@ -138,7 +138,9 @@ def write_outputs(rows: list[Row], *, meta: dict[str, Any], out_dir: Path) -> li
     }
     for name, svg in plots.items():
         (out_dir / name).write_text(svg, encoding="utf-8")
+    tiers = "; ".join(f"{d['tier']}: {d['throughput']}" for d in meta.get("deployments", []) if "throughput" in d)
     md = ["# FleetGate cost report", "", f"Command: `{meta.get('command', 'fleetgate bench cost')}`", "",
+          f"Engine throughput: {meta.get('throughput_mode', 'simulated')}" + (f" ({tiers})" if tiers else ""), "",
           "```", table(rows), "```", "", "## Targets (all-on vs naive)", ""]
     md += [f"- {'met' if m else 'MISSED'}: {t} — {f}" for t, m, f in targets(rows)]
     md += ["", "## Workload", "", "```", orjson.dumps(meta, option=orjson.OPT_INDENT_2).decode(), "```", ""]

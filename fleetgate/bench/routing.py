@@ -15,6 +15,12 @@ and CPU), and ratios against round-robin (and least-loaded for unique prompts).
 
 `--http` runs the shared-prefix workload over HTTP instead, against `--urls` (real vLLM engines)
 or an in-process simulated fleet, and reads the prefix-cache counters from each engine's /metrics.
+
+`--live` runs the live benchmark (`fleetgate.bench.live_routing`): shared-prefix, chat and unique
+workloads at offered loads relative to round-robin's measured capacity, every request through the
+real gateway of each routing profile (`--profiles`, incl. `precise-prefix` when main has it), with the
+gateway's added latency and CPU per request, the accounting check against the engines' token counters,
+and a report plus a measured throughput file in `--out`.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from fleetgate.bench.live_cli import add_live_arguments
 from fleetgate.core.config import load_model
 from fleetgate.router.build import build_scheduler
 from fleetgate.router.config import RoutingConfig, preset
@@ -72,7 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --http: one engine's KV capacity in tokens for sizing the workload (default: "
                         "from vllm:cache_config_info; set it for hybrid-attention models such as Gemma 3, whose "
                         "blocks are shared by several KV groups)")
-    parser.add_argument("--prefix-tokens", type=int, default=1024, help="with --http: shared prefix length")
+    parser.add_argument("--prefix-tokens", type=int, default=None,
+                        help="shared prefix length in tokens (default: 1024 with --http, 2048 with --live)")
+    parser.add_argument("--live", action="store_true",
+                        help="the live benchmark: every workload, profile and load through FleetGate's gateway to "
+                        "--urls (or simulated engines), with the gateway's overhead and the accounting check")
+    add_live_arguments(parser)
 
 
 def make_scheduler(policy: str, *, config: RoutingConfig | None, seed: int, clock: VirtualClock) -> Scheduler:
@@ -173,6 +185,10 @@ async def decision_latency(items: list[WorkItem], *, config: RoutingConfig | Non
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.live:
+        from fleetgate.bench.live_cli import run_live_cli
+
+        return run_live_cli(args)
     chosen = args.policies or ",".join(ADAPTER_POLICIES if args.workload == "adapters" else DEFAULT_POLICIES)
     policies = [p.strip() for p in chosen.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]

@@ -58,6 +58,9 @@ DEFAULT_MAX_LORAS = 1
 DEFAULT_MAX_LORA_RANK = 16
 LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+# vLLM (0.26 and 0.32, `lora/layers/logits_processor.py`) wraps a model's lm_head when LoRA is on and refuses
+# larger vocabularies at start-up: "When using LoRA, vocab size must be <= 258048".
+LORA_MAX_VOCAB = 258048
 
 # Flags rendered from typed fields; `extra_args` may not set them a second time.
 OWNED_FLAGS: frozenset[str] = frozenset(

@@ -4,10 +4,13 @@ Pure arithmetic on model architecture facts and deployment knobs, the way the in
 literature does it (all sizes in bytes; GB = 10**9 bytes as in those worked examples):
 
 - weights            = parameters x bytes per weight            (dtype or quantization, `WEIGHT_BYTES`);
-                       4-bit checkpoints (AWQ, GPTQ, ...) keep the embeddings and lm_head in 16 bits and
-                       add a 16-bit scale and a 4-bit zero point per group of 128 weights, so with
-                       `vocab_size` known: (parameters - embedding parameters) x (0.5 + 2.5/128)
-                       + embedding parameters x 2 (Qwen2.5-7B-AWQ: 5.6 GB, not 3.8 GB)
+                       quantized checkpoints keep the embeddings and lm_head in 16 bits (vLLM quantizes
+                       only the decoder's linear layers), so with `vocab_size` and `hidden_size` known:
+                       (parameters - embedding parameters) x quantized bytes + embedding parameters x 2;
+                       8-bit (fp8, int8): quantized bytes 1 (per-tensor or per-channel scales are
+                       negligible; Llama-3.1-8B fp8 with a 262,144 vocabulary: 11.3 GB, not 9.1 GB);
+                       4-bit group-quantized (AWQ, GPTQ, ...): 0.5 + 2.5/128, a 16-bit scale and a 4-bit
+                       zero point per group of 128 weights (Qwen2.5-7B-AWQ: 5.6 GB, not 3.8 GB)
 - weights per GPU    = weights / tensor_parallel_size            (tensor parallelism shards every matrix)
 - KV bytes per token = 2 x layers x kv_heads x head_dim x kv bytes   (K and V, every layer, every KV head)
 - KV per token/GPU   = 2 x layers x max(1, kv_heads / TP) x head_dim x kv bytes
@@ -24,9 +27,12 @@ literature does it (all sizes in bytes; GB = 10**9 bytes as in those worked exam
                        LoRA dtype: the model's activation dtype (16-bit; 32-bit for float32 models).
 - LoRA per GPU       = LoRA slots x (1 + 1/TP) / 2: vLLM shards half of each layer's LoRA (B of column-
                        parallel layers, A of row-parallel ones) and replicates the other half
-- usable per GPU     = GPU memory x gpu_memory_utilization - weights per GPU - LoRA per GPU - overhead
-                       (overhead: activations, CUDA graphs, NCCL buffers; a flat per-GPU allowance);
-                       with an explicit KV budget (vLLM CPU) LoRA slots live outside it and are only shown
+- usable per GPU     = (GPU memory - driver-reserved) x gpu_memory_utilization - weights per GPU - LoRA per
+                       GPU - reserve (driver-reserved: what nvidia-smi lists but CUDA never offers)
+                       (reserve: vLLM's peak activation, CUDA graphs and non-torch memory, modelled per
+                       GPU by `fleetgate.engine.reserve` when `CapacityInputs.reserve` is given, else a
+                       flat `overhead_bytes`); with an explicit KV budget (vLLM CPU) LoRA slots live
+                       outside it and are only shown
 - KV budget          = the explicit KV space when one is given (vLLM CPU: `VLLM_CPU_KVCACHE_SPACE`), else usable
 - max sequences      = floor(vLLM's maximum concurrency for that budget), from `kv_blocks.paged_kv`: whole
                        blocks of `block_size` tokens, hybrid sliding-window / full-attention layer groups
@@ -46,6 +52,7 @@ from dataclasses import asdict, dataclass
 
 from fleetgate.core.errors import ConfigError
 from fleetgate.engine.kv_blocks import CUDA_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, KvLayout, PagedKV, paged_kv
+from fleetgate.engine.reserve import Reserve
 
 GB = 10**9
 GIB = 2**30
@@ -104,6 +111,10 @@ class ModelArch:
     # the last `sliding_window` tokens. vLLM keeps just the window's blocks for those layers.
     sliding_window_layers: int = 0
     sliding_window: int | None = None
+    # Activation sizes (the modelled vLLM reserve): the MLP's intermediate size (one expert's for a mixture
+    # of experts) and how many experts each token visits (None: a dense model).
+    intermediate_size: int | None = None
+    experts_per_token: int | None = None
 
     def query_heads(self) -> int | None:
         """num_attention_heads: given, else hidden_size / head_dim when that divides, else unknown."""
@@ -173,6 +184,7 @@ class CapacityInputs:
     block_size: int = CUDA_BLOCK_SIZE  # tokens per KV block (vLLM: 16 on CUDA, 128 on CPU)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # sliding-window layers hold window + this
     lora: LoraSlots | None = None  # LoRA on (--enable-lora): the slots vLLM preallocates
+    reserve: Reserve | None = None  # modelled per-GPU reserve; replaces the flat overhead_bytes when given
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -200,6 +212,11 @@ class CapacityPlan:
     max_lora_rank: int | None = None
     lora_bytes: int | None = None
     lora_bytes_per_gpu: int | None = None
+    # What vLLM keeps out of the KV cache besides weights, per GPU: the modelled terms, or the flat overhead.
+    reserve_bytes_per_gpu: int | None = None
+    activation_bytes_per_gpu: int | None = None
+    cuda_graph_bytes_per_gpu: int | None = None
+    non_torch_bytes_per_gpu: int | None = None
 
     def to_status(self) -> dict[str, object]:
         """camelCase dict for an InferenceService status, sizes also in GB for people."""
@@ -211,6 +228,7 @@ class CapacityPlan:
             "usable_bytes_per_gpu",
             "kv_bytes_needed_per_gpu",
             "lora_bytes_per_gpu",
+            "reserve_bytes_per_gpu",
         ):
             if raw[key] is not None:
                 out[_camel(key.replace("bytes", "gb"))] = f"{raw[key] / GB:.2f}"
@@ -243,11 +261,13 @@ GROUP_QUANT_OVERHEAD = 2.5 / 128
 
 
 def weight_bytes(*, arch: ModelArch, dtype: str) -> int:
+    """Checkpoint bytes: 16-bit embeddings and lm_head beside quantized layers (module docstring)."""
     per_weight = bytes_per_weight(dtype)
-    if per_weight == 0.5 and arch.vocab_size and arch.hidden_size:
+    if per_weight < 2.0 and arch.vocab_size and arch.hidden_size:
         embedding = arch.vocab_size * arch.hidden_size * (1 if arch.tied_embeddings else 2)
         quantized = max(0.0, arch.parameters - embedding)
-        return round(quantized * (per_weight + GROUP_QUANT_OVERHEAD) + embedding * 2)
+        overhead = GROUP_QUANT_OVERHEAD if per_weight == 0.5 else 0.0
+        return round(quantized * (per_weight + overhead) + embedding * 2)
     return round(arch.parameters * per_weight)
 
 
@@ -296,13 +316,20 @@ def kv_layout(*, arch: ModelArch, kv_dtype: str, tensor_parallel_size: int, bloc
 def paged_plan(*, inputs: CapacityInputs, kv_budget_bytes: int) -> PagedKV:
     """vLLM's blocks and concurrency for the main model.
 
-    A draft model's KV shares the budget: the main model is given its share by KV bytes per token (vLLM
-    groups draft layers with the main ones; the share is the same for full-attention models).
+    A draft model's layers share the pool: with full attention everywhere, vLLM 0.26 puts the target's and
+    the draft's layers in one KV cache group (`UniformTypeKVCacheSpecs`, even when their head sizes differ),
+    so one block holds `block_size` tokens in every layer of both and the pool has budget // (both models'
+    bytes per block) blocks. With sliding-window layers the draft takes its share of the budget by KV bytes
+    per token (an approximation: vLLM's hybrid grouping with a draft is not modelled).
     """
     if inputs.draft is not None:
         tp = inputs.tensor_parallel_size
         main = kv_bytes_per_token(arch=inputs.arch, kv_dtype=inputs.kv_cache_dtype, tensor_parallel_size=tp)
         draft = kv_bytes_per_token(arch=inputs.draft, kv_dtype=inputs.kv_cache_dtype, tensor_parallel_size=tp)
+        if not inputs.arch.sliding_window_layers and not inputs.draft.sliding_window_layers:
+            pooled = KvLayout(layers=1, page_bytes=(main + draft) * inputs.block_size, block_size=inputs.block_size)
+            return paged_kv(layout=pooled, kv_cache_bytes=kv_budget_bytes, max_model_len=inputs.max_model_len,
+                            max_num_batched_tokens=inputs.max_num_batched_tokens)  # fmt: skip
         kv_budget_bytes = kv_budget_bytes * main // (main + draft)
     layout = kv_layout(
         arch=inputs.arch,
@@ -322,14 +349,27 @@ def _kv_budget(*, inputs: CapacityInputs, weights_per_gpu: int, lora_per_gpu: in
     """Bytes per GPU left for the KV cache, and the sentence that explains them."""
     if inputs.kv_cache_bytes is not None:
         return inputs.kv_cache_bytes, f"{inputs.kv_cache_bytes / GIB:g} GiB given for KV"
-    memory = math.floor(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
-    usable = memory - weights_per_gpu - (lora_per_gpu or 0) - inputs.overhead_bytes
+    unseen = inputs.reserve.driver_reserved_bytes if inputs.reserve is not None else 0
+    memory = math.floor((inputs.gpu_memory_bytes - unseen) * inputs.gpu_memory_utilization)
+    reserve = reserve_bytes(inputs)
+    usable = memory - weights_per_gpu - (lora_per_gpu or 0) - reserve
     lora = f"{lora_per_gpu / GB:.2f} GB LoRA slots - " if lora_per_gpu is not None else ""
+    r = inputs.reserve
+    what = (
+        f"{reserve / GB:.2f} GB reserve (activations {r.activation_bytes / GB:.2f}, CUDA graphs "
+        f"{r.cuda_graph_bytes / GB:.2f}, non-torch {r.non_torch_bytes / GB:.2f})"
+        if r is not None
+        else f"{reserve / GB:.2f} GB overhead"
+    )
     return usable, (
         f"{inputs.gpu_memory_bytes / GB:.1f} GB x {inputs.gpu_memory_utilization:g} - "
-        f"{weights_per_gpu / GB:.2f} GB weights - {lora}{inputs.overhead_bytes / GB:.2f} GB overhead = "
-        f"{usable / GB:.2f} GB for KV"
+        f"{weights_per_gpu / GB:.2f} GB weights - {lora}{what} = {usable / GB:.2f} GB for KV"
     )
+
+
+def reserve_bytes(inputs: CapacityInputs) -> int:
+    """Per-GPU bytes kept out of the KV cache besides weights and LoRA: modelled, else the flat overhead."""
+    return inputs.reserve.total_bytes if inputs.reserve is not None else inputs.overhead_bytes
 
 
 def plan_capacity(*, inputs: CapacityInputs) -> CapacityPlan:
@@ -404,4 +444,17 @@ def plan_capacity(*, inputs: CapacityInputs) -> CapacityPlan:
         max_lora_rank=inputs.lora.max_lora_rank if inputs.lora is not None else None,
         lora_bytes=lora_total,
         lora_bytes_per_gpu=lora_gpu,
+        **_reserve_fields(inputs),
     )
+
+
+def _reserve_fields(inputs: CapacityInputs) -> dict[str, int | None]:
+    if inputs.kv_cache_bytes is not None:  # an explicit KV budget (vLLM CPU): no reserve is subtracted
+        return {}
+    r = inputs.reserve
+    return {
+        "reserve_bytes_per_gpu": reserve_bytes(inputs),
+        "activation_bytes_per_gpu": r.activation_bytes if r is not None else None,
+        "cuda_graph_bytes_per_gpu": r.cuda_graph_bytes if r is not None else None,
+        "non_torch_bytes_per_gpu": r.non_torch_bytes if r is not None else None,
+    }

@@ -25,113 +25,25 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from fleetgate.local.config import EngineConfig
+from fleetgate.local.engine_probe import (
+    MODEL,
+    decode_rate,
+    delta,
+    group_cpu_seconds,
+    group_memory_mib,
+    metric_values,
+    post_json,
+    stream_times,
+)
 from fleetgate.local.engines import EngineFleet
 from fleetgate.local.errors import LocalStackError
 from fleetgate.local.model_prep import prepare_model
+from fleetgate.local.schemes import QUANTIZATIONS
 from fleetgate.local.vllm_command import vllm_specs
-
-MODEL = "gemma-3-270m"
-
-
-def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as response:
-        return dict(json.loads(response.read()))
-
-
-def stream_times(url: str, *, prompt: str, max_tokens: int) -> tuple[float, list[float]]:
-    """(request start, arrival time of each token event) for one streamed completion."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True}
-    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    start = time.monotonic()
-    arrivals: list[float] = []
-    with urllib.request.urlopen(req, timeout=600) as response:
-        for raw in response:
-            line = raw.decode().strip()
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
-                    arrivals.append(time.monotonic())
-    return start, arrivals
-
-
-def decode_rate(arrivals: list[float]) -> float:
-    return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else 0.0
-
-
-def metric_values(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
-        text = response.read().decode()
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("vllm:") and " " in line:
-            name_labels, value = line.rsplit(" ", 1)
-            name = name_labels.split("{", 1)[0]
-            if name == "vllm:cache_config_info":
-                values.update({f"cache_config.{k}": v for k, v in _labels(name_labels).items()})
-            else:
-                values[name] = values.get(name, 0.0) + float(value)
-    return values
-
-
-def _labels(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    inner = text.split("{", 1)[1].rstrip("}")
-    for part in inner.split(","):
-        key, _, raw = part.partition("=")
-        try:
-            out[key.strip()] = float(raw.strip().strip('"'))
-        except ValueError:
-            continue
-    return out
-
-
-def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
-    return after.get(name, 0.0) - before.get(name, 0.0)
-
-
-def group_memory_mib(pgid: int) -> dict[str, float]:
-    """RSS and PSS summed over the process group; PSS splits shared pages (torch, weights) fairly."""
-    rss_kib = pss_kib = 0
-    out: dict[str, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
-                continue
-            name = (entry / "comm").read_text().strip()
-            for line in (entry / "smaps_rollup").read_text().splitlines():
-                if line.startswith("Rss:"):
-                    rss_kib += int(line.split()[1])
-                elif line.startswith("Pss:"):
-                    pss_kib += int(line.split()[1])
-                    out[f"pss.{entry.name}.{name}"] = int(line.split()[1]) / 1024
-        except (OSError, ValueError, IndexError):
-            continue
-    return {"rss": rss_kib / 1024, "pss": pss_kib / 1024, **out}
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds consumed so far by the live processes of a process group."""
-    ticks = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:
-                ticks += int(fields[11]) + int(fields[12])
-        except (OSError, ValueError, IndexError):
-            continue
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -163,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.compare:
-        from fleetgate.local.model_prep import QUANTIZATIONS
         from fleetgate.local.quant_bench import run_compare
 
         schemes = [s.strip() for s in args.compare.split(",") if s.strip()]
@@ -226,10 +137,10 @@ def _run(args: argparse.Namespace) -> int:
         mid = metric_values(url)
         s1, a1 = stream_times(url, prompt=prompt, max_tokens=2)
         after = metric_values(url)
-        figures["prompt_tokens_long"] = _delta(mid, after, "vllm:prompt_tokens_total")
+        figures["prompt_tokens_long"] = delta(mid, after, "vllm:prompt_tokens_total")
         for tag, x, y in (("cold", before, mid), ("warm", mid, after)):
-            figures[f"prefix_queries_{tag}"] = _delta(x, y, "vllm:prefix_cache_queries_total")
-            figures[f"prefix_hits_{tag}"] = _delta(x, y, "vllm:prefix_cache_hits_total")
+            figures[f"prefix_queries_{tag}"] = delta(x, y, "vllm:prefix_cache_queries_total")
+            figures[f"prefix_hits_{tag}"] = delta(x, y, "vllm:prefix_cache_hits_total")
         figures["ttft_long_cold_s"] = a0[0] - s0
         figures["ttft_long_warm_s"] = a1[0] - s1
         figures["ttft_cold_over_warm"] = figures["ttft_long_cold_s"] / max(1e-9, figures["ttft_long_warm_s"])

@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from fleetgate.local import gguf_source
 from fleetgate.local.errors import LocalStackError, ModelPrepError
+from fleetgate.local.schemes import GGUF_QUANTIZATIONS, GPTQ_SCHEME, QUANTIZATIONS
 
 # Bump when the conversion changes in a way that makes older prepared directories wrong.
 RECIPE = 2
@@ -41,12 +42,6 @@ MANIFEST = "fleetgate-manifest.json"
 MODEL_BASENAME = "gemma-3-270m"
 DEFAULT_DTYPE: Final = "bfloat16"
 DEFAULT_MAX_MODEL_LEN = 32768
-# Weight quantization schemes (kept here so the CLI needs no torch import): round-to-nearest ones made in
-# this process by `fleetgate.local.quantize`, and GPTQ made by `gptq_recipe.py` in a quantizer environment.
-GPTQ_SCHEME: Final = "w4a16-gptq"
-# Built from the GGUF's own blocks by `fleetgate.local.gguf_quantize` (keys of its GGUF_SCHEMES).
-GGUF_QUANTIZATIONS: Final = ("w4a16-gguf", "gguf-e4", "gguf-e8")
-QUANTIZATIONS: Final = ("w4a16", "w8a8", GPTQ_SCHEME, *GGUF_QUANTIZATIONS)
 QUANTIZER_PYTHON_ENV: Final = "FLEETGATE_QUANTIZER_PYTHON"
 TOKENIZER_FILES: Final = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgate.local.config import EngineConfig
-from fleetgate.local.engine_bench import MODEL, decode_rate, group_memory_mib, post_json, stream_times
+from fleetgate.local.engine_probe import MODEL, decode_rate, group_memory_mib, post_json, stream_times
 from fleetgate.local.engines import EngineFleet
 from fleetgate.local.model_prep import prepare_model
 from fleetgate.local.vllm_command import vllm_specs

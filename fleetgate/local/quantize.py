@@ -30,26 +30,13 @@ class Scheme:
     format: str  # compressed-tensors checkpoint format
 
 
-# Keys must match `fleetgate.local.model_prep.QUANTIZATIONS`.
+# Keys must match the round-to-nearest names in `fleetgate.local.schemes.QUANTIZATIONS`.
 SCHEMES: MappingProxyType[str, Scheme] = MappingProxyType(
     {
         "w4a16": Scheme(preset="W4A16", format="pack-quantized"),
         "w8a8": Scheme(preset="W8A8", format="int-quantized"),
     }
 )
-# vLLM's `--quantization` value for checkpoints written by compressed-tensors.
-VLLM_METHOD = "compressed-tensors"
-# ... and for those whose tied embedding is quantized too (`fleetgate.local.vllm_plugin.NAME`).
-PLUGIN_METHOD = "fleetgate-ct"
-
-
-def vllm_method(scheme: str) -> str | None:
-    """vLLM's `--quantization` for a checkpoint of `prepare-model --quantization scheme` (None: bf16)."""
-    from fleetgate.local.model_prep import GGUF_QUANTIZATIONS
-
-    if scheme == "none":
-        return None
-    return PLUGIN_METHOD if scheme in GGUF_QUANTIZATIONS else VLLM_METHOD
 
 
 def _minmax(weight: object, strategy: str, group_size: int | None) -> tuple[object, object]:

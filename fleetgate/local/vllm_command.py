@@ -23,7 +23,7 @@ from pathlib import Path
 from fleetgate.engine.args import VLLM_MODULE, EngineArgs
 from fleetgate.local.config import EngineConfig
 from fleetgate.local.engines import EngineSpec, free_port
-from fleetgate.local.quantize import vllm_method
+from fleetgate.local.schemes import vllm_method
 
 
 def engine_args(*, config: EngineConfig, model_path: Path, port: int) -> EngineArgs:

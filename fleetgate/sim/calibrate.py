@@ -60,7 +60,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, prompt: str
 async def probe(
     *, url: str, model: str, prompt_lengths: tuple[int, ...] = (64, 256, 512, 1024, 1536),
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8), reps: int = 3, output_tokens: int = 32,
-    decode_prompt_tokens: int = 64, chars_per_token: int = 4, seed: int = 0,
+    decode_prompt_tokens: int = 64, chars_per_token: float = 4, seed: int = 0,
 ) -> Probe:
     rng = random.Random(seed)
     out = Probe(ttft_by_len={}, tpot_by_batch={})
@@ -80,7 +80,8 @@ async def probe(
         for b in batch_sizes:
             samples = []
             for _ in range(reps):
-                prompts = [f"{rng.random()} " + _text(rng, decode_prompt_tokens) for _ in range(b)]
+                prompts = [f"{rng.random()} " + _text(rng, decode_prompt_tokens, chars_per_token=chars_per_token)
+                           for _ in range(b)]
                 results = await asyncio.gather(*(_one(session, url, model, p, output_tokens) for p in prompts))
                 samples.extend(r[1] for r in results)
             out.tpot_by_batch[b] = statistics.median(samples)

@@ -200,7 +200,6 @@ class SimEngine:
             req.cached_tokens = alloc.hit_blocks * p.block_size
             uncached = req.prompt_tokens - req.cached_tokens
             c = self.counters
-            c.prompt_tokens += req.prompt_tokens
             c.prefix_queries += req.prompt_tokens
             c.prefix_hits += req.cached_tokens
             budget -= uncached
@@ -226,14 +225,19 @@ class SimEngine:
         """Apply a planned step that ended at `now`; returns the requests that finished."""
         c = self.counters
         c.busy_s += step.duration_s
-        for req in step.admitted:
+        # A request aborted while its step ran (the client left) gets no token: vLLM drops the outputs of
+        # aborted requests before counting them.
+        admitted = [r for r in step.admitted if not r.done]
+        decoding = [r for r in step.decoding if not r.done]
+        for req in admitted:
             req.first_token_s = now
             req.generated = 1
+            c.prompt_tokens += req.prompt_tokens  # counted with the first token, as vLLM's prompt_tokens_total
             if self.on_first_token is not None:
                 self.on_first_token(req)
-        for req in step.decoding:
+        for req in decoding:
             req.generated += 1
-        c.generation_tokens += len(step.admitted) + len(step.decoding)
+        c.generation_tokens += len(admitted) + len(decoding)
         finished = [r for r in self.running if r.generated >= r.max_tokens]
         if finished:
             self.running = [r for r in self.running if r.generated < r.max_tokens]
@@ -242,7 +246,7 @@ class SimEngine:
                 if req.alloc is not None:
                     self.kv.release(req.alloc)
                 c.requests_success += 1
-        for req in (*step.admitted, *step.decoding):
+        for req in (*admitted, *decoding):
             if req.listener is not None:
                 req.listener(req)
         for load in step.loads:
@@ -264,6 +268,14 @@ class SimEngine:
             if req.alloc is not None:
                 self.kv.release(req.alloc)
         req.finish_s = req.arrival_s if req.first_token_s is None else req.first_token_s
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block no request holds (vLLM's `POST /reset_prefix_cache`); False, and nothing
+        changes, while requests are queued or running (vLLM refuses then too)."""
+        if self.waiting or self.running:
+            return False
+        self.kv.reset()
+        return True
 
     def adapters_of(self, requests: list[SimRequest] | deque[SimRequest]) -> list[str]:
         """Distinct adapters of `requests`, in first-seen order (vLLM's `lora_requests_info` labels)."""

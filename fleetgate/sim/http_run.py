@@ -130,7 +130,7 @@ async def run_http_bench(
                     model = (await resp.json())["data"][0]["id"]
             endpoints = [Endpoint(id=f"engine-{i}", url=u, model=model) for i, u in enumerate(urls)]
             capacity = args.kv_tokens or min([(await engine_counters(session, u))["capacity"] for u in urls]) or 16_384
-            prefix_tokens = args.prefix_tokens
+            prefix_tokens = args.prefix_tokens or 1024
             # Hot prefixes need 2.5x one replica's KV, but at most 0.75x of the fleet's: with few replicas
             # the prefix-aware split must still fit, or no policy can keep them.
             hot = min(2.5, 0.75 * len(urls)) * capacity

@@ -80,6 +80,12 @@ class PrefixKVCache:
         self._private += private_blocks
         return Allocation(hashes=tuple(hashes), private_blocks=private_blocks, hit_blocks=hit)
 
+    def reset(self) -> None:
+        """Drop every evictable cached block (blocks pinned by running requests stay)."""
+        for h in self._evictable:
+            del self._refs[h]
+        self._evictable.clear()
+
     def release(self, alloc: Allocation) -> None:
         self._private -= alloc.private_blocks
         for h in reversed(alloc.hashes):

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP face of one simulated engine (aiohttp, loopback by default).
 
 Routes, as vLLM serves them: `POST /v1/chat/completions`, `POST /v1/completions` (both with `stream`,
-`stream_options.include_usage` and `continuous_usage_stats`), `GET /v1/models`, `GET /health`, `GET /metrics`.
+`stream_options.include_usage` and `continuous_usage_stats`), `GET /v1/models`, `GET /health`, `GET /metrics`,
+and vLLM's development route `POST /reset_prefix_cache`.
 With LoRA enabled (`SimProfile.enable_lora`) a request's `model` may name a registered adapter (unknown
 names get vLLM's 404), `/v1/models` lists each adapter with `parent` = the base model and `root` = its
 path, and with `allow_runtime_lora_updating` (vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) the server
@@ -219,6 +220,13 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
     return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
 
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """vLLM's development endpoint (served with `VLLM_SERVER_DEV_MODE=1`): `{"success": false}` while requests
+    hold blocks, so a benchmark drains first and may retry."""
+    done = request.app[ENGINE_KEY].engine.reset_prefix_cache()
+    return web.Response(body=orjson.dumps({"success": done}), content_type="application/json")
+
+
 async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
@@ -249,6 +257,7 @@ def build_app(engine: SimEngine) -> web.Application:
     if engine.profile.enable_lora and engine.profile.allow_runtime_lora_updating:
         app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
         app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     return app

@@ -89,6 +89,7 @@ class ModelListing:
     name: str
     ready: bool
     scaled_to_zero: bool = False
+    wakeable: bool = False  # no ready pod, but a request is held until one is (scaled to zero, or starting)
     parent: str | None = None  # a LoRA adapter: its base model (vLLM's `/v1/models` says the same)
 
 
@@ -145,7 +146,7 @@ class WakeableSource(Protocol):
 
 def listing(source: EndpointSource) -> list[ModelListing]:
     """The models `/v1/models` offers: the source's own listing (else every known model), then each adapter
-    whose base is servable (ready, or woken by a request), in the base's state."""
+    whose base is servable (ready, or held and woken by a request), in the base's state."""
     adapter_names = {a.name for a in adapters_of(source)}
     if isinstance(source, ListingSource):
         bases = [m for m in source.listing() if m.name not in adapter_names]
@@ -156,9 +157,9 @@ def listing(source: EndpointSource) -> list[ModelListing]:
     out = list(bases)
     for spec in adapters_of(source):
         base = by_name.get(spec.base)
-        if base is not None and (base.ready or base.scaled_to_zero):
+        if base is not None and (base.ready or base.scaled_to_zero or base.wakeable):
             out.append(ModelListing(name=spec.name, ready=base.ready, scaled_to_zero=base.scaled_to_zero,
-                                    parent=spec.base))
+                                    wakeable=base.wakeable, parent=spec.base))
     return out
 
 

@@ -10,13 +10,16 @@ not a Service VIP:
 
 A model with no ready pod stays known (a request gets 503, never 404); `/v1/models` offers it only when a
 request can wake it: its InferenceService sets `spec.scaleToZeroAfterSeconds` (idle scale-down by the
-operator, wake by the gateway through the scale subresource, see `fleetgate.gateway.wake`).
+operator, wake by the gateway through the scale subresource, see `fleetgate.gateway.wake`). Such a model is
+listed as `scaled_to_zero` only when one of its services is at `spec.replicas: 0`; one whose pods are merely
+starting is listed as neither ready nor scaled to zero (a request is held until a pod is ready).
 
 LoRA adapters (`AdapterCatalog`): `adapters()` lists each InferenceService's `spec.adapters` with base = the
 CR's served model, `lora_path` as the pod sees it (`fleetgate.engine.pod_paths`) and `tenant` as the only
 tenant allowed. `models()` lists base models only; `endpoints(adapter)` returns its base's endpoints (the
 request keeps `model: <adapter>`: vLLM picks the LoRA by it). An adapter is offered while its base is; a name
-that is also a served model, or that two services give different bases, stays the base model / the first.
+that is also a served model stays the model. Two services declaring one adapter name: the one whose base
+has ready pods wins, then the first by (namespace, name), so the answer is stable between resyncs.
 
 Each endpoint carries labels from the CR: `tier`, prices (`price_input_per_1m`, `price_output_per_1m`,
 `price_cached_input_per_1m`), `inferenceservice`, `namespace`, `pod`. `start()` lists once (so the first
@@ -77,6 +80,7 @@ class ServiceInfo:
     wake_replicas: int | None = None  # scale-from-zero capable: replicas to wake it to; None: not wakeable
     context_length: int | None = None  # spec.engine.maxModelLen: bounds a request that sets no max_tokens
     adapters: tuple[AdapterSpec, ...] = ()  # spec.adapters, base = served_model
+    scaled_to_zero: bool = False  # spec.replicas is 0 (idle scale-down, or by hand)
 
 
 def _adapters(spec: Mapping[str, Any], *, base: str) -> tuple[AdapterSpec, ...]:
@@ -135,12 +139,14 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
             labels[label] = str(pricing[key])
     unservable = status.get("phase") in UNSERVABLE_PHASES
     context = (spec.get("engine") or {}).get("maxModelLen")
+    replicas = spec.get("replicas")
     return ServiceInfo(
         namespace=namespace, name=name, served_model=str(served), labels=labels, unservable=unservable,
         wake_replicas=None if unservable else _wake_replicas(meta, spec),
         context_length=context if isinstance(context, int) and not isinstance(context, bool) and context > 0
         else None,
         adapters=_adapters(spec, base=str(served)),
+        scaled_to_zero=isinstance(replicas, int) and not isinstance(replicas, bool) and replicas == 0,
     )  # fmt: skip
 
 
@@ -186,10 +192,14 @@ def adapter_index(
 ) -> dict[str, AdapterSpec]:
     """adapter name -> AdapterSpec, for adapters whose base is an offered model. Pure.
 
-    A name that is also a model stays the model's; two services naming one adapter: the first, by
-    (namespace, name), wins, so the answer never flips between resyncs."""
+    A name that is also a model stays the model's; two services naming one adapter: one whose base has
+    endpoints (ready pods) first, then by (namespace, name), so the answer never flips between resyncs."""
     out: dict[str, AdapterSpec] = {}
-    for _key, info in sorted(services.items()):
+
+    def order(item: tuple[tuple[str, str], ServiceInfo]) -> tuple[bool, tuple[str, str]]:
+        return not models.get(item[1].served_model), item[0]
+
+    for _key, info in sorted(services.items(), key=order):
         if info.served_model not in models:
             continue
         for adapter in info.adapters:
@@ -270,7 +280,8 @@ class KubernetesEndpointSource(WatchedSource):
             if self._index[model]:
                 out.append(ModelListing(name=model, ready=True))
             elif self.wake_targets(model):
-                out.append(ModelListing(name=model, ready=False, scaled_to_zero=True))
+                zero = any(i.scaled_to_zero for i in self._services.values() if i.served_model == model)
+                out.append(ModelListing(name=model, ready=False, scaled_to_zero=zero, wakeable=True))
         return out
 
     async def scale(self, target: WakeTarget) -> None:

@@ -19,6 +19,9 @@
 - Rollout: maxSurge 1, maxUnavailable 0: capacity never drops during a rollout; a new pod that cannot be
   scheduled leaves the old one serving.
 - `replicas` is omitted when an autoscaler owns it, so server-side apply never fights the HPA.
+- Security: the `restricted` Pod Security Standard by default, `spec.pod` over it
+  (`fleetgate.operator.builders.pod_security`: a non-root UID, HOME in the model cache, seccomp, no
+  privilege escalation, no capabilities).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from fleetgate.engine.args import VLLM_MODULE
 from fleetgate.engine.kube_names import ANNOTATION_SERVED_MODEL, ENGINE_PORT, ENGINE_PORT_NAME
 from fleetgate.engine.pod_paths import MODELS_MOUNT
 from fleetgate.operator.builders.common import Owner, child, labels, selector_labels
+from fleetgate.operator.builders.pod_security import apply_pod_settings, home_env
 from fleetgate.operator.resolve import Resolved
 from fleetgate.operator.settings import OperatorSettings
 from fleetgate.operator.spec import InferenceServiceSpec
@@ -101,6 +105,7 @@ def build_deployment(
     volumes, mounts = _volumes(spec=spec, resolved=resolved, settings=settings)
     env = [
         {"name": "HF_HOME", "value": CACHE_MOUNT},
+        *home_env(cache_mount=CACHE_MOUNT),
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
     ]
     if not resolved.profile.is_gpu and resolved.profile.kv_cache_space_gib:
@@ -138,22 +143,21 @@ def build_deployment(
         pod_spec["nodeSelector"] = dict(resolved.profile.node_selector)
     if resolved.profile.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in resolved.profile.tolerations]
+    template_meta: dict[str, Any] = {
+        "labels": labels(owner),
+        "annotations": {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(ENGINE_PORT),
+            "prometheus.io/path": "/metrics",
+            ANNOTATION_SERVED_MODEL: resolved.served_model,
+        },
+    }
+    apply_pod_settings(pod_spec=pod_spec, template_meta=template_meta, pod=spec.pod, settings=settings)
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(owner)},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "progressDeadlineSeconds": max(600, PROBE_PERIOD_S * container["startupProbe"]["failureThreshold"] + 120),
-        "template": {
-            "metadata": {
-                "labels": labels(owner),
-                "annotations": {
-                    "prometheus.io/scrape": "true",
-                    "prometheus.io/port": str(ENGINE_PORT),
-                    "prometheus.io/path": "/metrics",
-                    ANNOTATION_SERVED_MODEL: resolved.served_model,
-                },
-            },
-            "spec": pod_spec,
-        },
+        "template": {"metadata": template_meta, "spec": pod_spec},
     }
     if spec.autoscaling is None:
         deployment_spec = {"replicas": spec.replicas, **deployment_spec}

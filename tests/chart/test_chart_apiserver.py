@@ -2,11 +2,11 @@
 
 The API is kmock's emulator as the operator's tests use it (`fleetgate.operator.apisim`), extended with
 every kind the chart renders. It is not a real API server: no RBAC enforcement, admission, defaulting or
-controllers, so pods never run. What it proves: every manifest of `helm template --include-crds` maps to
-an API resource and applies (`kubectl apply --server-side`, as Helm 4 installs) into the namespace it
-names; the operator, started with exactly the arguments of the applied Deployment (scope, Kopf peering,
-priority; cluster-wide, see the test), finds the chart's peering object, keeps its heartbeat there and
-reconciles the CPU InferenceService from examples/ into an engine Deployment; the gateway's Kubernetes
+controllers, so pods never run. What it proves: every manifest of `helm template --include-crds` maps to an
+API resource and applies (`kubectl apply --server-side`, as Helm 4 installs) into the namespace it names;
+the operator, started with exactly the arguments of the applied Deployment (scope, Kopf peering, priority;
+cluster-wide, see the test), creates the peering object (the chart renders none), keeps its heartbeat there
+and reconciles the CPU InferenceService from examples/ into an engine Deployment; the gateway's Kubernetes
 discovery, built from the applied gateway.yaml, then routes the model to the engine's ready pod; every API
 call the operator and the gateway made is granted by the Role/ClusterRole the chart binds to them (in the
 namespace the call names); deleting the templates (what `helm uninstall` does) leaves nothing of the
@@ -15,7 +15,7 @@ release but the CRDs.
 Why kubectl and not `helm install`: Helm keeps its release record in a Secret that client-go writes as
 protobuf, which kmock cannot read, and Helm's in-memory driver swaps in a fake client that applies
 nothing. The real `helm install`/`uninstall` run in test_chart_cluster.py when KUBECONFIG names a
-cluster. Two emulator gaps are patched below: kmock reports Kubernetes 1.26 (the chart needs 1.27+)
+cluster. Two emulator gaps are patched below: kmock reports Kubernetes 1.26 (the chart needs 1.28+)
 and names the core group "/v1" in discovery.
 """
 
@@ -214,7 +214,7 @@ async def test_apply_run_operator_and_delete(
         assert engines, f"the operator made no engine Deployment for {name} within 30 s"
         assert not task.done(), "the operator stopped"
         peering = _live(server)[("clusterkopfpeerings", None, args.peering)]
-        assert peering.get("status"), "the operator never wrote its heartbeat into the chart's peering object"
+        assert peering.get("status"), "the operator never wrote its heartbeat into the peering object it created"
     finally:
         stop.set()
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):

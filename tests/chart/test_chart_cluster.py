@@ -108,3 +108,48 @@ def test_install_reconcile_uninstall(cluster: dict[str, str], helm: Path) -> Non
     remaining = _run([kubectl, "-n", ns, "get", "deploy,sts,svc,cm,secret,sa,role,rolebinding", "-l",
                       f"app.kubernetes.io/instance={release}", "-o", "name"]).stdout.strip()
     assert not remaining, f"namespaced objects left after uninstall: {remaining}"
+
+
+def test_install_after_a_cli_operator_and_again_after_uninstall(helm: Path) -> None:
+    """Defects: the ClusterKopfPeering `fleetgate operator` creates has no Helm ownership metadata, so
+    `helm install` refused to adopt it; and `helm uninstall` deleted the object other operators peer through.
+    The chart renders no peering object now: install works with the CLI's object in place, uninstall keeps
+    it, and a second install works too. No pod needs to run (no --wait), so any cluster will do."""
+    import asyncio
+
+    from fleetgate.operator.kube import KubeApi
+
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if not kubeconfig:
+        pytest.skip("KUBECONFIG is not set: no cluster to install the chart into")
+    kubectl = str(kubectl_path())
+    if _run([kubectl, "version", "--request-timeout=10s"], check=False, timeout=30).returncode != 0:
+        pytest.skip(f"KUBECONFIG={kubeconfig} names no reachable cluster")
+    suffix = uuid.uuid4().hex[:8]
+    namespace, release, peering = f"fg-e2e-{suffix}", f"fg-{suffix}", f"fg-e2e-{suffix}"
+    # The peering CRD, then the object exactly as `fleetgate operator --peering NAME` creates it.
+    _run([kubectl, "apply", "--server-side", "-f", str(CHART_DIR / "crds" / "kopf-peering.yaml")])
+    _run([kubectl, "wait", "--for=condition=Established", "crd/clusterkopfpeerings.kopf.dev", "--timeout=60s"])
+
+    async def cli_creates() -> str:
+        api = KubeApi.from_env(field_manager="fleetgate-operator")
+        try:
+            state, _peers = await api.ensure_cluster_peering(name=peering)
+            return state
+        finally:
+            await api.aclose()
+
+    assert asyncio.run(cli_creates()) == "created"
+    install = [str(helm), "install", release, str(CHART_DIR), "--namespace", namespace, "--create-namespace",
+               f"--set=operator.peering.name={peering}", "--set=gateway.config.server.auth=open",
+               "--set=redis.persistence.enabled=false", "--skip-crds"]  # fmt: skip
+    try:
+        _run(install, timeout=180)
+        _run([str(helm), "uninstall", release, "--namespace", namespace], timeout=180)
+        kept = _run([kubectl, "get", "clusterkopfpeering", peering, "-o", "name"], check=False)
+        assert kept.returncode == 0, f"helm uninstall deleted the ClusterKopfPeering: {kept.stderr}"
+        _run(install, timeout=180)  # and again, with the object left by the first release's operator
+    finally:
+        _run([str(helm), "uninstall", release, "--namespace", namespace], check=False, timeout=180)
+        _run([kubectl, "delete", "clusterkopfpeering", peering, "--ignore-not-found"], check=False)
+        _run([kubectl, "delete", "namespace", namespace, "--ignore-not-found", "--wait=false"], check=False)

@@ -21,8 +21,9 @@ import pytest
 import yaml
 
 CHART_YAML = Path(__file__).resolve().parents[2] / "charts" / "fleetgate" / "Chart.yaml"
-# Oldest version allowed by Chart.yaml's kubeVersion, and the helm binary's client version.
-KUBE_VERSIONS = ("1.27", "1.35")
+# Oldest version allowed by Chart.yaml's kubeVersion, and the helm binary's client version. 1.28: the CRD's
+# CEL rules name their field (`fieldPath`, `reason`), which older API servers do not know.
+KUBE_VERSIONS = ("1.28", "1.35")
 NOT_IN_KUBERNETES = {
     "ServiceMonitor": "a Prometheus Operator CRD (monitoring.coreos.com/v1): kubernetes-validate ships only "
     "Kubernetes' own schemas, so its fields are checked in test_service_monitor_targets_the_gateway",
@@ -35,7 +36,7 @@ def test_chart_metadata() -> None:
     meta = yaml.safe_load(CHART_YAML.read_text())
     assert meta["apiVersion"] == "v2"
     assert meta["appVersion"] == "0.1.0"
-    assert meta["kubeVersion"].startswith(">=1.27")
+    assert meta["kubeVersion"].startswith(">=1.28")
 
 
 def test_lint_strict(chart: Any, scenario: Path) -> None:
@@ -98,8 +99,6 @@ def test_names_and_labels_fit_kubernetes_limits(chart: Any) -> None:
 def test_fullname_override_names_every_object(chart: Any) -> None:
     rendered = chart.render(set_values=["fullnameOverride=fleet"])
     for obj in rendered.objects:
-        if obj["kind"] == "ClusterKopfPeering":
-            continue  # shared on purpose with `fleetgate operator`'s default (--peering fleetgate)
         assert obj["metadata"]["name"].startswith("fleet-"), obj["metadata"]["name"]
 
 
@@ -207,9 +206,9 @@ def test_gateway_metrics_have_their_own_port_and_cluster_ip_service(chart: Any) 
 
 
 def test_kube_version_floor(chart: Any) -> None:
-    """Chart.yaml's kubeVersion is enforced: 1.27 renders, 1.26 is refused by Helm itself."""
-    assert chart.template(extra=["--kube-version", "1.27.0"]).returncode == 0
-    refused = chart.template(extra=["--kube-version", "1.26.9"])
+    """Chart.yaml's kubeVersion is enforced: 1.28 renders, 1.27 is refused by Helm itself."""
+    assert chart.template(extra=["--kube-version", "1.28.0"]).returncode == 0
+    refused = chart.template(extra=["--kube-version", "1.27.9"])
     assert refused.returncode != 0 and "kubeVersion" in refused.stderr
 
 

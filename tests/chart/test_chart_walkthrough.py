@@ -53,6 +53,9 @@ def test_readme_walkthrough_tenant_key_lists_and_calls_the_example_model(chart: 
     keys_path = tmp_path / "keys.yaml"
     keys_path.write_text(keys_secret["stringData"]["keys.yaml"])
     config["tenancy"]["keys_file"] = str(keys_path)  # the mounted Secret, here on disk
+    # The chart's metrics port (9464) is the pod's own; here any free port (0), so a busy 9464 on the test
+    # machine cannot fail the test.
+    config["server"]["metrics_port"] = 0
     config_path = tmp_path / "gateway.yaml"
     config_path.write_text(yaml.safe_dump(config))
     settings = load_model(GatewaySettings, config_path)

@@ -52,14 +52,17 @@ def test_three_columns_with_the_frozen_set_absent_then_present(tmp_path: Path,
 
 def test_one_column_per_frozen_set_found_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dev = _write(tmp_path / "dev", "dev")
-    folder = _write(_write(_write(tmp_path / "frozen", "frozen"), "frozen2"), "frozen3")
+    folder = _write(_write(_write(_write(tmp_path / "frozen", "frozen"), "frozen2"), "frozen3"), "frozen4")
     assert main(["cache-eval", "--embedder", "hashing", "--entries", "0", "--data", str(dev), "--sweep", "0.5",
                  "--confidences", "0.9", "--frozen", str(folder)]) == 0
     out = capsys.readouterr().out
-    assert "frozen3 100.0% / 100.0% (1/1 hits, 1 true)" in out and "frozen3 sweep, similarity threshold" in out
-    assert "frozen2 (in-sample: used for development and training)" in out and "frozen3 (held out)" in out
-    assert "cross-tenant hits: dev 0/3, frozen 0/3, frozen2 0/3, frozen3 0/3" in out
-    assert "cv: out-of-fold over dev + train + frozen + frozen2," in out  # the held-out set never trains or folds
+    assert "frozen4 100.0% / 100.0% (1/1 hits, 1 true)" in out and "frozen4 sweep, similarity threshold" in out
+    assert "frozen3 (in-sample: used for development and training)" in out and "frozen4 (held out)" in out
+    assert "cross-tenant hits: dev 0/3, frozen 0/3, frozen2 0/3, frozen3 0/3, frozen4 0/3" in out
+    # the held-out set never trains or folds
+    assert "cv: out-of-fold over dev + train + frozen + frozen2 + frozen3, folds" in out
+    # one hit proves little: the precision's one-sided 95% lower bound is 5% (0.05 ** (1 / 1))
+    assert "frozen4 100.0% / 100.0% (1/1 hits, 1 true), precision >=   5.0% (95% one-sided)" in out
 
 
 def test_missing_dev_data_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

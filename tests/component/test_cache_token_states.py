@@ -19,10 +19,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from fleetgate.bench.embedder import eval_prompts
+from fleetgate.cache.asymmetry import residual_inputs
 from fleetgate.cache.build import build_embedder
 from fleetgate.cache.config import CacheConfig, SemanticConfig
 from fleetgate.cache.embedding import BatchingEmbedder, OnnxMiniLMEmbedder, encoder_of
 from fleetgate.cache.metrics import CacheMetrics
+from fleetgate.cache.pairmodel import load_model
 from fleetgate.cache.textnorm import embedding_text
 from fleetgate.cache.tokenalign import TokenStates, align_features
 from fleetgate.cache.twolayer import TwoLayerCache
@@ -81,6 +83,8 @@ def test_a_padded_batch_gives_each_text_the_states_it_gives_alone_and_the_same_v
 
 
 def test_align_features_are_those_of_the_separate_pass(separate: TokenStates) -> None:
+    head = load_model().head
+    assert head is not None
     encoder = OnnxMiniLMEmbedder(variant="int8")
     shared = TokenStates(offered_size=len(PROMPTS))
     assert shared.share(encoder)
@@ -90,6 +94,9 @@ def test_align_features_are_those_of_the_separate_pass(separate: TokenStates) ->
         mine = align_features(shared.words(a), shared.words(b))
         theirs = align_features(separate.words(a), separate.words(b))
         assert np.allclose(mine, theirs, atol=1e-4), (a, b)
+        # and the residual head's score (issue 30), a dot product of 768 weights with the same states
+        assert head.score(residual_inputs(shared.words(a), shared.words(b))) == pytest.approx(
+            head.score(residual_inputs(separate.words(a), separate.words(b))), abs=2e-3), (a, b)
     assert shared.passes == 0  # every text came from the embedding pass
     assert shared._session is None  # and no session of its own was loaded
 
@@ -202,15 +209,17 @@ async def test_other_embedders_keep_the_separate_pass(embedder: str, needs_align
 
 async def test_a_pair_no_alignment_can_change_is_judged_without_token_states() -> None:
     """No modifier swapped, far from the bar: the verdict is known without the token states, so the
-    stored text needs no pass of its own, whether or not an embedding handed its states over."""
+    stored text needs no pass of its own, whether or not an embedding handed its states over. (Since issue
+    30 that is a near miss, as `bench gateway`'s varied misses are: a pair the model may accept needs its
+    states, for the residual head, `test_a_lookup_that_reaches_the_pair_model_encodes_its_query_once`.)"""
     cache = await cached()
     encoder, states = encoder_of(cache.embedder), cache.token_states
     assert isinstance(encoder, OnnxMiniLMEmbedder) and states is not None
-    await remember(cache, "How can I make my laptop battery last longer when travelling?", tenant="bound")
+    await remember(cache, "How do I reverse a list in Python without a library?", tenant="bound")
     states._offered.clear()  # as if another replica had stored it
     runs, passes, before = encoder.runs, states.passes, aligned(cache)
-    found = await cache.lookup(req("What are tips to extend my laptop's battery life on trips?", tenant="bound"))
-    assert found.status == CacheStatus.HIT_SEMANTIC, found.reason
+    found = await cache.lookup(req("How do I merge a list in Python without a library?", tenant="bound"))
+    assert found.status == CacheStatus.MISS and "near miss rejected" in found.reason, found.reason
     assert aligned(cache) == before and states.passes == passes and encoder.runs == runs + 1
 
 
@@ -219,7 +228,7 @@ def test_the_verification_cost_splits_pairs_by_what_decides_them(separate: Token
 
     cheap, bound, states = verification_cost([
         ("What is 2+2?", "what is 2+2", 1.0),  # every word matches
-        ("How do I reset my password?", "I forgot my password, how do I reset it?", 0.94),  # no modifier swapped
+        ("How do I reset my password?", "How do I reset my router?", 0.7),  # no modifier swapped, far below the bar
         ("How do I revert to the previous revision of a file in git?",
          "How can I go back to the prior revision of a file in git?", 0.93),  # "previous" / "prior": aligned
     ], states=separate)

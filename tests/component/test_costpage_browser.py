@@ -8,8 +8,6 @@ is kept at artifacts/costpage.png.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -25,11 +23,7 @@ from .conftest import RunningGateway
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 KEYS = {name: new_key() for name in ("acme", "globex", "initech", "admin")}
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--window-size=1400,1800"]
 
 
 def settings(engine_url: str) -> GatewaySettings:
@@ -57,23 +51,12 @@ def problems(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in logs if e.get("level") not in ("DEBUG", "INFO")]
 
 
-def browser_session(url: str, *, key: str | None, screenshot: Path | None) -> dict[str, Any]:
+def browser_session(url: str, *, key: str | None, screenshot: Path | None, chromium: Any) -> dict[str, Any]:
     """Open the page, load it with `key` (None: let it load by itself), read back what it drew (in a thread)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = Options()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="fleetgate-chromium-")
-    for flag in [*FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # An explicit driver path: Selenium Manager never tries to download anything.
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    try:
+    with chromium() as driver:
         driver.get(url + "/dashboard")
         if key is not None:
             driver.find_element(By.ID, "key").send_keys(key)
@@ -104,9 +87,6 @@ def browser_session(url: str, *, key: str | None, screenshot: Path | None) -> di
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             driver.save_screenshot(str(screenshot))
         return out
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 async def make_traffic(url: str) -> None:
@@ -122,20 +102,19 @@ async def make_traffic(url: str) -> None:
 
 @pytest.fixture
 async def loaded_gateway(engine: FakeEngine, start_gateway: Callable[..., Awaitable[RunningGateway]]) -> RunningGateway:
-    if shutil.which(CHROMIUM) is None or shutil.which(CHROMEDRIVER) is None:
-        pytest.fail("chromium and chromium-driver are not installed: run scripts/install (Debian packages)")
     gw = await start_gateway(settings(engine.url))
     await make_traffic(gw.url)
     await gw.pipeline.drain()
     return gw
 
 
-async def test_cost_page_renders_real_usage_without_console_errors(loaded_gateway: RunningGateway) -> None:
+async def test_cost_page_renders_real_usage_without_console_errors(loaded_gateway: RunningGateway,
+                                                                   chromium: Any) -> None:
     gw = loaded_gateway
     async with httpx.AsyncClient(base_url=gw.url) as c:
         report = (await c.get("/v1/usage", headers={"Authorization": f"Bearer {KEYS['admin'][0]}"})).json()
     page = await asyncio.to_thread(browser_session, gw.url, key=KEYS["admin"][0],
-                                   screenshot=ARTIFACTS / "costpage.png")
+                                   screenshot=ARTIFACTS / "costpage.png", chromium=chromium)
     assert problems(page["logs"]) == [], page["logs"]
     assert page["state"] == "ready", page["status"]
     totals = report["totals"]
@@ -153,19 +132,22 @@ async def test_cost_page_renders_real_usage_without_console_errors(loaded_gatewa
     assert (ARTIFACTS / "costpage.png").stat().st_size > 10_000
 
 
-async def test_cost_page_shows_one_tenant_and_rejects_a_wrong_key(loaded_gateway: RunningGateway) -> None:
-    page = await asyncio.to_thread(browser_session, loaded_gateway.url, key=KEYS["globex"][0], screenshot=None)
+async def test_cost_page_shows_one_tenant_and_rejects_a_wrong_key(loaded_gateway: RunningGateway,
+                                                                  chromium: Any) -> None:
+    page = await asyncio.to_thread(browser_session, loaded_gateway.url, key=KEYS["globex"][0], screenshot=None,
+                                   chromium=chromium)
     assert page["state"] == "ready" and problems(page["logs"]) == []
     assert {b["series"] for b in page["top"]} == {"globex"}
     assert {t for t, _ in page["budgets"]} == {"globex"}
-    wrong = await asyncio.to_thread(browser_session, loaded_gateway.url, key="fg-not-a-key", screenshot=None)
+    wrong = await asyncio.to_thread(browser_session, loaded_gateway.url, key="fg-not-a-key", screenshot=None,
+                                    chromium=chromium)
     assert wrong["state"] == "error" and "invalid API key" in wrong["status"]
     # The failed fetch is logged by Chromium as a network error (401); nothing else may be.
     assert all("401" in entry["message"] for entry in problems(wrong["logs"])), wrong["logs"]
 
 
 async def test_cost_page_loads_without_a_key_when_auth_is_off(
-    engine: FakeEngine, start_gateway: Callable[..., Awaitable[RunningGateway]]
+    engine: FakeEngine, start_gateway: Callable[..., Awaitable[RunningGateway]], chromium: Any
 ) -> None:
     local = settings(engine.url).model_copy(deep=True)
     local.server.auth = "open"
@@ -174,6 +156,6 @@ async def test_cost_page_loads_without_a_key_when_auth_is_off(
         body = {"model": "small", "max_tokens": 50, "messages": [{"role": "user", "content": "word " * 40}]}
         assert (await c.post("/v1/chat/completions", json=body)).status_code == 200
     await gw.pipeline.drain()
-    page = await asyncio.to_thread(browser_session, gw.url, key=None, screenshot=None)
+    page = await asyncio.to_thread(browser_session, gw.url, key=None, screenshot=None, chromium=chromium)
     assert page["state"] == "ready" and problems(page["logs"]) == [], (page["status"], page["logs"])
     assert {b["series"] for b in page["top"]} == {"anonymous"}

@@ -23,7 +23,7 @@ from fleetgate.local.config import EngineConfig
 from fleetgate.local.engines import EngineFleet
 from fleetgate.local.kv_log import KvCapacity, wait_for_kv_capacity
 from fleetgate.local.model_prep import MODEL_BASENAME, prepare_model
-from fleetgate.local.quantize import VLLM_METHOD
+from fleetgate.local.schemes import VLLM_METHOD
 from fleetgate.local.vllm_command import vllm_specs
 from fleetgate.operator.profiles import Profiles
 from fleetgate.operator.resolve import resolve

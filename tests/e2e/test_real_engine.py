@@ -158,6 +158,50 @@ def test_prefix_cache_hits_on_a_repeated_prompt(stack: Stack) -> None:
     assert after - before >= 128, f"prefix cache hits went {before} -> {after}"
 
 
+def _usage_totals(gateway: str) -> tuple[int, int]:
+    status, body = request_json(f"{gateway}/v1/usage")  # auth open: the caller reads everyone's usage
+    assert status == 200, body
+    return int(body["totals"]["prompt_tokens"]), int(body["totals"]["completion_tokens"])
+
+
+def _engine_tokens(engine: str) -> tuple[float, float, float]:
+    metrics = _text(f"{engine}/metrics")
+    return (_counter(metrics, "vllm:prompt_tokens_total"), _counter(metrics, "vllm:generation_tokens_total"),
+            _counter(metrics, "vllm:num_requests_running") + _counter(metrics, "vllm:num_requests_waiting"))
+
+
+def _stream_and_leave(gateway: str, *, prompt: str, leave_after: int | None) -> int:
+    """Stream a completion through the gateway; close the connection after `leave_after` text chunks."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": True, "stream": True}
+    req = urllib.request.Request(f"{gateway}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    got = 0
+    with urllib.request.urlopen(req, timeout=300) as response:
+        for raw in response:
+            if raw.startswith(b"data: {") and b'"text"' in raw:
+                got += 1
+                if leave_after is not None and got >= leave_after:
+                    break  # leaving the `with` closes the connection mid-stream
+    return got
+
+
+def test_tenants_are_charged_what_the_engine_counted_with_clients_leaving_mid_stream(stack: Stack) -> None:
+    prompt_before, completion_before = _usage_totals(stack.gateway)
+    engine_before = _engine_tokens(stack.engine)
+    for i, leave in enumerate((3, None, 1, 7, None, 12)):
+        got = _stream_and_leave(stack.gateway, prompt=f"Request {i}: the three primary colours are", leave_after=leave)
+        assert got == (leave or 40)
+    deadline = time.monotonic() + 60
+    while _engine_tokens(stack.engine)[2] > 0 and time.monotonic() < deadline:  # the aborts have landed
+        time.sleep(0.2)
+    time.sleep(2.5)  # the gateway's drain of the cancelled streams (cancel_drain_s) and its ledger
+    engine_after = _engine_tokens(stack.engine)
+    prompt_after, completion_after = _usage_totals(stack.gateway)
+    assert engine_after[1] - engine_before[1] >= 2 * 40 + 3 + 1 + 7 + 12
+    assert (prompt_after - prompt_before, completion_after - completion_before) == (
+        engine_after[0] - engine_before[0], engine_after[1] - engine_before[1])
+
+
 async def test_real_envoy_and_the_endpoint_picker_serve_the_real_engine(stack: Stack) -> None:
     """The other front door on the same engine: a real Envoy asks `fleetgate epp` (ext_proc), which routes to the
     real vLLM CPU engine, rewrites the answer as the gateway does and charges the engine's own usage."""

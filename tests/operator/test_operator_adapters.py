@@ -11,6 +11,7 @@ import pytest
 
 from fleetgate.engine.kube_names import ANNOTATION_SPEC_HASH
 from fleetgate.operator.rbac import allows
+from fleetgate.operator.settings import OperatorSettings
 
 from .conftest import Cluster, FakePods, wait_for
 
@@ -177,3 +178,53 @@ async def test_without_lora_no_pod_is_asked_and_status_has_no_adapters(
     assert not pods.calls
     assert "adapters" not in _status(cluster, "plain")
     assert not _cond(cluster, "plain", "AdaptersReady")
+
+
+FAST_RETRY = pytest.mark.parametrize("operator_settings", [OperatorSettings(adapter_retry_s=0.5)], ids=["retry-0.5s"])
+
+
+@FAST_RETRY
+async def test_a_load_that_failed_after_a_deployment_change_is_retried_until_it_loads(
+    cluster: Cluster, operator: asyncio.Task[None], pods: FakePods, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defect: with no engine listening yet, the adapter went LoadFailed on a Deployment event and stayed so
+    until an unrelated edit; retries logged an ERROR each time."""
+    pods.unreachable.add(POD_A)
+    await cluster.create(_cr("qwen", {**LORA, "replicas": 1}))
+    # The create pass is over (no pod yet, nothing failed) before the pod comes: the failure is the
+    # Deployment event's to find.
+    await wait_for(lambda: _status(cluster, "qwen").get("phase") == "Pending", what="created")
+    await asyncio.sleep(1)  # kmock has no resourceVersions: Kopf may replay the creation once or twice first
+    await cluster.add_pod("qwen", "qwen-a", ip="10.0.0.1")
+    await cluster.fake_rollout("qwen", ready=1)  # the Deployment event: its pass finds no engine answering
+    await wait_for(lambda: _cond(cluster, "qwen", "AdaptersReady").get("reason") == "LoadFailed", what="LoadFailed")
+    generation = cluster.objects("inferenceservices")["qwen"]["metadata"]["generation"]
+
+    pods.unreachable.clear()  # the engine at the pod IP now answers; nothing in the cluster changes
+    await wait_for(lambda: _loaded(cluster, "qwen") == {"qwen-a": ["sql"]}, within=5, what="loaded by a retry")
+    assert _cond(cluster, "qwen", "AdaptersReady")["status"] == "True"
+    assert cluster.objects("inferenceservices")["qwen"]["metadata"]["generation"] == generation
+    assert len(_events(cluster, "AdapterLoadFailed")) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert not errors, errors
+
+
+@FAST_RETRY
+async def test_no_ready_pod_seen_while_the_deployment_reports_one_is_looked_at_again(
+    cluster: Cluster, operator: asyncio.Task[None], pods: FakePods
+) -> None:
+    """Defect: AdaptersReady stayed NoReadyPods with 1/1 ready when the pod's own Ready came after the
+    Deployment's event; nothing else changed, so nothing looked again."""
+    from lightkube.resources.core_v1 import Pod
+    from lightkube.types import PatchType
+
+    await cluster.create(_cr("qwen", {**LORA, "replicas": 1}))
+    await wait_for(lambda: _status(cluster, "qwen").get("phase") == "Pending", what="created")
+    await asyncio.sleep(1)  # as above: the creation is over
+    await cluster.add_pod("qwen", "qwen-a", ip="10.0.0.1", ready=False)
+    await cluster.fake_rollout("qwen", ready=1)
+    await wait_for(lambda: _cond(cluster, "qwen", "AdaptersReady").get("reason") == "NoReadyPods", what="NoReadyPods")
+    await asyncio.sleep(1)  # whatever that status write set off in Kopf is over
+    ready = {"status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}
+    await cluster.api._client.patch(Pod.Status, "qwen-a", ready, namespace="default", patch_type=PatchType.MERGE)
+    await wait_for(lambda: _cond(cluster, "qwen", "AdaptersReady").get("reason") == "Loaded", within=5, what="Loaded")

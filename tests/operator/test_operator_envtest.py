@@ -269,3 +269,147 @@ async def test_peered_operator_creates_its_peering_object_and_reconciles(apiserv
         peering = create_global_resource("kopf.dev", "v1", "ClusterKopfPeering", "clusterkopfpeerings")
         assert await real_api._client.get(peering, "fleetgate") is not None
         await real_api._client.delete(isvc, "peered", namespace="default")
+
+
+async def _events_of(api: KubeApi, name: str, reason: str) -> list[str]:
+    from lightkube.resources.core_v1 import Event
+
+    return [
+        str(e.message)
+        async for e in api._client.list(Event, namespace="default", fields={"involvedObject.name": name})
+        if e.reason == reason
+    ]
+
+
+async def _until(check: Any, *, within: float, what: str) -> float:
+    """Poll the async `check` until it is true; returns the seconds it took."""
+    t0 = time.monotonic()
+    while not await check():
+        assert time.monotonic() - t0 < within, f"{what}: not within {within} s"
+        await asyncio.sleep(0.05)
+    return time.monotonic() - t0
+
+
+async def test_edited_children_are_put_back_by_real_server_side_apply_within_5_s(
+    real_api: KubeApi, real_operator: None
+) -> None:
+    """Defect: `kubectl scale`, `set image` and `patch svc` stayed until the next spec change (the spec hash
+    matched). The Service edit is the JSON patch `kubectl patch --type=json` sends: the real API server then
+    refuses the operator's apply (two ports named http, 422) and the merge-patch fallback puts it back."""
+    from lightkube.resources.apps_v1 import Deployment
+    from lightkube.resources.core_v1 import Service
+    from lightkube.types import PatchType
+
+    isvc = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
+    await real_api._client.create(isvc.from_dict(_cr("drift", SMALL)))
+
+    async def children() -> bool:
+        return await real_api.get_child(kind="Service", namespace="default", name="drift") is not None and (
+            await real_api.get_child(kind="Deployment", namespace="default", name="drift")) is not None
+
+    await _until(children, within=20, what="children")
+    client = real_api._client
+
+    async def deployment() -> dict[str, Any]:
+        return await real_api.get_child(kind="Deployment", namespace="default", name="drift") or {}
+
+    async def service() -> dict[str, Any]:
+        return await real_api.get_child(kind="Service", namespace="default", name="drift") or {}
+
+    await client.patch(Deployment, "drift", {"spec": {"replicas": 3}}, namespace="default")  # kubectl scale
+    took = [await _until(lambda: _replicas_are(deployment, 1), within=5, what="replicas put back")]
+    image = {"spec": {"template": {"spec": {"containers": [{"name": "engine", "image": "evil/image:1"}]}}}}
+    await client.patch(Deployment, "drift", image, namespace="default", patch_type=PatchType.STRATEGIC)  # set image
+    took.append(await _until(lambda: _image_is(deployment, "vllm/vllm-openai:v0.32.0"), within=5, what="image"))
+    port = [{"op": "replace", "path": "/spec/ports/0/port", "value": 9000}]
+    await client.patch(Service, "drift", port, namespace="default", patch_type=PatchType.JSON)  # patch svc
+    took.append(await _until(lambda: _port_is(service, 8000), within=5, what="Service port put back"))
+    print(f"envtest: scale, set image, patch svc put back in {', '.join(f'{t:.2f}' for t in took)} s")
+
+    async def three_events() -> bool:
+        return len(await _events_of(real_api, "drift", "DriftCorrected")) >= 3
+
+    await _until(three_events, within=5, what="DriftCorrected Events")
+    await asyncio.sleep(1)
+    assert sorted(await _events_of(real_api, "drift", "DriftCorrected")) == [
+        "Deployment drift: put back spec.replicas (was 3)",
+        "Deployment drift: put back spec.template.spec.containers[engine].image (was 'evil/image:1')",
+        "Service drift: put back spec.ports[http].port (was 9000)",
+    ]
+    assert [p["port"] for p in (await service())["spec"]["ports"]] == [8000]
+    stored = await real_api.get_inference_service(namespace="default", name="drift") or {}
+    assert all(c["reason"] != "ApplyFailed" for c in stored["status"]["conditions"])
+    await client.delete(isvc, "drift", namespace="default")
+
+
+async def _replicas_are(get: Any, n: int) -> bool:
+    return bool((await get())["spec"].get("replicas") == n)
+
+
+async def _image_is(get: Any, image: str) -> bool:
+    return bool((await get())["spec"]["template"]["spec"]["containers"][0]["image"] == image)
+
+
+async def _port_is(get: Any, port: int) -> bool:
+    return bool([p["port"] for p in (await get())["spec"]["ports"]] == [port])
+
+
+async def test_the_autoscalers_replicas_are_never_fought(real_api: KubeApi, real_operator: None) -> None:
+    from lightkube.resources.apps_v1 import Deployment
+
+    isvc = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
+    await real_api._client.create(isvc.from_dict(_cr("hpa", {**SMALL, "autoscaling": {"maxReplicas": 4}})))
+
+    async def hpa() -> bool:
+        return await real_api.get_child(kind="HorizontalPodAutoscaler", namespace="default", name="hpa") is not None
+
+    await _until(hpa, within=20, what="HPA")
+    await real_api._client.patch(Deployment, "hpa", {"spec": {"replicas": 4}}, namespace="default")  # as the HPA does
+    await asyncio.sleep(2)
+    dep = await real_api.get_child(kind="Deployment", namespace="default", name="hpa") or {}
+    assert dep["spec"]["replicas"] == 4 and not await _events_of(real_api, "hpa", "DriftCorrected")
+    await real_api._client.delete(isvc, "hpa", namespace="default")
+
+
+async def test_engine_pods_pass_restricted_pod_security_admission(real_api: KubeApi) -> None:
+    """The API server's PodSecurity admission judges the pod template the operator builds: admitted in a
+    namespace that enforces `restricted`; a template that asks for root through spec.pod is refused."""
+    from lightkube.resources.core_v1 import Namespace, Pod
+
+    from fleetgate.operator.builders import Owner, build_children
+    from fleetgate.operator.resolve import resolve
+    from fleetgate.operator.spec import parse_spec
+
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    with contextlib.suppress(Exception):
+        await real_api._client.create(Namespace.from_dict({"metadata": {"name": "strict", "labels": labels}}))
+    settings = OperatorSettings()
+
+    def pod_of(spec: dict[str, Any], name: str) -> Any:
+        parsed = parse_spec(spec)
+        resolved = resolve(spec=parsed, name="qwen", profiles=settings.profiles)
+        owner = Owner(name="qwen", namespace="strict", uid="u")
+        dep = next(c for c in build_children(owner=owner, spec=parsed, resolved=resolved, settings=settings)
+                   if c["kind"] == "Deployment")  # fmt: skip
+        return Pod.from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "strict"},
+                              "spec": dep["spec"]["template"]["spec"]})  # fmt: skip
+
+    admitted = await real_api._client.create(pod_of(SMALL, "by-default"), dry_run=True)
+    assert admitted.metadata is not None and admitted.metadata.name == "by-default"
+    rooted = {**SMALL, "pod": {"securityContext": {"runAsUser": 0, "runAsNonRoot": False}}}
+    with pytest.raises(Exception) as info:
+        await real_api._client.create(pod_of(rooted, "as-root"), dry_run=True)
+    assert status_code(info.value) == 403 and 'violates PodSecurity "restricted:latest"' in str(info.value)
+
+
+async def test_refusals_name_the_field_not_nil(real_api: KubeApi) -> None:
+    """Defect: a bad name was refused with the field path `<nil>`; an adapter named like metadata.name (no
+    servedName: the served model's name) passed CEL."""
+    isvc = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
+    with pytest.raises(Exception) as info:
+        await real_api._client.create(isvc.from_dict(_cr("qwen2.5-7b", SMALL)))
+    assert "metadata.name: Invalid value" in str(info.value) and "<nil>" not in str(info.value)
+    clash = {**SMALL, "adapters": [{"name": "clash", "source": "/adapters/sql"}]}
+    with pytest.raises(Exception) as info:
+        await real_api._client.create(isvc.from_dict(_cr("clash", clash)))
+    assert status_code(info.value) == 422 and "spec.adapters: Invalid value" in str(info.value)

@@ -88,7 +88,7 @@ async def test_idle_service_is_scaled_to_zero_and_a_wake_sticks(cluster: Cluster
                                       label_selector="app.kubernetes.io/managed-by=fleetgate", resync_s=60)
     await source.start()
     try:
-        assert source.listing() == [ModelListing(name="qwen", ready=False, scaled_to_zero=True)]
+        assert source.listing() == [ModelListing(name="qwen", ready=False, scaled_to_zero=True, wakeable=True)]
         [target] = source.wake_targets("qwen")
         assert target.replicas == 2
         await source.mark_active("qwen")

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from fleetgate.cache.asymmetry import ResidualHead
 from fleetgate.cache.pairfeatures import FEATURES
 from fleetgate.cache.pairmodel import MODEL_PATH, PairModel, load_model
 
@@ -28,6 +29,8 @@ def test_probability_is_the_logistic_of_the_standardised_dot_product() -> None:
 def test_json_round_trip() -> None:
     model = _model(info={"rows": 3})
     assert PairModel.from_json(model.to_json()) == model
+    with_head = _model(head=ResidualHead(coef=(0.5, -0.25, 1.0), intercept=0.125))
+    assert PairModel.from_json(with_head.to_json()) == with_head
 
 
 def test_a_model_fitted_on_other_features_is_refused() -> None:
@@ -52,3 +55,12 @@ def test_the_shipped_model_loads_and_was_cross_validated() -> None:
     low, high = list(x), list(x)
     low[sim], high[sim] = 0.5, 0.95
     assert model.probability(high) > model.probability(low)
+
+
+def test_the_shipped_model_weighs_its_residual_head() -> None:
+    """Issue 30: the head is part of the artefact and its score counts (left-over words that read like a
+    request of their own lower the probability)."""
+    model = load_model(MODEL_PATH)
+    assert model.head is not None and len(model.head.coef) == 2 * 384
+    assert model.uses_alignment
+    assert model.coef[FEATURES.index("align_residual")] > 0

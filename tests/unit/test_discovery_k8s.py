@@ -171,7 +171,7 @@ def test_listing_offers_models_with_endpoints_or_that_can_be_woken() -> None:
     assert source.models() == ["idle", "ready", "starting", "stopped"]
     # ... but only those a client can be served are offered.
     assert source.listing() == [
-        ModelListing(name="idle", ready=False, scaled_to_zero=True),
+        ModelListing(name="idle", ready=False, scaled_to_zero=True, wakeable=True),
         ModelListing(name="ready", ready=True),
     ]
     assert source.wake_targets("idle") == [WakeTarget(namespace="ml", name="idle", replicas=1)]
@@ -307,3 +307,32 @@ def test_the_source_is_an_adapter_catalog() -> None:
     catalog = getattr(discovery, "AdapterCatalog", None)  # added by the gateway's branch: checked once merged
     if catalog is not None:
         assert isinstance(source, catalog)
+
+
+def test_a_wakeable_model_whose_pods_are_starting_is_not_called_scaled_to_zero() -> None:
+    """Defect: `/v1/models` showed a merely Pending service (replicas 1, no ready pod yet) as scaled to zero."""
+    source = KubernetesEndpointSource(client_factory=None, namespace="ml", label_selector="a=b")
+    for name, replicas in (("waking", 1), ("asleep", 0)):
+        body = _isvc(scaleToZeroAfterSeconds=600, replicas=replicas)
+        body = {**body, "metadata": {"name": name, "namespace": "ml"}, "spec": {**body["spec"], "model": {}}}
+        source.apply_event("isvc", "ADDED", body)
+    assert source.listing() == [
+        ModelListing(name="asleep", ready=False, scaled_to_zero=True, wakeable=True),
+        ModelListing(name="waking", ready=False, scaled_to_zero=False, wakeable=True),
+    ]
+
+
+def test_two_services_with_one_adapter_name_route_it_to_the_one_with_ready_pods() -> None:
+    """Defect: the first by name won even when its base had no ready pod."""
+    source = KubernetesEndpointSource(client_factory=None, namespace="ml", label_selector="a=b")
+    for name in ("a-first", "b-second"):
+        body = _isvc(adapters=[{"name": "sql", "source": f"/adapters/{name}"}])
+        body = {**body, "metadata": {"name": name, "namespace": "ml"},
+                "spec": {**body["spec"], "model": {"servedName": f"base-{name}"}}}  # fmt: skip
+        source.apply_event("isvc", "ADDED", body)
+    adapter = source.adapter("sql")
+    assert adapter is not None and adapter.base == "base-a-first"  # neither ready: by name, stable
+    source.apply_event("slice", "ADDED", _slice("b-second-x", "b-second", ("10.0.0.2", True, "p2")))
+    adapter = source.adapter("sql")
+    assert adapter is not None and adapter.base == "base-b-second"
+    assert [e.url for e in source.endpoints("sql")] == ["http://10.0.0.2:8000"]

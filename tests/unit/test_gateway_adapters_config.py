@@ -113,6 +113,21 @@ def test_adapter_of_a_wakeable_base_is_listed_scaled_to_zero_once() -> None:
     assert served_names(source) == ["sleepy", "sleepy-ft", "orphan"]  # type: ignore[arg-type]
 
 
+class _StartingSource(_ListingSource):
+    """A wakeable base whose pods are starting (replicas > 0, none ready yet): not scaled to zero."""
+
+    def listing(self) -> list[ModelListing]:
+        return [ModelListing(name="sleepy", ready=False, wakeable=True)]
+
+
+def test_adapter_of_a_starting_base_is_listed_and_neither_is_called_scaled_to_zero() -> None:
+    body = orjson.loads(models_page(_StartingSource(), aliases=[], allowed=None))  # type: ignore[arg-type]
+    assert [(m["id"], m["fleetgate"]) for m in body["data"]] == [
+        ("sleepy", {"ready": False, "scaled_to_zero": False}),
+        ("sleepy-ft", {"ready": False, "scaled_to_zero": False}),
+    ]
+
+
 @pytest.mark.parametrize(
     ("adapters", "where"),
     [

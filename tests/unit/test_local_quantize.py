@@ -12,7 +12,8 @@ from fleetgate.local import model_prep
 from fleetgate.local.config import EngineConfig
 from fleetgate.local.errors import ModelPrepError
 from fleetgate.local.quant_bench import agreement
-from fleetgate.local.quantize import SCHEMES, VLLM_METHOD, quantize_checkpoint
+from fleetgate.local.quantize import SCHEMES, quantize_checkpoint
+from fleetgate.local.schemes import VLLM_METHOD
 from fleetgate.local.vllm_command import engine_args
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fleetgate.local import gguf_blocks, quantize, vllm_plugin
+from fleetgate.local import gguf_blocks, schemes, vllm_plugin
 from fleetgate.local.gguf_quantize import packed_tensors
 from fleetgate.local.vllm_weights import parse_weight_bytes, weight_bytes_line
 
@@ -114,7 +114,7 @@ def test_the_plugin_claims_compressed_tensors_checkpoints_only_when_asked() -> N
     from vllm.model_executor.layers.quantization import get_quantization_config
 
     config = get_quantization_config(vllm_plugin.NAME)
-    assert vllm_plugin.NAME == quantize.PLUGIN_METHOD
+    assert vllm_plugin.NAME == schemes.PLUGIN_METHOD
     checkpoint = {"quant_method": "compressed-tensors"}
     assert config.override_quantization_method(checkpoint, vllm_plugin.NAME) == vllm_plugin.NAME
     assert config.override_quantization_method(checkpoint, "compressed-tensors") is None

@@ -71,6 +71,8 @@ REFUSED = [
     {"model": {"source": "hf://org/m", "servedName": "sql"}, "adapters": [{"name": "sql", "source": "/a/sql"}]},
     {**BASE, "adapters": [{"name": "sql", "source": "/a/sql", "rank": 32}]},
     {**BASE, "engine": {"maxLoraRank": 8}, "adapters": [{"name": "sql", "source": "/a/sql", "rank": 16}]},
+    {**BASE, "pod": {"labels": {"app.kubernetes.io/instance": "other"}}},
+    {**BASE, "pod": {"securityContext": {"seccompProfile": {"type": "Localhost"}}}},
 ]
 ACCEPTED = [
     BASE,
@@ -81,6 +83,9 @@ ACCEPTED = [
     {**BASE, "adapters": [{"name": "sql", "source": "/a/sql", "rank": 16}, {"name": "legal", "source": "hf://o/l"}]},
     {**BASE, "engine": {"maxLoraRank": 64, "maxAdapters": 2}, "adapters": [{"name": "a", "source": "/a", "rank": 64}]},
     {"model": {"source": "hf://org/m", "servedName": "base"}, "adapters": [{"name": "sql", "source": "/a/sql"}]},
+    {**BASE, "pod": {"labels": {"team": "ml"}, "securityContext": {"runAsUser": 2000,
+                                                                    "seccompProfile": {"type": "Localhost",
+                                                                                       "localhostProfile": "p.json"}}}},
 ] + [d["spec"] for p in sorted(EXAMPLES.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
 
 
@@ -118,9 +123,26 @@ def test_name_rule_agrees_with_the_operator_check(name: str) -> None:
     from fleetgate.operator.names import name_problem
 
     root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    (rule,) = root["x-kubernetes-validations"]
+    rule = next(r for r in root["x-kubernetes-validations"] if r.get("fieldPath") == ".metadata.name")
     env = celpy.Environment()
     program = env.program(env.compile(rule["rule"]))
     accepted = bool(program.evaluate({"self": celpy.json_to_cel({"metadata": {"name": name}})}))
     assert accepted == (name_problem(name) is None)
     assert accepted == (name in ("qwen", "llama-70b", "a" * 63))
+
+
+@pytest.mark.parametrize(
+    ("served_name", "adapter", "accepted"),
+    [(None, "qwen", False), (None, "sql", True), ("base", "qwen", True), ("base", "sql", True)],
+)
+def test_root_rule_refuses_an_adapter_named_like_the_resource_when_it_is_the_served_name(
+    served_name: str | None, adapter: str, accepted: bool
+) -> None:
+    """Without model.servedName the served model is metadata.name; only a rule on the whole object sees it."""
+    from fleetgate.operator.crd import ROOT_RULES
+
+    (rule,) = [r for r in ROOT_RULES if r["fieldPath"] == ".spec.adapters"]
+    model: dict[str, Any] = {"source": "hf://org/m", **({"servedName": served_name} if served_name else {})}
+    obj = {"metadata": {"name": "qwen"}, "spec": {"model": model, "adapters": [{"name": adapter, "source": "/a"}]}}
+    env = celpy.Environment()
+    assert bool(env.program(env.compile(rule["rule"])).evaluate({"self": celpy.json_to_cel(obj)})) is accepted

@@ -54,8 +54,54 @@ def test_operator_liveness_endpoint_host_and_port_are_configurable() -> None:
     run_cli.add_arguments(parser)
     defaults = parser.parse_args([])
     assert run_cli.liveness_endpoint(host=defaults.liveness_host, port=defaults.liveness_port) == (
-        "http://127.0.0.1:8080/healthz"  # loopback unless told otherwise (the chart says 0.0.0.0)
+        "http://127.0.0.1:8081/healthz"  # loopback unless told otherwise (the chart says 0.0.0.0)
     )
     args = parser.parse_args(["--liveness-host", "::", "--liveness-port", "9090"])
     assert run_cli.liveness_endpoint(host=args.liveness_host, port=args.liveness_port) == "http://[::]:9090/healthz"
     assert run_cli.liveness_endpoint(host="0.0.0.0", port=0) is None
+
+
+def test_operator_and_gateway_defaults_use_different_ports() -> None:
+    """Defect: both defaulted to 8080, so a gateway started beside `fleetgate operator` died on bind."""
+    import argparse
+
+    from fleetgate.gateway.settings import ServerSettings
+    from fleetgate.operator import run_cli
+
+    parser = argparse.ArgumentParser()
+    run_cli.add_arguments(parser)
+    operator_port = parser.parse_args([]).liveness_port
+    gateway = ServerSettings()
+    assert operator_port not in (gateway.port, gateway.metrics_port)
+
+
+def test_operator_with_its_liveness_port_taken_stops_at_once_with_a_message(caplog: pytest.LogCaptureFixture) -> None:
+    import argparse
+    import socket
+
+    from fleetgate.operator import run_cli
+
+    parser = argparse.ArgumentParser()
+    run_cli.add_arguments(parser)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        args = parser.parse_args(["--liveness-port", str(port), "--standalone"])
+        assert run_cli.run(args) == 2  # before Kopf starts: no cluster is contacted
+    assert f"127.0.0.1:{port}" in caplog.text and "--liveness-port" in caplog.text
+    assert run_cli.port_taken(host="127.0.0.1", port=port) is None  # released: free again
+
+
+def test_engine_uid_flag_reaches_the_settings_and_refuses_root() -> None:
+    import argparse
+
+    from fleetgate.operator import run_cli
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    run_cli.add_arguments(parser)
+    assert parser.parse_args([]).engine_run_as_user == 1000
+    assert parser.parse_args(["--engine-run-as-user", "none"]).engine_run_as_user is None
+    assert parser.parse_args(["--engine-run-as-user", "2000"]).engine_run_as_user == 2000
+    with pytest.raises(argparse.ArgumentError):
+        parser.parse_args(["--engine-run-as-user", "0"])

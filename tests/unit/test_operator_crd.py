@@ -123,3 +123,21 @@ def test_scale_to_zero_after_is_refused_with_autoscaling_by_cel_and_by_the_spec(
     assert parse_spec(base).scale_to_zero_after_seconds == 600
     with pytest.raises(ValidationError, match="autoscaler owns replicas"):
         parse_spec({**base, "autoscaling": {"maxReplicas": 2}})
+
+
+def test_every_spec_field_has_a_description_for_kubectl_explain() -> None:
+    """Defect: `kubectl explain` showed no description for 26 of the 72 spec fields."""
+
+    def undescribed(node: dict[str, Any], path: str) -> list[str]:
+        out = []
+        for name, prop in (node.get("properties") or {}).items():
+            here = f"{path}.{name}"
+            if not prop.get("description"):
+                out.append(here)
+            out += undescribed(prop, here)
+            if isinstance(prop.get("items"), dict):
+                out += undescribed(prop["items"], f"{here}[]")
+        return out
+
+    schema = spec_schema()
+    assert schema.get("description") and undescribed(schema, "spec") == []

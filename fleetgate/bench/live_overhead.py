@@ -1,0 +1,191 @@
+"""The gateway's cost at engine speed: added time to first token and CPU per request, against direct calls.
+
+Paired probes: request A goes through the gateway as model `probe-<k>` (a route to engine k alone) and
+request B straight to engine k, both sent at once (`Prober.pairs` says why); both hold the same cached
+probe prefix plus a short unique suffix, so the engine does the same small prefill for each. The added
+latency of a pair is TTFT(gateway) - TTFT(direct); the figure is the mean over pairs (with a bootstrap
+95% interval; the median beside it), first on idle engines, then while the gateway also relays a
+background load (the shared-prefix workload at the base rate) so that the engines stream thousands of
+tokens per second.
+Gateway CPU per request: the gateway process's CPU seconds over the loaded window / the requests it
+served in it (background and probes). The engines' counters over the phase, minus the direct probes'
+own usage, are compared with what the gateway charged (the accounting check covers this phase too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from typing import Any
+
+from fleetgate.bench import live_engines
+from fleetgate.bench.live_client import LiveRequest, LiveResult, LoopLag, completion_body, replay, stream_one
+from fleetgate.bench.live_gateway import start_gateway
+from fleetgate.bench.live_points import LiveContext, PointSpec, build_requests, read_usage, settled_usage, usage_totals
+from fleetgate.engine.vllm_counters import deltas, total
+from fleetgate.sim.report import quantile
+from fleetgate.sim.workloads import _text
+
+PROBE_MAX_TOKENS = 4
+
+
+def median_ci(values: list[float], *, seed: int = 0, rounds: int = 400) -> tuple[float, float, float]:
+    """Median and a bootstrap 95% interval of the median."""
+    if not values:
+        return float("nan"), float("nan"), float("nan")
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(rounds))
+    return statistics.median(values), meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
+
+
+class Prober:
+    def __init__(self, ctx: LiveContext, gateway_url: str) -> None:
+        self.ctx = ctx
+        self.gateway_url = gateway_url
+        rng = random.Random("probe-prefix")
+        self.prefix = "[probe] " + _text(rng, 256, chars_per_token=ctx.chars_per_token)
+        self.n = 0
+        self.direct: list[LiveResult] = []  # usage of every direct probe (for the accounting of the phase)
+        self.gateway_requests = 0
+
+    def _request(self, *, engine: int, via_gateway: bool) -> LiveRequest:
+        self.n += 1
+        prompt = f"{self.prefix}\nprobe {self.n}"
+        if via_gateway:
+            self.gateway_requests += 1
+            tenant = "t0"
+            return LiveRequest(id=f"probe-{self.n}", url=self.gateway_url, at_s=0, tenant=tenant,
+                               body=completion_body(model=f"probe-{engine}", prompt=prompt,
+                                                    max_tokens=PROBE_MAX_TOKENS),
+                               headers={"Content-Type": "application/json",
+                                        "Authorization": f"Bearer {self.ctx.keys.tenants[tenant]}"})
+        return LiveRequest(id=f"probe-{self.n}", url=self.ctx.urls[engine], at_s=0, path="direct",
+                           body=completion_body(model=self.ctx.model, prompt=prompt, max_tokens=PROBE_MAX_TOKENS),
+                           headers={"Content-Type": "application/json"})
+
+    async def one(self, req: LiveRequest) -> LiveResult:
+        out = LiveResult(id=req.id, path=req.path, tenant=req.tenant, group="", sent_s=0.0)
+        await stream_one(self.ctx.session, req, out, t0=time.perf_counter())
+        if req.path == "direct":
+            self.direct.append(out)
+        return out
+
+    async def warm(self) -> None:
+        for k in range(len(self.ctx.urls)):
+            await self.one(self._request(engine=k, via_gateway=False))
+
+    async def pairs(self, *, count: int | None = None, until: float | None = None, at_once: bool = True
+                    ) -> list[float]:
+        """Added TTFT of each pair (seconds), to the same engine. Under load (`at_once`) both requests of a pair
+        are sent together, so they usually join the same engine step and the difference is the gateway's;
+        when the gateway's delay makes its request miss that step, the pair shows a whole step more. The mean
+        over pairs counts both cases at their frequency, so it estimates the added time without bias; the
+        median shows the usual pair. Which request's task starts first alternates. On idle engines a pair is
+        sent one request after the other instead (an idle engine starts a step for the first arrival at once,
+        which would charge the second a whole step)."""
+        added: list[float] = []
+        i = 0
+        while (count is None or i < count) and (until is None or time.perf_counter() < until):
+            k = i % len(self.ctx.urls)
+            gw_first = (i // len(self.ctx.urls)) % 2 == 0
+            reqs = [self._request(engine=k, via_gateway=True), self._request(engine=k, via_gateway=False)]
+            if not gw_first:
+                reqs.reverse()
+            if at_once:
+                results = list(await asyncio.gather(*(self.one(r) for r in reqs)))
+            else:
+                results = [await self.one(r) for r in reqs]
+            by_path = {r.path: r for r in results}
+            g, d = by_path["gateway"], by_path["direct"]
+            if g.error is None and d.error is None and g.ttft_s is not None and d.ttft_s is not None:
+                added.append(g.ttft_s - d.ttft_s)
+            i += 1
+        return added
+
+
+def mean_ci(values: list[float], *, seed: int = 0, rounds: int = 400) -> tuple[float, float, float]:
+    """Mean and a bootstrap 95% interval of the mean."""
+    if not values:
+        return float("nan"), float("nan"), float("nan")
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(rounds))
+    return statistics.fmean(values), means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1]
+
+
+def _ms(values: tuple[float, float, float]) -> list[float]:
+    return [round(v * 1000, 3) for v in values]
+
+
+async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, window_s: float, drain_s: float,
+                       seed: int, idle_pairs: int = 40) -> dict[str, Any]:
+    session, urls = ctx.session, ctx.urls
+    await live_engines.wait_idle(session, urls, timeout_s=30)
+    if ctx.resets:
+        await live_engines.reset_prefix_caches(session, urls)
+    gateway = await asyncio.to_thread(start_gateway, ctx.profiles[profile], model=ctx.model, urls=urls,
+                                      keys=ctx.keys, workdir=ctx.workdir, kv_events=ctx.kv_events)
+    try:
+        prober = Prober(ctx, gateway.url)
+        usage_before = usage_totals(await read_usage(session, gateway, ctx.keys.admin))
+        before = await live_engines.counters(session, urls)
+        await prober.warm()
+        idle = await prober.pairs(count=idle_pairs, at_once=False)
+        spec = PointSpec(workload="shared-prefix", profile=profile, load=1.0, rate=base_rate, window_s=window_s,
+                         drain_s=drain_s, seed=seed, tag="overhead")
+        background = build_requests(ctx, spec, gateway.url)
+        cpu0 = gateway.cpu_s()
+        probes_before = prober.gateway_requests
+        mid0 = await live_engines.counters(session, urls)
+        lag = LoopLag()
+        lag.start()
+        t0 = time.perf_counter()
+        load_task = asyncio.create_task(replay(session, background, drain_deadline_s=window_s + drain_s,
+                                               send_until_s=window_s))
+        loaded = await prober.pairs(until=t0 + window_s)
+        mid1 = await live_engines.counters(session, urls)
+        elapsed = time.perf_counter() - t0
+        cpu = gateway.cpu_s() - cpu0
+        results, _ = await load_task
+        await lag.stop()
+        quiet = await live_engines.wait_idle(session, urls, timeout_s=30)
+        after = await live_engines.counters(session, urls)
+        usage = await settled_usage(session, gateway, ctx.keys.admin)
+    finally:
+        await asyncio.to_thread(gateway.stop)
+    served = len(results) + prober.gateway_requests - probes_before
+    window = total(deltas(mid0, mid1))
+    whole = total(deltas(before, after))
+    ok = [r.ttft_s for r in results if r.ttft_s is not None and r.error is None]
+    ttft_p50 = quantile(ok, 0.5) if ok else float("nan")
+    loaded_ci = mean_ci(loaded)
+    charged = usage_totals(usage)
+    charged = {k: charged[k] - usage_before[k] for k in charged}
+    direct_prompt = sum(r.prompt_tokens or 0 for r in prober.direct)
+    direct_completion = sum(r.completion_tokens or 0 for r in prober.direct)
+    direct_known = all(r.prompt_tokens is not None and r.completion_tokens is not None for r in prober.direct)
+    left_early = sum(1 for r in results if (r.cancelled or r.forced) and r.chunks == 0)
+    row: dict[str, Any] = {
+        "kind": "overhead", "profile": profile, "rate": base_rate, "window_s": window_s,
+        "idle_pairs": len(idle), "idle_added_ms": _ms(mean_ci(idle)), "idle_added_median_ms": _ms(median_ci(idle)),
+        "loaded_pairs": len(loaded), "loaded_added_ms": _ms(loaded_ci),
+        "loaded_added_median_ms": _ms(median_ci(loaded)),
+        "loaded_added_p90_ms": round(quantile(loaded, 0.9) * 1000, 3) if loaded else None,
+        "background_requests": len(results), "background_ttft_p50_s": ttft_p50,
+        "added_share_of_ttft_p50": loaded_ci[0] / ttft_p50 if ok and ttft_p50 > 0 else None,
+        "output_tps": window.generation_tokens / elapsed,
+        "gateway_cpu_s": cpu, "gateway_requests": served,
+        "gateway_cpu_ms_per_request": 1000 * cpu / max(1, served),
+        "gateway_cpu_ms_per_1k_output_tokens": 1000 * cpu / max(1.0, window.generation_tokens / 1000),
+        "client_loop_lag_p99_s": lag.p99(),
+        "engine_prompt_tokens": whole.prompt_tokens, "engine_generation_tokens": whole.generation_tokens,
+        "direct_prompt_tokens": direct_prompt, "direct_completion_tokens": direct_completion,
+        "charged_prompt_tokens": charged["prompt_tokens"], "charged_completion_tokens": charged["completion_tokens"],
+        "cancelled": sum(1 for r in results if r.cancelled), "forced": sum(1 for r in results if r.forced),
+        "left_before_first_chunk": left_early,
+    }
+    row["lost_prompt_tokens"] = whole.prompt_tokens - direct_prompt - charged["prompt_tokens"]
+    row["lost_completion_tokens"] = whole.generation_tokens - direct_completion - charged["completion_tokens"]
+    row["comparable"] = bool(direct_known and quiet and left_early == 0)
+    return row

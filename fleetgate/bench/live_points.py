@@ -1,0 +1,233 @@
+"""One point of the live routing benchmark: a workload at an offered load through one profile's gateway.
+
+A point (`run_point`):
+1. waits until the engines are idle and resets their prefix caches (so no profile inherits the
+   previous one's cache), and starts the profile's gateway (`fleetgate.bench.live_gateway`);
+2. reads every engine's counters, sends the point's requests through the gateway for `window_s`
+   (open loop; chat: closed-loop users), reads the counters again at the end of the window, then waits
+   for the requests still in flight until `drain_s` (those left are cancelled and counted as `forced`);
+3. waits for the engines to go idle, reads the counters a last time, reads what the gateway charged
+   its tenants (`GET /v1/usage`, admin key) and its CPU time, and stops it.
+
+Figures (one JSON row): TTFT p50/p90/p99 at the client (all requests, and `steady`: those sent after the
+first third of the window, when caches are warm; a request cut off at the drain deadline before its first
+token counts with its wait so far, `ttft_censored` of them); output tokens/s from the engines' own
+`generation_tokens` counters over the window (the rate the fleet delivered while the load was offered),
+per engine too; the prefix-cache hit rate from the engines' `prefix_cache_hits / prefix_cache_queries`
+over the point; the engines' prompt, uncached prompt and generated tokens; the tenants' charged prompt and
+completion tokens and the difference (`lost_*` = engine counted minus charged); the gateway's CPU per
+request; the client's event-loop lag p99; requests per endpoint.
+A point's accounting is `comparable` when every request that left early had received a chunk first (a
+request cancelled before its first token is charged the gateway's estimate, while vLLM counts a prompt
+only once its first token is out, so such points are reported but kept out of the exact check).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from fleetgate.bench import live_engines
+from fleetgate.bench.live_client import LiveRequest, LiveResult, LoopLag, replay
+from fleetgate.bench.live_gateway import GatewayProcess, Keys, Profile, start_gateway
+from fleetgate.bench.live_workloads import Sizes, Target, sized_items, to_requests
+from fleetgate.engine.vllm_counters import CounterSnapshot, deltas, total
+from fleetgate.sim.report import quantile
+
+
+@dataclass(frozen=True, slots=True)
+class PointSpec:
+    workload: str
+    profile: str
+    load: float  # the multiple of the base rate (or of the base users, for chat)
+    rate: float  # requests per second (chat: users starting per second)
+    window_s: float
+    drain_s: float
+    seed: int
+    users: int = 0  # chat only
+    cancel_share: float = 0.0
+    tag: str = "routing"  # routing | accounting
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload} x{self.load:g} {self.profile}" + ("" if self.tag == "routing" else f" [{self.tag}]")
+
+
+@dataclass
+class LiveContext:
+    session: aiohttp.ClientSession
+    urls: list[str]
+    model: str
+    keys: Keys
+    sizes: Sizes
+    chars_per_token: float
+    capacity_tokens: int  # one engine's KV capacity
+    workdir: Path
+    profiles: dict[str, Profile]
+    resets: bool = True  # engines serve /reset_prefix_cache
+    kv_events: list[dict[str, Any]] = field(default_factory=list)  # the route's kv_events entries
+    log: Any = print
+    gateways_started: list[float] = field(default_factory=list)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return quantile(values, q) if values else None
+
+
+def usage_totals(report: dict[str, Any]) -> dict[str, int]:
+    totals = report.get("totals", {}) if isinstance(report, dict) else {}
+    return {k: int(totals.get(k, 0)) for k in ("requests", "prompt_tokens", "completion_tokens", "errors")}
+
+
+async def read_usage(session: aiohttp.ClientSession, gateway: GatewayProcess, admin_key: str) -> dict[str, Any]:
+    async with session.get(f"{gateway.url}/v1/usage", headers={"Authorization": f"Bearer {admin_key}"}) as resp:
+        resp.raise_for_status()
+        data = await resp.json()
+    return data if isinstance(data, dict) else {}
+
+
+async def settled_usage(session: aiohttp.ClientSession, gateway: GatewayProcess, admin_key: str,
+                        *, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The usage report once two reads 0.2 s apart agree (requests that just ended are settled)."""
+    deadline = time.monotonic() + timeout_s
+    last = await read_usage(session, gateway, admin_key)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        now = await read_usage(session, gateway, admin_key)
+        if usage_totals(now) == usage_totals(last):
+            return now
+        last = now
+    return last
+
+
+def in_flight(results: list[LiveResult]) -> float:
+    """Requests in flight on average over the point (Little's law: total time in the system / the span)."""
+    timed = [r for r in results if r.done_s is not None]
+    if not timed:
+        return 0.0
+    span = max(r.done_s or 0.0 for r in timed) - min(r.sent_s for r in timed)
+    return sum((r.done_s or 0.0) - r.sent_s for r in timed) / span if span > 0 else 0.0
+
+
+def summarize(results: list[LiveResult], *, window_s: float) -> dict[str, Any]:
+    ok = [r for r in results if r.status == 200 and r.error is None]
+    # A request cut off at the drain deadline before its first token waited at least until then: it counts
+    # with that wait (a lower bound), so a profile whose backlog outlasts the drain is not flattered.
+    censored = [r for r in results if r.forced and r.ttft_s is None and r.error is None and r.status in (0, 200)
+                and r.done_s is not None]
+    waits = {id(r): (r.done_s or 0.0) - r.sent_s for r in censored}
+    ok_ids = {id(r) for r in ok}
+    timed = [r for r in results if (r.ttft_s is not None and id(r) in ok_ids) or id(r) in waits]
+    ttfts = [r.ttft_s if r.ttft_s is not None else waits[id(r)] for r in timed]
+    steady = [t for r, t in zip(timed, ttfts, strict=True) if r.sent_s >= window_s / 3]
+    left = [r for r in results if r.cancelled or r.forced]
+    return {
+        "requests": len(results),
+        "ok": len(ok),
+        "errors": sum(1 for r in results if r.error is not None or (r.status not in (0, 200))),
+        "cancelled": sum(1 for r in results if r.cancelled),
+        "forced": sum(1 for r in results if r.forced),
+        "left_before_first_chunk": sum(1 for r in left if r.chunks == 0),
+        "ttft_p50_s": _pct(ttfts, 0.5),
+        "ttft_p90_s": _pct(ttfts, 0.9),
+        "ttft_p99_s": _pct(ttfts, 0.99),
+        "ttft_steady_p50_s": _pct(steady, 0.5),
+        "ttft_steady_p90_s": _pct(steady, 0.9),
+        "ttft_censored": len(censored),
+        "client_chunks": sum(r.chunks for r in results),
+        "mean_in_flight": in_flight(results),
+        "spread": dict(sorted(Counter(r.endpoint or "?" for r in results).items())),
+        "error_sample": next((r.error for r in results if r.error), None),
+    }
+
+
+def engine_figures(window: list[CounterSnapshot], whole: list[CounterSnapshot], *, window_s: float
+                   ) -> dict[str, Any]:
+    w, t = total(window), total(whole)
+    return {
+        "output_tps": w.generation_tokens / window_s,
+        "output_tps_per_engine": [d.generation_tokens / window_s for d in window],
+        "uncached_prompt_tps": w.uncached_prompt_tokens / window_s,
+        "window_prompt_tokens": w.prompt_tokens,
+        "window_uncached_prompt_tokens": w.uncached_prompt_tokens,
+        "window_generation_tokens": w.generation_tokens,
+        "hit_rate": t.hit_rate,
+        "engine_prompt_tokens": t.prompt_tokens,
+        "engine_generation_tokens": t.generation_tokens,
+        "engine_prefix_queries": t.prefix_queries,
+        "engine_prefix_hits": t.prefix_hits,
+        "engine_uncached_prompt_tokens": t.uncached_prompt_tokens,
+        "engine_preemptions": t.preemptions,
+        "engine_prompt_tokens_per_engine": [d.prompt_tokens for d in whole],
+    }
+
+
+def build_requests(ctx: LiveContext, spec: PointSpec, gateway_url: str) -> list[LiveRequest]:
+    items = sized_items(spec.workload, seed=spec.seed, rate=spec.rate, window_s=spec.window_s, sizes=ctx.sizes,
+                      chars_per_token=ctx.chars_per_token, capacity_tokens=ctx.capacity_tokens,
+                      replicas=len(ctx.urls), users=spec.users)
+    target = Target(url=gateway_url, model=ctx.model, keys=ctx.keys.tenants)
+    return to_requests(items, target=target, tenants=ctx.sizes.tenants, cancel_share=spec.cancel_share,
+                       seed=spec.seed, output_tokens=ctx.sizes.output_tokens)
+
+
+async def _snapshot_at(ctx: LiveContext, at: float) -> list[CounterSnapshot]:
+    await asyncio.sleep(max(0.0, at - time.perf_counter()))
+    return await live_engines.counters(ctx.session, ctx.urls)
+
+
+async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
+    session, urls = ctx.session, ctx.urls
+    started = time.perf_counter()
+    idle = await live_engines.wait_idle(session, urls, timeout_s=30)
+    reset = await live_engines.reset_prefix_caches(session, urls) if ctx.resets else False
+    gateway = await asyncio.to_thread(start_gateway, ctx.profiles[spec.profile], model=ctx.model, urls=urls,
+                                      keys=ctx.keys, workdir=ctx.workdir, kv_events=ctx.kv_events)
+    try:
+        requests = build_requests(ctx, spec, gateway.url)
+        usage_before = usage_totals(await read_usage(session, gateway, ctx.keys.admin))
+        cpu_before = gateway.cpu_s()
+        before = await live_engines.counters(session, urls)
+        lag = LoopLag()
+        lag.start()
+        t_send = time.perf_counter()
+        at_window = asyncio.create_task(_snapshot_at(ctx, t_send + spec.window_s))
+        results, _ = await replay(session, requests, drain_deadline_s=spec.window_s + spec.drain_s,
+                                  send_until_s=spec.window_s)
+        in_window = await at_window
+        await lag.stop()
+        quiet = await live_engines.wait_idle(session, urls, timeout_s=30)
+        after = await live_engines.counters(session, urls)
+        usage = await settled_usage(session, gateway, ctx.keys.admin)
+        cpu = gateway.cpu_s() - cpu_before
+    finally:
+        await asyncio.to_thread(gateway.stop)
+    charged = usage_totals(usage)
+    charged = {k: charged[k] - usage_before[k] for k in charged}
+    whole = deltas(before, after)
+    window = deltas(before, in_window)
+    row: dict[str, Any] = {
+        "kind": "point", "tag": spec.tag, "workload": spec.workload, "profile": spec.profile, "load": spec.load,
+        "rate": spec.rate, "users": spec.users, "window_s": spec.window_s, "seed": spec.seed,
+        "cancel_share": spec.cancel_share, "reset": reset, "idle_before": idle, "idle_after": quiet,
+        **summarize(results, window_s=spec.window_s),
+        **engine_figures(window, whole, window_s=spec.window_s),
+        "charged_prompt_tokens": charged["prompt_tokens"],
+        "charged_completion_tokens": charged["completion_tokens"],
+        "charged_requests": charged["requests"],
+        "gateway_cpu_s": cpu,
+        "gateway_started_s": gateway.started_s,
+        "client_loop_lag_p99_s": lag.p99(),
+        "elapsed_s": time.perf_counter() - started,
+    }
+    row["lost_prompt_tokens"] = row["engine_prompt_tokens"] - row["charged_prompt_tokens"]
+    row["lost_completion_tokens"] = row["engine_generation_tokens"] - row["charged_completion_tokens"]
+    row["comparable"] = bool(row["left_before_first_chunk"] == 0 and quiet)
+    row["gateway_cpu_ms_per_request"] = 1000 * cpu / max(1, row["requests"])
+    return row

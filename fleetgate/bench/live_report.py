@@ -1,0 +1,210 @@
+"""The live routing benchmark's rows as a report: tables per workload and load, the targets, the files.
+
+`write_reports(rows, out_dir=..., info=...)` writes `report.md` (tables and the issue's targets, each
+met or missed with its figure) and `throughput.json` (the GPU tier's measured-throughput file, see
+`fleetgate.bench.live_throughput`: the calibration probe, the capacity probe and every routing point's
+per-replica tokens/s). `python -m fleetgate.bench.live_report RESULTS.jsonl [OUT_DIR]` rebuilds both from
+a results file (e.g. the one a GPU run sent back).
+
+Targets (issue 24), judged on these rows:
+- shared-prefix near saturation (each load >= 1): TTFT p90 >= 3x better than round-robin and output
+  tokens/s >= 1.3x round-robin's, for `default` and `precise-prefix`;
+- `precise-prefix` >= `default` at every load (TTFT p90 no worse, tokens/s no lower), and better near
+  saturation;
+- unique prompts: `default` within +-5% of `least-loaded` (TTFT p50, TTFT p90, tokens/s);
+- gateway overhead <= 1% of TTFT p50 (the paired probe under load);
+- accounting exact against the engines' counters (the `accounting` row's verdict).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fleetgate.bench.live_routing import accounting_line
+from fleetgate.bench.live_throughput import throughput_file
+
+NEAR = 1.0  # loads at or above this multiple of round-robin's capacity are "near saturation"
+
+
+def _f(value: Any, fmt: str, scale: float = 1.0) -> str:
+    if value is None:
+        return "-"
+    return format(float(value) * scale, fmt)
+
+
+def _ratio(base: float | None, value: float | None, *, lower_is_better: bool) -> float | None:
+    if base is None or value is None or base <= 0 or value <= 0:
+        return None
+    return base / value if lower_is_better else value / base
+
+
+def points(rows: list[dict[str, Any]], *, tag: str = "routing") -> dict[tuple[str, float], list[dict[str, Any]]]:
+    out: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("kind") == "point" and r.get("tag") == tag:
+            out.setdefault((r["workload"], float(r["load"])), []).append(r)
+    return dict(sorted(out.items()))
+
+
+def table(group: list[dict[str, Any]], *, baseline: str) -> list[str]:
+    base = next((r for r in group if r["profile"] == baseline), {})
+    lines = [f"| profile | requests | TTFT p50 s | TTFT p90 s | steady p90 s | output tok/s | hit rate | "
+             f"p50 x{baseline} | p90 x{baseline} | tok/s x{baseline} | gw CPU ms/req | requests per engine |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in group:
+        p50 = _ratio(base.get("ttft_p50_s"), r["ttft_p50_s"], lower_is_better=True)
+        p90 = _ratio(base.get("ttft_p90_s"), r["ttft_p90_s"], lower_is_better=True)
+        tps = _ratio(base.get("output_tps"), r["output_tps"], lower_is_better=False)
+        lines.append(
+            f"| {r['profile']} | {r['requests']} | {_f(r['ttft_p50_s'], '.3f')} | {_f(r['ttft_p90_s'], '.3f')}"
+            f"{' (>=, ' + str(r['ttft_censored']) + ' cut off)' if r.get('ttft_censored') else ''} | "
+            f"{_f(r['ttft_steady_p90_s'], '.3f')} | {r['output_tps']:,.0f} | {r['hit_rate']:.1%} | {_f(p50, '.2f')} | "
+            f"{_f(p90, '.2f')} | {_f(tps, '.2f')} | {r['gateway_cpu_ms_per_request']:.2f} | "
+            f"{', '.join(f'{k}: {v}' for k, v in r['spread'].items())} |")
+    return lines
+
+
+def targets(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None, str]]:
+    """(target, met (None: not measured), figure)."""
+    out: list[tuple[str, bool | None, str]] = []
+    groups = points(rows)
+    by = {key: {r["profile"]: r for r in group} for key, group in groups.items()}
+    for (workload, load), profs in by.items():
+        if workload != "shared-prefix" or load < NEAR or "round-robin" not in profs:
+            continue
+        rr = profs["round-robin"]
+        for name in ("default", "precise-prefix"):
+            r = profs.get(name)
+            if r is None:
+                continue
+            p90 = _ratio(rr["ttft_p90_s"], r["ttft_p90_s"], lower_is_better=True)
+            tps = _ratio(rr["output_tps"], r["output_tps"], lower_is_better=False)
+            out.append((f"shared-prefix x{load:g}: {name} TTFT p90 >= 3x round-robin", None if p90 is None
+                        else p90 >= 3.0, f"{_f(p90, '.2f')}x ({_f(r['ttft_p90_s'], '.3f')}s vs "
+                        f"{_f(rr['ttft_p90_s'], '.3f')}s)"))
+            out.append((f"shared-prefix x{load:g}: {name} output tok/s >= 1.3x round-robin", None if tps is None
+                        else tps >= 1.3, f"{_f(tps, '.2f')}x ({r['output_tps']:,.0f} vs {rr['output_tps']:,.0f})"))
+    for (workload, load), profs in by.items():
+        if workload != "shared-prefix" or "precise-prefix" not in profs or "default" not in profs:
+            continue
+        p, d = profs["precise-prefix"], profs["default"]
+        better = (p["ttft_p90_s"] or 0) <= (d["ttft_p90_s"] or 0) and p["output_tps"] >= d["output_tps"] * 0.99
+        out.append((f"shared-prefix x{load:g}: precise-prefix >= default", better,
+                    f"TTFT p90 {_f(p['ttft_p90_s'], '.3f')}s vs {_f(d['ttft_p90_s'], '.3f')}s, "
+                    f"{p['output_tps']:,.0f} vs {d['output_tps']:,.0f} tok/s"))
+    for (workload, load), profs in by.items():
+        if workload != "unique" or "default" not in profs or "least-loaded" not in profs:
+            continue
+        d, ll = profs["default"], profs["least-loaded"]
+        devs = {k: (d[k] / ll[k] - 1) if d[k] and ll[k] else None
+                for k in ("ttft_p50_s", "ttft_p90_s", "output_tps")}
+        ok = all(v is not None and abs(v) <= 0.05 for v in devs.values())
+        out.append((f"unique x{load:g}: default within +-5% of least-loaded", ok,
+                    ", ".join(f"{k} {_f(v, '+.1%')}" for k, v in devs.items())))
+    for r in rows:
+        if r.get("kind") == "overhead" and r.get("added_share_of_ttft_p50") is not None:
+            share = r["added_share_of_ttft_p50"]
+            upper = r["loaded_added_ms"][2] / 1000 / r["background_ttft_p50_s"]
+            met = True if upper <= 0.01 else False if share > 0.01 else None  # None: the interval straddles 1%
+            out.append(("gateway overhead <= 1% of TTFT p50 (mean of paired probes, 95% interval)", met,
+                        f"+{r['loaded_added_ms'][0]:.2f} ms (95% {r['loaded_added_ms'][1]:.2f}.."
+                        f"{r['loaded_added_ms'][2]:.2f}) = {share:.2%} of {r['background_ttft_p50_s']:.3f}s at "
+                        f"{r['output_tps']:,.0f} tok/s"))
+        if r.get("kind") == "accounting":
+            out.append(("accounting exact against the engines' counters", r["verdict"] == "PASS",
+                        f"lost {r['lost_prompt_tokens']:.0f} prompt / {r['lost_completion_tokens']:.0f} completion "
+                        f"tokens over {r['rows']} rows ({r['cancelled']:.0f} cancellations)"))
+    return out
+
+
+def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
+    meta = next((r for r in rows if r.get("kind") == "meta"), {})
+    cap = next((r for r in rows if r.get("kind") == "capacity"), None)
+    cal = next((r for r in rows if r.get("kind") == "calibration"), None)
+    md = ["# Live routing benchmark", "", f"Engines: {info.get('engine_desc', info.get('engine', '?'))}; "
+          f"{meta.get('replicas', '?')} replicas serving `{meta.get('model', '?')}`, KV "
+          f"{meta.get('kv_capacity_tokens', '?')} tokens each, {_f(meta.get('chars_per_token'), '.2f')} "
+          "chars/token; "
+          f"{meta.get('groups', '?')} shared-prefix groups; host {meta.get('cpus', '?')} CPUs, load average "
+          f"{_f(meta.get('load_average'), '.1f')} at the start.", ""]
+    if meta.get("unknown_profiles"):
+        md += [f"Profiles not available in this build: {', '.join(meta['unknown_profiles'])}.", ""]
+    if cal:
+        md += [f"Calibration (one engine): prefill {cal['prefill_s_per_token'] * 1e6:.1f} us/token "
+               f"(TTFT intercept {cal['ttft_intercept_s'] * 1000:.1f} ms), TPOT = "
+               f"{cal['step_overhead_s'] * 1000:.2f} ms + {cal['decode_s_per_seq'] * 1000:.3f} ms x batch.", ""]
+    if cap:
+        md += [f"Round-robin capacity (closed loop, {cap['concurrency']} streams straight to the engines): "
+               f"**{cap['base_rate']:.2f} req/s**, {cap['output_tps']:,.0f} output tok/s, hit rate "
+               f"{cap['hit_rate']:.1%}. Loads below are multiples of it.", ""]
+    for (workload, load), group in points(rows).items():
+        baseline = "least-loaded" if workload == "unique" else "round-robin"
+        rate = group[0]["rate"]
+        md += [f"## {workload} x{load:g} ({rate:.2f} {'users/s' if workload == 'chat' else 'req/s'}, "
+               f"{group[0]['window_s']:g} s)", ""]
+        md += table(group, baseline=baseline)
+        md.append("")
+    md += ["## Targets", ""]
+    for name, met, figure in targets(rows):
+        verdict = "met" if met else "not settled" if met is None else "MISSED"
+        md.append(f"- {verdict}: {name} — {figure}")
+    for r in rows:
+        if r.get("kind") == "overhead":
+            md += ["", "## Gateway at engine speed", "",
+                   f"Paired TTFT probes (gateway minus direct, sent at once to the same engine, same-shaped cached "
+                   f"prompt), mean with 95% interval and median: idle +{r['idle_added_ms'][0]:.2f} ms "
+                   f"({r['idle_added_ms'][1]:.2f}..{r['idle_added_ms'][2]:.2f}; median "
+                   f"{r['idle_added_median_ms'][0]:.2f}) over {r['idle_pairs']} pairs; under load "
+                   f"+{r['loaded_added_ms'][0]:.2f} ms ({r['loaded_added_ms'][1]:.2f}..{r['loaded_added_ms'][2]:.2f}; "
+                   f"median {r['loaded_added_median_ms'][0]:.2f}, p90 {_f(r['loaded_added_p90_ms'], '.2f')}) over "
+                   f"{r['loaded_pairs']} pairs while the engines generated {r['output_tps']:,.0f} tok/s; background "
+                   f"TTFT p50 {_f(r['background_ttft_p50_s'], '.3f')} s. "
+                   f"Gateway CPU: {r['gateway_cpu_ms_per_request']:.2f} ms per request, "
+                   f"{r['gateway_cpu_ms_per_1k_output_tokens']:.2f} ms per 1k output tokens. Client loop lag p99 "
+                   f"{r['client_loop_lag_p99_s'] * 1000:.1f} ms."]
+        if r.get("kind") == "accounting":
+            md += ["", "## Accounting", "", accounting_line(r)]
+    skipped = [r for r in rows if r.get("kind") in ("skipped", "error")]
+    if skipped:
+        md += ["", "## Skipped or failed", ""] + [f"- {r['point']}: {r.get('why') or r.get('error')}" for r in skipped]
+    return "\n".join(md) + "\n"
+
+
+def write_reports(rows: list[dict[str, Any]], *, out_dir: Path, engine: str = "", info: dict[str, Any] | None = None
+                  ) -> list[Path]:
+    info = {"engine_desc": engine, **(info or {})}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "report.md"]
+    paths[0].write_text(markdown(rows, info=info), encoding="utf-8")
+    data = throughput_file(rows, info)
+    if data is not None:
+        path = out_dir / "throughput.json"
+        path.write_text(data.to_json(), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m fleetgate.bench.live_report RESULTS.jsonl [OUT_DIR]", file=sys.stderr)
+        return 2
+    results = Path(argv[0])
+    rows = read_rows(results)
+    info_path = results.with_name("run-info.json")
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    out = Path(argv[1]) if len(argv) > 1 else results.parent
+    for p in write_reports(rows, out_dir=out, engine=str(info.get("engine_desc", "")), info=info):
+        print(f"{time.strftime('%H:%M:%S')} wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

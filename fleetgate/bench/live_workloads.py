@@ -1,0 +1,66 @@
+"""The live benchmark's workloads in engine tokens, sized from the engines, as requests to send.
+
+Built on the seeded generators of `fleetgate.sim.workloads` (same seed, same requests), with the
+engine tokenizer's measured characters per token so the prompts hold about the asked number of its
+tokens. Every request asks for exactly `output_tokens` tokens (`ignore_eos`).
+
+- `shared-prefix`: G long system prompts, `prefix_tokens` each, shared by the requests of a group, plus a
+  unique question; groups belong to tenants (`g mod tenants`). G is sized from one engine's KV capacity:
+  G x prefix_tokens = `hot_factor` x capacity, where `hot_factor` defaults to min(2.5, 0.75 x replicas):
+  more than one engine can hold, while a prefix-aware split still fits the fleet. Poisson arrivals at
+  `rate` for `window_s`.
+- `chat`: `users` conversations over one shared system prompt, `rounds` turns each; a user's next turn is
+  sent `think_s` after its answer ends (closed loop), with the whole history, and the user's id as the
+  OpenAI `user` field (the gateway's session key). Users start at `rate` per second.
+- `unique`: no sharing; prompt lengths uniform in [unique_min_tokens, unique_max_tokens].
+`cancel_share`: that share of requests (seeded choice) leaves after a random number of chunks in
+[1, output_tokens - 1]: cancellations mid-stream.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from fleetgate.bench.live_client import LiveRequest, completion_body
+from fleetgate.sim.workloads import Sizes, WorkItem, sized_items
+
+__all__ = ["Sizes", "Target", "sized_items", "tenant_of", "to_requests"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where requests go: the gateway (with tenant keys) or straight to the engines (client round-robin)."""
+
+    url: str
+    model: str
+    keys: dict[str, str]  # tenant -> API key (gateway); empty for direct
+    engine_urls: tuple[str, ...] = ()  # direct: the engines, taken in turn
+
+    def headers(self, tenant: str) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self.keys:
+            h["Authorization"] = f"Bearer {self.keys[tenant]}"
+        return h
+
+
+def tenant_of(item: WorkItem, tenants: int) -> str:
+    digits = "".join(ch for ch in item.group if ch.isdigit())
+    index = int(digits) if digits else int(item.id.rsplit("-", 1)[-1])
+    return f"t{index % tenants}"
+
+
+def to_requests(items: list[WorkItem], *, target: Target, tenants: int, cancel_share: float = 0.0,
+                seed: int = 0, output_tokens: int = 64, path: str = "gateway") -> list[LiveRequest]:
+    """LiveRequests for `items` (closed-loop chains kept), `cancel_share` of them leaving mid-stream."""
+    rng = random.Random(f"cancel:{seed}")
+    out = []
+    for i, item in enumerate(items):
+        tenant = tenant_of(item, tenants)
+        cancel = rng.randint(1, max(1, output_tokens - 1)) if rng.random() < cancel_share else None
+        url = target.engine_urls[i % len(target.engine_urls)] if target.engine_urls else target.url
+        body = completion_body(model=target.model, prompt=item.prompt, max_tokens=item.max_tokens,
+                               user=item.session_key)
+        out.append(LiveRequest(id=item.id, url=url, body=body, headers=target.headers(tenant), at_s=item.arrival_s,
+                               after=item.after, cancel_after=cancel, tenant=tenant, group=item.group, path=path))
+    return out

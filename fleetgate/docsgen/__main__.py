@@ -1,0 +1,3 @@
+from fleetgate.docsgen.pages import main
+
+raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""The live routing benchmark end to end on simulated engines: what a GPU run does, small and slow-stepped.
+
+Two simulated engines in their own process, one gateway process per profile, the capacity probe, routing
+points, the accounting point with cancellations mid-stream, the gateway-overhead phase; then the report.
+The engines' own token counters must equal what the gateway charged the tenants wherever no client left
+early, and stay within a token per starved cancellation where clients left mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from fleetgate.bench.live_cli import sim_engines
+from fleetgate.bench.live_report import write_reports
+from fleetgate.bench.live_routing import LiveOptions, run_live
+from fleetgate.sim.workloads import Sizes
+
+
+def test_a_small_live_run_on_simulated_engines(tmp_path: Path) -> None:
+    options = LiveOptions(
+        profiles=["round-robin", "default", "precise-prefix-unknown"], loads=[1.0], window_s=3.0, short_window_s=3.0,
+        drain_s=15.0, unique_loads=[], chat_loads=[], accounting_cancel_share=0.4, overhead_window_s=3.0,
+        probe_s=3.0, probe_concurrency=16, calibrate=False, budget_s=120.0, overhead_idle_pairs=4,
+        sizes=Sizes(prefix_tokens=256, question_tokens=32, output_tokens=8, tenants=3),
+    )
+    with sim_engines(replicas=2, kv_blocks=256, time_scale=2.0, log_dir=tmp_path) as urls:
+        rows = asyncio.run(run_live(urls, options, out_dir=tmp_path, workdir=tmp_path, log=lambda _: None))
+    kinds = [r["kind"] for r in rows]
+    assert kinds[0] == "meta" and "capacity" in kinds and "overhead" in kinds and kinds[-1] == "accounting"
+    meta = rows[0]
+    assert list(meta["unknown_profiles"]) == ["precise-prefix-unknown"]
+    assert meta["prefix_cache_reset"] is True and meta["kv_capacity_tokens"] == 256 * 16
+    skipped = next(r for r in rows if r["kind"] == "skipped")
+    assert (skipped["point"], skipped["why"]) == ("shared-prefix x1 precise-prefix-unknown", "profile unavailable")
+    points = [r for r in rows if r["kind"] == "point"]
+    assert [(p["profile"], p["tag"]) for p in points] == [("round-robin", "routing"), ("default", "routing"),
+                                                         ("default", "accounting")]
+    for p in points:
+        assert p["requests"] > 0 and p["errors"] == 0 and p["forced"] == 0, p
+        assert p["engine_generation_tokens"] > 0 and p["ttft_p50_s"] is not None
+        assert sum(p["spread"].values()) == p["requests"]
+    for p in [*points[:2], next(r for r in rows if r["kind"] == "overhead")]:  # no client left early: exact
+        assert p["lost_prompt_tokens"] == 0 and p["lost_completion_tokens"] == 0, p
+    cancelling = points[2]
+    assert cancelling["cancelled"] > 0 and cancelling["lost_prompt_tokens"] == 0
+    # A client leaving mid-stream is charged what the engine counted (`test_cancel_accounting`), unless the
+    # gateway or engine process is starved for a whole engine step at that moment (this machine is shared):
+    # then one token can be missed. Never more than that, and never charged above the engine's count.
+    assert 0 <= cancelling["lost_completion_tokens"] <= cancelling["cancelled"] // 4, cancelling
+    summary = rows[-1]
+    assert summary["verdict"] == ("PASS" if cancelling["lost_completion_tokens"] == 0 else "FAIL"), summary
+    assert summary["cancelled"] == cancelling["cancelled"]
+    on_disk = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in on_disk] == kinds  # written as it went
+    paths = write_reports(rows, out_dir=tmp_path)
+    text = paths[0].read_text()
+    assert "## shared-prefix x1" in text and f"ACCOUNTING {summary['verdict']}" in text
