@@ -284,6 +284,8 @@ class Forwarder:
             session_key=parsed.session_key,
             max_tokens=parsed.max_tokens,
             adapter=spec.name if spec is not None else None,
+            kind=parsed.kind,
+            body=parsed.body,
         )
         try:
             decision = await self._scheduler.pick(routing, endpoints)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fleetgate.cache.config import CacheConfig
 from fleetgate.core.adapters import ADAPTER_NAME_MAX, AdapterSpec, valid_adapter_name
@@ -103,6 +103,21 @@ class AdapterRoute(_Strict):
         )
 
 
+ZMQ_ADDRESS_PATTERN = r"^(tcp://[^\s/]+:[0-9]{1,5}|ipc:///[^\s]+)$"
+
+
+class KvEventsRoute(_Strict):
+    """Where one engine of a route publishes its KV-cache events (its `--kv-events-config`), for the
+    `precise-prefix-scorer`."""
+
+    endpoint: str = Field(min_length=1, description="the engine's base URL, as listed in the route's endpoints")
+    publisher: str = Field(pattern=ZMQ_ADDRESS_PATTERN,
+                           description="the engine's ZMQ PUB address: tcp://host:port or ipc:///path")
+    replay: str | None = Field(default=None, pattern=ZMQ_ADDRESS_PATTERN,
+                               description="its replay (ROUTER) address; without it, lost messages clear the set")
+    topic: str = Field(default="", description="the topic it publishes on")
+
+
 class ModelRoute(_Strict):
     """A model the gateway serves and the engines that serve it (static discovery)."""
 
@@ -114,6 +129,9 @@ class ModelRoute(_Strict):
     )
     adapters: list[AdapterRoute] = Field(
         default_factory=list, description="LoRA adapters served on this model's endpoints (engines need --enable-lora)"
+    )
+    kv_events: list[KvEventsRoute] = Field(
+        default_factory=list, description="where endpoints publish KV-cache events (precise prefix routing)"
     )
 
     @field_validator("endpoints")
@@ -128,6 +146,26 @@ class ModelRoute(_Strict):
                 url = url[: -len("/v1")]
             out.append(url)
         return out
+
+    @model_validator(mode="after")
+    def _kv_events_of_listed_endpoints(self) -> ModelRoute:
+        listed = set(self.endpoints)
+        seen: set[str] = set()
+        for entry in self.kv_events:
+            url = entry.endpoint.rstrip("/").removesuffix("/v1")
+            if url not in listed:
+                raise ValueError(f"kv_events names endpoint {entry.endpoint!r}, which is not in endpoints")
+            if url in seen:
+                raise ValueError(f"kv_events names endpoint {entry.endpoint!r} twice")
+            seen.add(url)
+        return self
+
+    def kv_events_of(self, url: str) -> KvEventsRoute | None:
+        """The event address of endpoint `url` (a normalised entry of `endpoints`), if one is configured."""
+        for entry in self.kv_events:
+            if entry.endpoint.rstrip("/").removesuffix("/v1") == url:
+                return entry
+        return None
 
 
 class DiscoverySettings(_Strict):

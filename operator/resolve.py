@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetgate.core.errors import ConfigError
-from fleetgate.engine.args import LORA_MAX_VOCAB, EngineArgs
+from fleetgate.engine.args import LORA_MAX_VOCAB, EngineArgs, KvEventsArgs
 from fleetgate.engine.batch_limits import BatchLimits, batch_problem, effective_limits
 from fleetgate.engine.capacity import (
     GIB,
@@ -34,7 +34,7 @@ from fleetgate.engine.kube_names import ENGINE_PORT
 from fleetgate.engine.pod_paths import MODELS_MOUNT, adapter_load_path, pvc_claim
 from fleetgate.engine.reserve import Reserve, ReserveInputs, vllm_reserve
 from fleetgate.operator.profiles import AcceleratorProfile, Profiles
-from fleetgate.operator.spec import Architecture, InferenceServiceSpec, served_name
+from fleetgate.operator.spec import Architecture, InferenceServiceSpec, KvEvents, served_name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,8 +145,17 @@ def engine_args_for(*, spec: InferenceServiceSpec, name: str) -> EngineArgs:
         enable_lora=spec.lora_enabled,
         max_loras=engine.max_adapters if spec.lora_enabled else None,
         max_lora_rank=engine.max_lora_rank if spec.lora_enabled else None,
+        kv_events=_kv_events_args(engine.kv_events),
         extra_args=(*location.extra_args, *engine.extra_args),
     )
+
+
+def _kv_events_args(kv: KvEvents | None) -> KvEventsArgs | None:
+    """The pod binds both ports on every interface; gateways connect to the pod IP (discovery's named ports)."""
+    if kv is None:
+        return None
+    return KvEventsArgs(endpoint=f"tcp://*:{kv.port}", replay_endpoint=f"tcp://*:{kv.replay_port}", topic=kv.topic,
+                        buffer_steps=kv.buffer_steps)
 
 
 def pipeline_parallel_size(extra_args: list[str]) -> int:

@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from fleetgate.core.adapters import ADAPTER_NAME_MAX, ADAPTER_NAME_PATTERN
 from fleetgate.engine.args import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
-from fleetgate.engine.kube_names import GROUP, KIND, PLURAL, VERSION
+from fleetgate.engine.kube_names import ENGINE_PORT, GROUP, KIND, KV_EVENTS_DEFAULT_TOPIC, PLURAL, VERSION
 from fleetgate.operator.spec_base import Model, empty_default, rules
 from fleetgate.operator.spec_pod import PodSettings
 
@@ -131,9 +131,41 @@ class Speculative(_Model):
         return self
 
 
+class KvEvents(_Model):
+    """Publish KV-cache events (vLLM --kv-events-config) for the gateway's precise prefix routing."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("self.port != self.replayPort", "kvEvents.port and replayPort must differ"),
+            (f"self.port != {ENGINE_PORT} && self.replayPort != {ENGINE_PORT}",
+             f"kvEvents ports must differ from the engine's HTTP port {ENGINE_PORT}"),
+        )
+    )
+    port: int = Field(default=5557, ge=1024, le=65535, description="ZMQ PUB port the gateways subscribe to.")
+    replay_port: int = Field(
+        default=5558, ge=1024, le=65535, description="ZMQ replay port: a gateway that missed events asks it for them."
+    )
+    topic: str = Field(
+        default=KV_EVENTS_DEFAULT_TOPIC, max_length=64, pattern=r"^[A-Za-z0-9._@/-]*$", description="Event topic."
+    )
+    buffer_steps: int = Field(default=10000, ge=1, le=1_000_000, description="Event batches kept for replay.")
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> KvEvents:
+        if self.port == self.replay_port:
+            raise ValueError("kvEvents.port and replayPort must differ")
+        if ENGINE_PORT in (self.port, self.replay_port):
+            raise ValueError(f"kvEvents ports must differ from the engine's HTTP port {ENGINE_PORT}")
+        return self
+
+
 class Engine(_Model):
     """vLLM engine settings, rendered into its command-line flags (typed knobs instead of raw flags)."""
 
+    model_config = ConfigDict(
+        json_schema_extra=rules(("!has(self.kvEvents) || self.prefixCaching",
+                                  "engine.kvEvents needs engine.prefixCaching (vLLM publishes only cached blocks)"))
+    )
     image: str | None = Field(default=None, max_length=512, description="Engine image; the operator default if unset.")
     dtype: Dtype = Field(default="auto", description="Weight and activation dtype (vLLM --dtype).")
     quantization: Quantization = Field(default="none", description="Weight quantization of the checkpoint.")
@@ -162,7 +194,16 @@ class Engine(_Model):
         default=None,
         description=f"Largest LoRA rank served (vLLM --max-lora-rank; {DEFAULT_MAX_LORA_RANK} when unset).",
     )
+    kv_events: KvEvents | None = Field(
+        default=None, description="Publish KV-cache events for precise prefix routing (needs prefixCaching)."
+    )
     extra_args: list[str] = Field(default_factory=list, max_length=64, description="Raw vLLM flags, appended.")
+
+    @model_validator(mode="after")
+    def _kv_events_need_prefix_caching(self) -> Engine:
+        if self.kv_events is not None and not self.prefix_caching:
+            raise ValueError("engine.kvEvents needs engine.prefixCaching (vLLM publishes only cached blocks)")
+        return self
 
 
 class Resources(_Model):

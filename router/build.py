@@ -15,7 +15,16 @@ from fleetgate.router.config import RoutingConfig
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.health import HealthTracker
 from fleetgate.router.metrics import RouterMetrics
-from fleetgate.router.plugins.base import Closable, Filter, Observer, Picker, PluginContext, Producer, Scorer
+from fleetgate.router.plugins.base import (
+    Closable,
+    Filter,
+    Observer,
+    Picker,
+    PluginContext,
+    Producer,
+    Scorer,
+    Startable,
+)
 from fleetgate.router.plugins.registry import PluginFactory, instantiate
 from fleetgate.router.scheduler import PluginScheduler, Profile
 
@@ -50,7 +59,9 @@ def build_scheduler(
     except ValueError as exc:
         raise ConfigError(f"routing ejection settings: {exc}") from exc
     state = FleetState(health=health, **({"clock": clock} if clock is not None else {}))
-    ctx = PluginContext(state=state, kvstore=kvstore, namespace=namespace, rng=random.Random(seed))
+    metrics = RouterMetrics(registry)
+    ctx = PluginContext(state=state, kvstore=kvstore, namespace=namespace, rng=random.Random(seed),
+                        registry=metrics.registry)
     specs = {p.ref: p for p in cfg.plugins}
     chosen = cfg.profile()
     instances: dict[str, Any] = {}
@@ -61,6 +72,7 @@ def build_scheduler(
     scorers: list[tuple[Scorer, float]] = []
     observers: list[Observer] = []
     closables: list[Closable] = []
+    startables: list[Startable] = []
     for ref in chosen.plugins:
         spec = specs[ref.plugin_ref]
         plugin = instances.get(spec.ref)
@@ -83,15 +95,16 @@ def build_scheduler(
             roles += 1
         if isinstance(plugin, Observer):
             observers.append(plugin)
-        if isinstance(plugin, Closable):
+        if isinstance(plugin, Closable) and plugin not in closables:
             closables.append(plugin)
+        if isinstance(plugin, Startable) and plugin not in startables:
+            startables.append(plugin)
         if roles == 0 and not isinstance(plugin, Observer):
             raise ConfigError(f"routing plugin {spec.ref!r} ({spec.type}) has no scheduling role")
     if len(pickers) != 1:
         raise ConfigError(f"routing profile {chosen.name!r} needs exactly one picker, found {len(pickers)}")
     profile = Profile(name=chosen.name, picker=pickers[0], producers=producers, filters=filters,
-                      scorers=scorers, observers=observers, closables=closables)
-    metrics = RouterMetrics(registry)
+                      scorers=scorers, observers=observers, closables=closables, startables=startables)
     scraper = None
     if scrape:
         from fleetgate.router.scraping import EndpointScraper

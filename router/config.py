@@ -111,6 +111,18 @@ class RoutingConfig(_Model):
         return self.scheduling_profiles[0]
 
 
+def precise_prefix_config(parameters: dict[str, Any] | None = None) -> RoutingConfig:
+    """The shipped default with its prefix scorer made precise: `precise-prefix-scorer` (the engines' own KV
+    events, the approximate index as its per-endpoint fallback) under the same name and weight, so load,
+    session and adapter scorers stay as they are. The profile is named `precise-prefix`."""
+    base = RoutingConfig()
+    plugins = [PluginSpec(type="precise-prefix-scorer", name="prefix", parameters=dict(parameters or {}))
+               if p.ref == "prefix" else p for p in base.plugins]
+    profile = base.scheduling_profiles[0]
+    return RoutingConfig(plugins=plugins,
+                         scheduling_profiles=[SchedulingProfile(name="precise-prefix", plugins=profile.plugins)])
+
+
 def _policy(name: str, plugins: list[PluginSpec], weights: dict[str, float]) -> RoutingConfig:
     refs = [PluginRef(plugin_ref=p.ref, weight=weights.get(p.ref, 1.0)) for p in plugins]
     return RoutingConfig(plugins=plugins, scheduling_profiles=[SchedulingProfile(name=name, plugins=refs)])
@@ -118,7 +130,8 @@ def _policy(name: str, plugins: list[PluginSpec], weights: dict[str, float]) -> 
 
 def preset(name: str) -> RoutingConfig:
     """Named policies: `default` (shipped), `least-loaded` (adapter-blind), `adapter-affinity` (least-loaded
-    plus the adapter-affinity scorer: what LoRA affinity adds to load balancing), `prefix-only`, `random`."""
+    plus the adapter-affinity scorer: what LoRA affinity adds to load balancing), `prefix-only`, `random`,
+    `precise-prefix` (the default with prefix affinity from the engines' KV events, `precise_prefix_config`)."""
     base = [PluginSpec(type="healthy-filter", name="healthy")]
     if name == "default":
         return RoutingConfig()
@@ -135,5 +148,7 @@ def preset(name: str) -> RoutingConfig:
         return _policy(name, [*base, prefix, PluginSpec(type="max-score-picker", name="max-score")], {})
     if name == "random":
         return _policy(name, [*base, PluginSpec(type="weighted-random-picker", name="random")], {})
-    known = "default, least-loaded, adapter-affinity, prefix-only, random"
+    if name == "precise-prefix":
+        return precise_prefix_config()
+    known = "default, least-loaded, adapter-affinity, prefix-only, random, precise-prefix"
     raise ValueError(f"unknown routing preset {name!r}; known: {known}")

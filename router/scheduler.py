@@ -21,7 +21,16 @@ from fleetgate.core.errors import UpstreamUnavailableError
 from fleetgate.core.types import Endpoint, Usage
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.metrics import RouterMetrics
-from fleetgate.router.plugins.base import Closable, CycleState, Filter, Observer, Picker, Producer, Scorer
+from fleetgate.router.plugins.base import (
+    Closable,
+    CycleState,
+    Filter,
+    Observer,
+    Picker,
+    Producer,
+    Scorer,
+    Startable,
+)
 from fleetgate.router.types import Decision, RoutingRequest
 
 log = logging.getLogger(__name__)
@@ -38,6 +47,7 @@ class Profile:
     scorers: list[tuple[Scorer, float]] = field(default_factory=list)
     observers: list[Observer] = field(default_factory=list)
     closables: list[Closable] = field(default_factory=list)
+    startables: list[Startable] = field(default_factory=list)
 
 
 class PluginScheduler:
@@ -135,10 +145,14 @@ class PluginScheduler:
 
     async def start(self, source: Any = None) -> None:
         """Begin scraping `/metrics` and polling `/health` of the endpoints `source` lists (an object
-        with `models()` and `endpoints(model)`; default: the source given to `build_scheduler`)."""
+        with `models()` and `endpoints(model)`; default: the source given to `build_scheduler`), and
+        start the plugins that follow endpoints themselves (`Startable`: the KV-event subscribers)."""
         src = source if source is not None else self.source
         if self.scraper is not None and src is not None:
             await self.scraper.start(src)
+        if src is not None:
+            for plugin in self.profile.startables:
+                await plugin.start(src)
 
     async def aclose(self) -> None:
         if self.scraper is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from fleetgate.core.types import Endpoint, Usage
 
@@ -24,6 +24,10 @@ class RoutingRequest:
     max_tokens: int | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     adapter: str | None = None  # a LoRA adapter of `model`'s base: candidates serve the base, some have it loaded
+    # The OpenAI request as the engine gets it ("chat" or "completions" and its JSON body): what precise prefix
+    # routing tokenizes, exactly as the engine will. None where no body exists (simulations, benchmarks).
+    kind: str | None = None
+    body: Mapping[str, Any] | None = None
 
 
 @dataclass(slots=True)

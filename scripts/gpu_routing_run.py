@@ -127,7 +127,7 @@ def engine_version() -> str:
 
 def vllm_specs(args: argparse.Namespace, *, model_dir: Path, served: str, workdir: Path, gpus: int,
                kv_events: bool) -> tuple[list[Any], list[str], list[str]]:
-    from fleetgate.engine.args import VLLM_MODULE, EngineArgs
+    from fleetgate.engine.args import VLLM_MODULE, EngineArgs, KvEventsArgs
     from fleetgate.local.engines import EngineSpec, free_port
 
     specs, publishers, replays = [], [], []
@@ -137,18 +137,19 @@ def vllm_specs(args: argparse.Namespace, *, model_dir: Path, served: str, workdi
         extra = ["--disable-uvicorn-access-log"]
         if not cpu:
             extra += ["--load-format", "dummy", "--num-gpu-blocks-override", str(args.kv_blocks)]
+        kv = None
         if kv_events:
-            publisher, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-            publishers.append(publisher)
-            replays.append(replay)
-            extra += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                        "endpoint": publisher, "replay_endpoint": replay,
-                                                        "topic": "kv-events"})]
+            # ipc sockets: vLLM binds an ipc:// address (a tcp://127.0.0.1 one it would *connect* to, and nothing
+            # would listen), the gateway connects to the same string, and nothing listens on the network.
+            base = workdir.resolve() / f"engine-{i}"
+            kv = KvEventsArgs(endpoint=f"ipc://{base}.kv", replay_endpoint=f"ipc://{base}.kv-replay", topic="kv-events")
+            publishers.append(kv.endpoint)
+            replays.append(str(kv.replay_endpoint))
         eargs = EngineArgs(model=str(model_dir), served_model_name=served, port=port,
                            dtype="bfloat16", max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=None if cpu else args.max_num_batched_tokens,
                            gpu_memory_utilization=None if cpu else args.gpu_memory_utilization,
-                           enable_prefix_caching=True, enforce_eager=cpu, extra_args=extra)
+                           enable_prefix_caching=True, enforce_eager=cpu, kv_events=kv, extra_args=extra)
         env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0",
                "VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "VLLM_CACHE_ROOT": str(workdir / f"vllm-cache-{i}")}

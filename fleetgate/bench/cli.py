@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "gateway": ("fleetgate.bench.gateway_overhead", "gateway added latency and RPS vs direct-to-engine"),
     "embedder": ("fleetgate.bench.embedder", "MiniLM backends: agreement with the reference and CPU per text"),
     "routing": ("fleetgate.bench.routing", "endpoint-picking policies on the simulated fleet"),
+    "precise-prefix": ("fleetgate.bench.precise_prefix", "precise prefix routing: cost per decision, event, tokenize"),
     "cost": ("fleetgate.bench.cost", "naive serving vs FleetGate on a mixed multi-tenant workload"),
     "tenancy": ("fleetgate.gateway.tenancy.bench", "exact cost totals, budget race and limiter overhead on Redis"),
     "operator": ("fleetgate.operator.bench", "InferenceService reconcile latency and throughput against kmock"),

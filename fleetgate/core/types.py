@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Endpoint labels that say where the engine publishes its KV-cache events (set by discovery, read by the
+# precise prefix scorer): the ZMQ publisher address, the replay address and the topic.
+LABEL_KV_EVENTS = "kv_events"
+LABEL_KV_EVENTS_REPLAY = "kv_events_replay"
+LABEL_KV_EVENTS_TOPIC = "kv_events_topic"
+
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:

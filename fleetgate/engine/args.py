@@ -12,6 +12,10 @@ LoRA: `enable_lora` renders `--enable-lora --max-loras N --max-lora-rank R` (alw
 plan's adapter slots are exactly vLLM's) and `lora_modules` the adapters loaded at start-up
 (`--lora-modules name=path ...`). `env()` holds what the engine process needs besides flags:
 `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` with LoRA on, so adapters can be loaded and unloaded at runtime.
+
+KV-cache events: `kv_events` renders `--kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq",
+"endpoint":...,"replay_endpoint":...,"topic":...}'` (the same keys in vLLM 0.26 and 0.32), validated so
+that vLLM binds the addresses (see `KvEventsArgs`) and prefix caching is not off.
 """
 
 from __future__ import annotations
@@ -92,8 +96,34 @@ OWNED_FLAGS: frozenset[str] = frozenset(
         "--max-loras",
         "--max-lora-rank",
         "--lora-modules",
+        "--kv-events-config",
     }
 )
+# `--kv-events-config` JSON keys (vLLM 0.26 and 0.32 `KVEventsConfig`: same names, same meaning).
+KV_EVENTS_PUBLISHER = "zmq"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KvEventsArgs:
+    """vLLM's KV-cache event publisher (`--kv-events-config`), read by the gateway's precise prefix routing.
+
+    vLLM *binds* an address that contains `*` or `::` or is `ipc://`/`inproc://` and *connects* any other,
+    so a pod publishes on `tcp://*:<port>` (the gateways connect to the pod IP) and a laptop on `ipc://`
+    (loopback only). The replay socket is always bound."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+    buffer_steps: int | None = None  # batches kept for replay (vLLM default 10000)
+
+    def config(self) -> dict[str, object]:
+        out: dict[str, object] = {"enable_kv_cache_events": True, "publisher": KV_EVENTS_PUBLISHER,
+                                  "endpoint": self.endpoint, "topic": self.topic}
+        if self.replay_endpoint is not None:
+            out["replay_endpoint"] = self.replay_endpoint
+        if self.buffer_steps is not None:
+            out["buffer_steps"] = self.buffer_steps
+        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,6 +152,7 @@ class EngineArgs:
     max_loras: int | None = None  # with enable_lora: DEFAULT_MAX_LORAS when None
     max_lora_rank: int | None = None  # with enable_lora: DEFAULT_MAX_LORA_RANK when None
     lora_modules: Sequence[tuple[str, str]] = ()  # (name, path) loaded at start-up; stored as a tuple
+    kv_events: KvEventsArgs | None = None  # publish KV-cache events (precise prefix routing); None: off
     extra_args: Sequence[str] = ()  # stored as a tuple, so the value stays hashable
 
     def __post_init__(self) -> None:
@@ -187,6 +218,8 @@ class EngineArgs:
             argv += ["--enable-lora", "--max-loras", str(slots[0]), "--max-lora-rank", str(slots[1])]
             if self.lora_modules:
                 argv += ["--lora-modules", *(f"{name}={path}" for name, path in self.lora_modules)]
+        if self.kv_events is not None:
+            argv += ["--kv-events-config", json.dumps(self.kv_events.config(), sort_keys=True, separators=(",", ":"))]
         argv += list(self.extra_args)
         return argv
 
@@ -247,6 +280,7 @@ def _validate(args: EngineArgs) -> None:
         )
     _validate_speculative(args)
     _validate_lora(args)
+    _validate_kv_events(args)
     _validate_extra(args)
 
 
@@ -268,6 +302,34 @@ def _validate_lora(args: EngineArgs) -> None:
         if not path or any(c.isspace() for c in path):
             _fail("lora_modules", f"adapter {name!r}: path must be non-empty without whitespace")
         names.add(name)
+
+
+def _bound_address(address: str) -> bool:
+    """An address vLLM binds (see `KvEventsArgs`): tcp with a wildcard host and a port, or ipc."""
+    if address.startswith("ipc://"):
+        return len(address) > len("ipc://") and not any(c.isspace() for c in address)
+    if not address.startswith("tcp://") or ("*" not in address and "::" not in address):
+        return False
+    port = address.rsplit(":", 1)[-1]
+    return port.isdigit() and 1 <= int(port) <= 65535
+
+
+def _validate_kv_events(args: EngineArgs) -> None:
+    kv = args.kv_events
+    if kv is None:
+        return
+    if args.enable_prefix_caching is False:
+        _fail("kv_events", "KV-cache events need prefix caching (vLLM publishes only cached blocks)")
+    for name, address in (("endpoint", kv.endpoint), ("replay_endpoint", kv.replay_endpoint)):
+        if address is not None and not _bound_address(address):
+            _fail("kv_events", f"{name} {address!r} must be tcp://*:<port> or ipc://<path>: vLLM connects to any "
+                  "other address instead of binding it, and no gateway could reach it")
+    if kv.replay_endpoint is not None and kv.replay_endpoint == kv.endpoint:
+        _fail("kv_events", "replay_endpoint must differ from endpoint")
+    if any(c.isspace() for c in kv.topic):
+        _fail("kv_events", f"topic {kv.topic!r} must not contain whitespace")
+    if kv.buffer_steps is not None and (isinstance(kv.buffer_steps, bool) or kv.buffer_steps < 1):
+        _fail("kv_events", f"buffer_steps must be a positive integer, got {kv.buffer_steps!r}")
 
 
 def _validate_speculative(args: EngineArgs) -> None:

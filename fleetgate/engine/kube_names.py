@@ -14,6 +14,11 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 ENGINE_PORT = 8000
 ENGINE_PORT_NAME = "http"
+# KV-cache events (spec.engine.kvEvents): the engine's ZMQ publisher and replay ports, named on the pod and the
+# Service so that EndpointSlices carry them to the gateway's discovery.
+KV_EVENTS_PORT_NAME = "kv-events"
+KV_REPLAY_PORT_NAME = "kv-replay"
+KV_EVENTS_DEFAULT_TOPIC = "kv"
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"

@@ -80,6 +80,9 @@ class EngineConfig(_Strict):
     )
     max_loras: int | None = Field(default=None, ge=1, description="adapters in one batch; None: as many as listed")
     max_lora_rank: Literal[8, 16, 32, 64] = Field(default=16, description="largest LoRA rank an engine accepts")
+    kv_events: bool = Field(
+        default=False, description="publish KV-cache events on ipc sockets beside the logs (precise prefix routing)"
+    )
     extra_args: list[str] = Field(default_factory=list, description="more vLLM flags, appended verbatim")
     env: dict[str, str] = Field(default_factory=dict, description="more environment variables for the engines")
     startup_timeout_s: float = Field(default=600.0, gt=0)

@@ -50,6 +50,9 @@ class EngineSpec:
     # picked up front can be taken by another server before vLLM binds it (vLLM binds late, after
     # loading the model, with SO_REUSEPORT), and that server's /health must not fool us.
     expect_model: str | None = None
+    # Where the engine publishes KV-cache events (`--kv-events-config`), when it does: ZMQ addresses.
+    kv_publisher: str | None = None
+    kv_replay: str | None = None
 
 
 @dataclass(kw_only=True)

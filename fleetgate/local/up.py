@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,12 +22,12 @@ from typing import Any
 from fleetgate.core.config import parse_model
 from fleetgate.core.errors import ConfigError
 from fleetgate.core.telemetry import configure_logging
-from fleetgate.gateway.settings import AdapterRoute, GatewaySettings, ModelRoute
+from fleetgate.gateway.settings import AdapterRoute, GatewaySettings, KvEventsRoute, ModelRoute
 from fleetgate.local.adapter_prep import PACKAGED_ADAPTERS
 from fleetgate.local.banner import banner
 from fleetgate.local.check import CheckResult, send_check
 from fleetgate.local.config import AdapterRef, EngineConfig, UpConfig, load_up_config
-from fleetgate.local.engines import EngineFleet, free_port, port_in_use
+from fleetgate.local.engines import EngineFleet, EngineSpec, free_port, port_in_use
 from fleetgate.local.errors import EngineStartError, LocalStackError
 
 DEFAULT_CHECK_PROMPT = "What is the capital of France?"
@@ -72,23 +72,32 @@ def apply_overrides(config: UpConfig, args: argparse.Namespace) -> UpConfig:
 
 
 def route_models(*, gateway: GatewaySettings, model: str, served_name: str, urls: list[str],
-                 max_model_len: int | None = None, adapters: Mapping[str, Path] | None = None) -> GatewaySettings:
+                 max_model_len: int | None = None, adapters: Mapping[str, Path] | None = None,
+                 kv_events: list[KvEventsRoute] | None = None) -> GatewaySettings:
     """Point the gateway at the engines: fill routes that list no endpoints, add one if none exist. The
     engines' `max_model_len` bounds what a request without `max_tokens` is reserved (and capped) at.
     `adapters` (name -> PEFT directory) are listed under the base route (`models[].adapters`): a request
     for one goes to the base's engines with `model: <adapter>`, which is how vLLM picks the LoRA, and is
-    accounted under the adapter's name. An adapter the file already lists keeps the file's entry."""
+    accounted under the adapter's name. An adapter the file already lists keeps the file's entry. `kv_events`:
+    where the engines publish KV-cache events (`engine.kv_events`), for a `precise-prefix-scorer` routing config."""
     settings = gateway.model_copy(deep=True)
-    fill: dict[str, Any] = {"endpoints": list(urls)}
+    fill: dict[str, Any] = {"endpoints": list(urls), "kv_events": list(kv_events or [])}
     routes = [r if r.endpoints else r.model_copy(update={**fill, "max_model_len": r.max_model_len or max_model_len})
               for r in settings.models]
     if not routes:
         served = None if served_name == model else served_name
-        routes = [ModelRoute(name=model, endpoints=list(urls), served_name=served, max_model_len=max_model_len)]
+        routes = [ModelRoute(name=model, endpoints=list(urls), served_name=served, max_model_len=max_model_len,
+                             kv_events=list(kv_events or []))]
     if adapters:
         routes = _with_adapters(routes, base=model, adapters=adapters)
     settings.models = routes
     return settings
+
+
+def kv_event_routes(specs: Sequence[EngineSpec]) -> list[KvEventsRoute]:
+    """Where each engine that publishes KV-cache events does, as gateway `models[].kv_events` entries."""
+    return [KvEventsRoute(endpoint=s.url, publisher=s.kv_publisher, replay=s.kv_replay, topic="kv")
+            for s in specs if s.kv_publisher is not None]
 
 
 def _with_adapters(routes: list[ModelRoute], *, base: str, adapters: Mapping[str, Path]) -> list[ModelRoute]:
@@ -241,12 +250,12 @@ async def _sim_engines(
 
 
 async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: bool, prompt: str,
-                 adapters: Mapping[str, Path] | None = None) -> int:
+                 adapters: Mapping[str, Path] | None = None, kv_events: list[KvEventsRoute] | None = None) -> int:
     from fleetgate.gateway.serve import build_server, metrics_url
 
     engine = config.engine
     settings = route_models(gateway=config.gateway, model=engine.model, served_name=served_name, urls=urls,
-                            max_model_len=engine.max_model_len, adapters=adapters)
+                            max_model_len=engine.max_model_len, adapters=adapters, kv_events=kv_events)
     if not check:
         # Interactive: one structured line per request on stderr. --check keeps its output to the answer.
         configure_logging(level=settings.server.log_level)
@@ -302,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
         with _vllm_engines(config.engine, adapters=adapters) as fleet:
             return asyncio.run(
                 _serve(config=config, urls=fleet.urls, served_name=config.engine.model, check=args.check,
-                       prompt=args.prompt, adapters=adapters)
+                       prompt=args.prompt, adapters=adapters, kv_events=kv_event_routes(fleet.specs))
             )
     except LocalStackError as exc:
         print(f"fleetgate up: {exc}", file=sys.stderr)

@@ -8,6 +8,9 @@ minute), a small `--max-model-len`. Environment for vLLM's CPU backend:
 left to its API server and scheduler; vLLM's `auto` binding would pin every replica's threads to
 the same core, so placement is left to the OS), hub access off, usage statistics off.
 
+With `engine.kv_events`, each replica publishes its KV-cache events on `ipc://<log_dir>/engine-<i>.kv` (replay:
+`.kv-replay`): ipc sockets, so nothing listens on the network; `EngineSpec.kv_publisher`/`kv_replay` say where.
+
 With `engine.adapters`, LoRA is on: `--enable-lora --max-loras N --max-lora-rank R --lora-modules
 name=path ...` (rendered here, after `EngineArgs`' flags) and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`, so
 adapters can also be loaded and unloaded at runtime (`fleetgate.engine.lora_api`).
@@ -20,13 +23,22 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from fleetgate.engine.args import VLLM_MODULE, EngineArgs
+from fleetgate.engine.args import VLLM_MODULE, EngineArgs, KvEventsArgs
 from fleetgate.local.config import EngineConfig
 from fleetgate.local.engines import EngineSpec, free_port
 from fleetgate.local.schemes import vllm_method
 
 
-def engine_args(*, config: EngineConfig, model_path: Path, port: int) -> EngineArgs:
+def kv_event_addresses(*, config: EngineConfig, index: int) -> KvEventsArgs | None:
+    """Replica `index`'s KV-event sockets: ipc files beside its log (loopback only, nothing on the network)."""
+    if not config.kv_events:
+        return None
+    base = config.log_dir.resolve() / f"engine-{index}"
+    return KvEventsArgs(endpoint=f"ipc://{base}.kv", replay_endpoint=f"ipc://{base}.kv-replay", topic="kv")
+
+
+def engine_args(*, config: EngineConfig, model_path: Path, port: int, kv_events: KvEventsArgs | None = None
+                ) -> EngineArgs:
     return EngineArgs(
         model=str(model_path),
         served_model_name=config.model,
@@ -41,6 +53,7 @@ def engine_args(*, config: EngineConfig, model_path: Path, port: int) -> EngineA
         kv_cache_dtype=config.kv_cache_dtype,
         enable_prefix_caching=True,
         enforce_eager=config.enforce_eager,
+        kv_events=kv_events,
         extra_args=tuple(config.extra_args),
     )
 
@@ -90,7 +103,8 @@ def vllm_specs(
     env = engine_env(config=config)
     for i in range(config.replicas):
         port = config.port_of(i) or free_port(config.host)
-        args = engine_args(config=config, model_path=model_path, port=port)
+        kv = kv_event_addresses(config=config, index=i)
+        args = engine_args(config=config, model_path=model_path, port=port, kv_events=kv)
         specs.append(
             EngineSpec(
                 name=f"engine-{i}",
@@ -99,6 +113,8 @@ def vllm_specs(
                 url=f"http://{config.host}:{port}",
                 log_path=config.log_dir / f"engine-{i}.log",
                 expect_model=config.model,
+                kv_publisher=kv.endpoint if kv is not None else None,
+                kv_replay=kv.replay_endpoint if kv is not None else None,
             )
         )
     return specs

@@ -5,8 +5,9 @@ shapes with deterministic text (`"t0 t1 ..."`, one token per chunk, `max_tokens`
 16, `n` choices) and exact usage (prompt tokens = whitespace-separated words of the prompt), including vLLM's
 `stream_options.continuous_usage_stats`. It can be slow (prefill and inter-token delays), fail
 (an HTTP status), drop the connection or go silent mid-stream, and it records what it received
-and how many streams were cancelled by the client. `/health`, `/v1/models` and `/metrics` (a few
-vLLM metric names) are served too.
+and how many streams were cancelled by the client. `/health`, `/v1/models`, `/metrics` (a few
+vLLM metric names) and `/tokenize` (one token per word) are served too. With `kv_events` set it keeps a
+fake prefix cache and publishes it as vLLM KV events over ZMQ (`fleetgate.sim.fake_kv_cache`).
 
 Standalone: `python -m fleetgate.sim.fake_engine --port 8100 [--model NAME] [--itl-ms 1]`.
 """
@@ -23,6 +24,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from fleetgate.sim.fake_kv_cache import FakePrefixCache, word_tokens
+from fleetgate.sim.kv_publisher import FakeKvPublisher
+
 
 @dataclass(slots=True)
 class FakeEngineConfig:
@@ -37,6 +41,12 @@ class FakeEngineConfig:
     garbage: bool = False  # answer 200 with a body that is not an OpenAI response
     usage_override: Any = None  # when set, sent as `usage` instead of the real one (malformed-usage tests)
     max_running: int | None = None  # a batch this big: requests beyond it are reported as waiting in /metrics
+    # KV-cache events (precise prefix routing): a ZMQ address to publish on (tcp://127.0.0.1:port, ipc://path),
+    # its replay address, and the fake prefix cache's block size and capacity (`fleetgate.sim.fake_kv_cache`).
+    kv_events: str | None = None
+    kv_replay: str | None = None
+    kv_block_size: int = 4
+    kv_capacity_blocks: int = 1024
 
 
 @dataclass(slots=True)
@@ -80,6 +90,7 @@ class FakeEngine:
         self.host = host
         self.port = port
         self._runner: web.AppRunner | None = None
+        self.kv_cache: FakePrefixCache | None = None
 
     @property
     def url(self) -> str:
@@ -96,6 +107,7 @@ class FakeEngine:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/tokenize", self._tokenize)
         return app
 
     async def start(self) -> FakeEngine:
@@ -106,12 +118,20 @@ class FakeEngine:
         await site.start()
         if self.port == 0:
             self.port = int(self._runner.addresses[0][1])
+        cfg = self.config
+        if cfg.kv_events is not None:
+            publisher = await FakeKvPublisher(publisher=cfg.kv_events, replay=cfg.kv_replay).start()
+            self.kv_cache = FakePrefixCache(publisher=publisher, block_size=cfg.kv_block_size,
+                                            capacity_blocks=cfg.kv_capacity_blocks)
         return self
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.kv_cache is not None:
+            await self.kv_cache.publisher.stop()
+            self.kv_cache = None
 
     # ---- handlers ---------------------------------------------------------------------------
 
@@ -122,16 +142,24 @@ class FakeEngine:
         data = {"object": "list", "data": [{"id": self.config.model, "object": "model", "owned_by": "fake"}]}
         return web.Response(body=orjson.dumps(data), content_type="application/json")
 
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        if self.config.fail_status is not None:  # a failing engine fails this too
+            return web.Response(status=self.config.fail_status, text=self.config.fail_message)
+        tokens = word_tokens(orjson.loads(await request.read()))
+        data = {"count": len(tokens), "max_model_len": 1_000_000, "tokens": tokens}
+        return web.Response(body=orjson.dumps(data), content_type="application/json")
+
     async def _metrics(self, request: web.Request) -> web.Response:
         m = self.config.model
         cap = self.config.max_running
         running = self.stats.running if cap is None else min(cap, self.stats.running)
+        cache = self.kv_cache
         lines = [
             f'vllm:num_requests_running{{model_name="{m}"}} {running}',
             f'vllm:num_requests_waiting{{model_name="{m}"}} {self.stats.running - running}',
             f'vllm:kv_cache_usage_perc{{model_name="{m}"}} 0.0',
-            f'vllm:prefix_cache_queries_total{{model_name="{m}"}} 0',
-            f'vllm:prefix_cache_hits_total{{model_name="{m}"}} 0',
+            f'vllm:prefix_cache_queries_total{{model_name="{m}"}} {cache.queries if cache else 0}',
+            f'vllm:prefix_cache_hits_total{{model_name="{m}"}} {cache.hits if cache else 0}',
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
@@ -156,6 +184,8 @@ class FakeEngine:
         usage["total_tokens"] = usage["prompt_tokens"] + n * choices
         self.stats.running += 1
         try:
+            if self.kv_cache is not None:
+                await self.kv_cache.admit(word_tokens(body))
             if body.get("stream"):
                 response = await self._stream(request, body, chat=chat, n=n, usage=usage)
             else:

@@ -107,16 +107,22 @@ def base_profile(rows: Sequence[dict[str, Any]], setup: Setup, *, fallback: SimP
                          chars_per_token=4, time_scale=1.0)
 
 
+# Plugins the simulated fleet cannot feed: its engines publish no KV-cache events, so a precise scorer there would
+# silently be the approximate one, and the fit would compare the simulator's approximate routing to real precise
+# routing.
+UNSIMULATED_PLUGINS = frozenset({"precise-prefix-scorer"})
+
+
 def runnable(profile_name: str) -> bool:
     from fleetgate.router.config import preset
 
     if profile_name == "round-robin":
         return True
     try:
-        preset(profile_name)
+        config = preset(profile_name)
     except ValueError:
         return False
-    return True
+    return not any(p.type in UNSIMULATED_PLUGINS for p in config.plugins)
 
 
 async def simulate(obs: Observation, profile: SimProfile, setup: Setup) -> dict[str, float]:

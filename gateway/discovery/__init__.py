@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from fleetgate.core.adapters import AdapterSpec
-from fleetgate.core.types import Endpoint
+from fleetgate.core.types import LABEL_KV_EVENTS, LABEL_KV_EVENTS_REPLAY, LABEL_KV_EVENTS_TOPIC, Endpoint
 from fleetgate.gateway.settings import ModelRoute
 
 
@@ -198,6 +198,17 @@ def endpoint_id(url: str) -> str:
     return f"{parts.hostname}:{port}"
 
 
+def _kv_labels(route: ModelRoute, url: str) -> dict[str, str]:
+    """The labels that tell the precise prefix scorer where the engine at `url` publishes KV events."""
+    entry = route.kv_events_of(url)
+    if entry is None:
+        return {}
+    labels = {LABEL_KV_EVENTS: entry.publisher, LABEL_KV_EVENTS_TOPIC: entry.topic}
+    if entry.replay:
+        labels[LABEL_KV_EVENTS_REPLAY] = entry.replay
+    return labels
+
+
 class StaticEndpointSource:
     """The `models:` list of the config file, fixed for the life of the process; its adapters are each
     route's `adapters:` (an `AdapterCatalog`)."""
@@ -205,7 +216,8 @@ class StaticEndpointSource:
     def __init__(self, routes: list[ModelRoute]) -> None:
         self._by_model: dict[str, list[Endpoint]] = {
             r.name: [
-                Endpoint(id=endpoint_id(url), url=url, model=r.served_name or r.name) for url in r.endpoints
+                Endpoint(id=endpoint_id(url), url=url, model=r.served_name or r.name, labels=_kv_labels(r, url))
+                for url in r.endpoints
             ]
             for r in routes
         }

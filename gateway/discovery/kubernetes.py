@@ -21,6 +21,10 @@ request keeps `model: <adapter>`: vLLM picks the LoRA by it). An adapter is offe
 that is also a served model stays the model. Two services declaring one adapter name: the one whose base
 has ready pods wins, then the first by (namespace, name), so the answer is stable between resyncs.
 
+KV-cache events: for an InferenceService with `spec.engine.kvEvents`, each endpoint also carries where its pod
+publishes (`kv_events: tcp://<pod IP>:<port "kv-events">`, `kv_events_replay` from port "kv-replay",
+`kv_events_topic`), read by the precise prefix scorer.
+
 Each endpoint carries labels from the CR: `tier`, prices (`price_input_per_1m`, `price_output_per_1m`,
 `price_cached_input_per_1m`), `inferenceservice`, `namespace`, `pod`. `start()` lists once (so the first
 request after start-up already has endpoints) and then keeps watching; a broken watch is re-listed after
@@ -41,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Gauge
 
 from fleetgate.core.adapters import AdapterSpec, valid_adapter_name
-from fleetgate.core.types import Endpoint
+from fleetgate.core.types import LABEL_KV_EVENTS, LABEL_KV_EVENTS_REPLAY, LABEL_KV_EVENTS_TOPIC, Endpoint
 from fleetgate.engine.kube_names import (
     ANNOTATION_LAST_REQUEST,
     ANNOTATION_WAKE_REPLICAS,
@@ -49,6 +53,9 @@ from fleetgate.engine.kube_names import (
     ENGINE_PORT_NAME,
     GROUP,
     KIND,
+    KV_EVENTS_DEFAULT_TOPIC,
+    KV_EVENTS_PORT_NAME,
+    KV_REPLAY_PORT_NAME,
     PLURAL,
     SPEC_SCALE_TO_ZERO_AFTER,
     VERSION,
@@ -81,6 +88,7 @@ class ServiceInfo:
     context_length: int | None = None  # spec.engine.maxModelLen: bounds a request that sets no max_tokens
     adapters: tuple[AdapterSpec, ...] = ()  # spec.adapters, base = served_model
     scaled_to_zero: bool = False  # spec.replicas is 0 (idle scale-down, or by hand)
+    kv_events_topic: str | None = None  # spec.engine.kvEvents.topic when the engines publish KV events; None: off
 
 
 def _adapters(spec: Mapping[str, Any], *, base: str) -> tuple[AdapterSpec, ...]:
@@ -140,6 +148,7 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
     unservable = status.get("phase") in UNSERVABLE_PHASES
     context = (spec.get("engine") or {}).get("maxModelLen")
     replicas = spec.get("replicas")
+    kv_events = (spec.get("engine") or {}).get("kvEvents")
     return ServiceInfo(
         namespace=namespace, name=name, served_model=str(served), labels=labels, unservable=unservable,
         wake_replicas=None if unservable else _wake_replicas(meta, spec),
@@ -147,6 +156,7 @@ def service_info(obj: Mapping[str, Any]) -> ServiceInfo | None:
         else None,
         adapters=_adapters(spec, base=str(served)),
         scaled_to_zero=isinstance(replicas, int) and not isinstance(replicas, bool) and replicas == 0,
+        kv_events_topic=str(kv_events.get("topic", KV_EVENTS_DEFAULT_TOPIC)) if isinstance(kv_events, dict) else None,
     )  # fmt: skip
 
 
@@ -165,20 +175,42 @@ def ready_addresses(slice_: Mapping[str, Any]) -> list[tuple[str, int, str]]:
     return out
 
 
+def kv_event_ports(slice_: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """The KV-event publisher and replay ports an EndpointSlice names (the operator's `kv-events`, `kv-replay`)."""
+    named = {p.get("name"): p.get("port") for p in slice_.get("ports") or [] if isinstance(p, dict)}
+    pub, replay = named.get(KV_EVENTS_PORT_NAME), named.get(KV_REPLAY_PORT_NAME)
+    return (int(pub) if isinstance(pub, int) else None, int(replay) if isinstance(replay, int) else None)
+
+
+def _kv_labels(info: ServiceInfo, host: str, ports: tuple[int | None, int | None]) -> dict[str, str]:
+    """Where the pod at `host` publishes KV events, as the precise prefix scorer reads it from labels."""
+    pub, replay = ports
+    if info.kv_events_topic is None or pub is None:
+        return {}
+    labels = {LABEL_KV_EVENTS: f"tcp://{host}:{pub}", LABEL_KV_EVENTS_TOPIC: info.kv_events_topic}
+    if replay is not None:
+        labels[LABEL_KV_EVENTS_REPLAY] = f"tcp://{host}:{replay}"
+    return labels
+
+
 def build_index(
     *, services: Mapping[tuple[str, str], ServiceInfo], slices: Mapping[tuple[str, str], Mapping[str, Any]]
 ) -> dict[str, list[Endpoint]]:
     """served model -> pod endpoints, from the current InferenceServices and EndpointSlices. Pure."""
     by_service: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
+    kv_ports: dict[tuple[str, int], tuple[int | None, int | None]] = {}  # (ip, http port) -> KV-event ports
     for (namespace, _slice_name), slice_ in slices.items():
         owner = ((slice_.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL)
         if owner:
-            by_service.setdefault((namespace, owner), []).extend(ready_addresses(slice_))
+            addresses = ready_addresses(slice_)
+            by_service.setdefault((namespace, owner), []).extend(addresses)
+            ports = kv_event_ports(slice_)
+            kv_ports.update({(ip, port): ports for ip, port, _pod in addresses})
     index: dict[str, list[Endpoint]] = {}
     for key, info in sorted(services.items()):
         for ip, port, pod in sorted(set(by_service.get(key, []))):
             host = f"[{ip}]" if ":" in ip else ip
-            labels = {**info.labels, "pod": pod}
+            labels = {**info.labels, "pod": pod, **_kv_labels(info, host, kv_ports.get((ip, port), (None, None)))}
             index.setdefault(info.served_model, []).append(
                 Endpoint(id=f"{host}:{port}", url=f"http://{host}:{port}", model=info.served_model, labels=labels)
             )

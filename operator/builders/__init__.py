@@ -25,7 +25,7 @@ def build_children(
 ) -> list[dict[str, Any]]:
     """Desired children in apply order: Service first (endpoints exist before pods), Deployment, the rest."""
     children = [
-        build_service(owner=owner),
+        build_service(owner=owner, spec=spec),
         build_deployment(owner=owner, spec=spec, resolved=resolved, settings=settings),
         build_pdb(owner=owner, spec=spec),
     ]

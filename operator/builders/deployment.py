@@ -16,6 +16,9 @@
 - GPUs: the profile's extended resource (limits = requests = `spec.resources.gpus`), node selector and
   tolerations; CPU and memory requests default per GPU (`OperatorSettings.engine_*_request`), never
   none. Prometheus scrape annotations on the pod template (vLLM serves `/metrics` on the API port).
+- KV-cache events (`engine.kvEvents`): `--kv-events-config` binds `tcp://*:<port>` and `tcp://*:<replayPort>`,
+  declared as the named container ports `kv-events` and `kv-replay` (the Service lists them too, so the
+  gateway's discovery finds each pod's event address in its EndpointSlices).
 - Rollout: maxSurge 1, maxUnavailable 0: capacity never drops during a rollout; a new pod that cannot be
   scheduled leaves the old one serving.
 - `replicas` is omitted when an autoscaler owns it, so server-side apply never fights the HPA.
@@ -30,7 +33,13 @@ import math
 from typing import Any
 
 from fleetgate.engine.args import VLLM_MODULE
-from fleetgate.engine.kube_names import ANNOTATION_SERVED_MODEL, ENGINE_PORT, ENGINE_PORT_NAME
+from fleetgate.engine.kube_names import (
+    ANNOTATION_SERVED_MODEL,
+    ENGINE_PORT,
+    ENGINE_PORT_NAME,
+    KV_EVENTS_PORT_NAME,
+    KV_REPLAY_PORT_NAME,
+)
 from fleetgate.engine.pod_paths import MODELS_MOUNT
 from fleetgate.operator.builders.common import Owner, child, labels, selector_labels
 from fleetgate.operator.builders.pod_security import apply_pod_settings, home_env
@@ -99,6 +108,16 @@ def _volumes(*, spec: InferenceServiceSpec, resolved: Resolved, settings: Operat
     return volumes, mounts
 
 
+def engine_ports(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The HTTP port, and with `engine.kvEvents` the KV-event publisher and replay ports, all named."""
+    ports = [{"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    kv = spec.engine.kv_events
+    if kv is not None:
+        ports += [{"name": KV_EVENTS_PORT_NAME, "containerPort": kv.port, "protocol": "TCP"},
+                  {"name": KV_REPLAY_PORT_NAME, "containerPort": kv.replay_port, "protocol": "TCP"}]
+    return ports
+
+
 def build_deployment(
     *, owner: Owner, spec: InferenceServiceSpec, resolved: Resolved, settings: OperatorSettings
 ) -> dict[str, Any]:
@@ -118,7 +137,7 @@ def build_deployment(
         "image": spec.engine.image or settings.engine_image,
         "command": ["python3", "-m", VLLM_MODULE],
         "args": resolved.engine_args.to_argv(),
-        "ports": [{"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "ports": engine_ports(spec),
         "env": env,
         **(
             {"envFrom": [{"secretRef": {"name": spec.model.credentials_secret}}]}

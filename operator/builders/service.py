@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetgate.engine.kube_names import ENGINE_PORT, ENGINE_PORT_NAME
+from fleetgate.engine.kube_names import ENGINE_PORT, ENGINE_PORT_NAME, KV_EVENTS_PORT_NAME, KV_REPLAY_PORT_NAME
 from fleetgate.operator.builders.common import Owner, child, selector_labels
 from fleetgate.operator.spec import InferenceServiceSpec
 
 
-def build_service(*, owner: Owner) -> dict[str, Any]:
+def build_service(*, owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    ports: list[dict[str, Any]] = [
+        {"name": ENGINE_PORT_NAME, "port": ENGINE_PORT, "targetPort": ENGINE_PORT_NAME, "protocol": "TCP"}
+    ]
+    kv = spec.engine.kv_events
+    if kv is not None:  # EndpointSlices then carry each pod's KV-event ports to the gateway's discovery
+        ports += [{"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+                  for name, port in ((KV_EVENTS_PORT_NAME, kv.port), (KV_REPLAY_PORT_NAME, kv.replay_port))]
     return child(
         api_version="v1",
         kind="Service",
@@ -17,9 +24,7 @@ def build_service(*, owner: Owner) -> dict[str, Any]:
         spec={
             "type": "ClusterIP",
             "selector": selector_labels(owner),
-            "ports": [
-                {"name": ENGINE_PORT_NAME, "port": ENGINE_PORT, "targetPort": ENGINE_PORT_NAME, "protocol": "TCP"}
-            ],
+            "ports": ports,
             # Engines that are still loading are not ready; the gateway must never see them.
             "publishNotReadyAddresses": False,
         },

@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from prometheus_client import CollectorRegistry
+
 from fleetgate.core.kvstore import KVStore
 from fleetgate.core.types import Endpoint, Usage
 from fleetgate.router.fleet_state import FleetState
@@ -74,6 +76,13 @@ class Closable(Protocol):
     async def aclose(self) -> None: ...
 
 
+@runtime_checkable
+class Startable(Protocol):
+    async def start(self, source: Any) -> None:
+        """Begin background work that follows the endpoints `source` lists (`models()`, `endpoints(model)`)."""
+        ...
+
+
 @dataclass(slots=True)
 class PluginContext:
     """What a plugin factory is given besides its parameters."""
@@ -82,6 +91,7 @@ class PluginContext:
     kvstore: KVStore | None = None
     namespace: str = "default"
     rng: random.Random = field(default_factory=random.Random)
+    registry: CollectorRegistry | None = None  # where a plugin registers its own metrics (the router's registry)
 
     @property
     def clock(self) -> Callable[[], float]:

@@ -20,6 +20,7 @@ PLUGIN_TYPES: Mapping[str, str] = MappingProxyType(
         "saturation-filter": "fleetgate.router.plugins.saturation_filter:build",
         "serves-model-filter": "fleetgate.router.plugins.model_filter:build",
         "prefix-affinity-scorer": "fleetgate.router.plugins.prefix_scorer:build",
+        "precise-prefix-scorer": "fleetgate.router.plugins.precise_prefix_scorer:build",
         "queue-depth-scorer": "fleetgate.router.plugins.queue_scorer:build",
         "kv-cache-usage-scorer": "fleetgate.router.plugins.kv_usage_scorer:build",
         "inflight-scorer": "fleetgate.router.plugins.inflight_scorer:build",

@@ -1,4 +1,4 @@
-"""The README's Helm walkthrough, as written: its `my-values.yaml` (keys made by its shell lines) renders,
+"""The Helm walkthroughs (the README's quick start and the Kubernetes guide), as written: its `my-values.yaml` (keys made by its shell lines) renders,
 and the gateway built from the rendered config and keys Secret lets the tenant key list and call the
 example model, while the admin key sees no model and a missing key gets 401."""
 
@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from fleetgate.core.config import load_model
@@ -17,12 +18,17 @@ from fleetgate.gateway.settings import GatewaySettings, ModelRoute
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _readme_values(*, admin: str, team: str) -> str:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Install on Kubernetes (Helm)"):]
-    heredoc = re.search(r"cat > my-values.yaml <<EOF\n(.*?)\n\s*EOF\n", section, re.S)
-    assert heredoc, "the README's Helm walkthrough writes no my-values.yaml"
-    lines = heredoc.group(1).splitlines()
+# Each document that tells a user how to write my-values.yaml, and the heading of that walkthrough.
+WALKTHROUGHS = [("README.md", "## Kubernetes quick start"), ("docs/guides/kubernetes.md", "## Install with Helm")]
+
+
+def _walkthrough_values(document: str, heading: str, *, admin: str, team: str) -> str:
+    text = (REPO / document).read_text()
+    assert heading in text, f"{document} lost its Helm walkthrough ({heading!r})"
+    section = text[text.index(heading):]
+    heredoc = re.search(r"cat > my-values.yaml <<(\w+)\n(.*?)\n\s*\1\n", section, re.S)
+    assert heredoc, f"the Helm walkthrough in {document} writes no my-values.yaml"
+    lines = heredoc.group(2).splitlines()
     indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
     text = "\n".join(line[indent:] for line in lines)
 
@@ -34,7 +40,10 @@ def _readme_values(*, admin: str, team: str) -> str:
     return text
 
 
-def test_readme_walkthrough_tenant_key_lists_and_calls_the_example_model(chart: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("document", "heading"), WALKTHROUGHS, ids=[d for d, _ in WALKTHROUGHS])
+def test_walkthrough_tenant_key_lists_and_calls_the_example_model(
+    chart: Any, tmp_path: Path, document: str, heading: str
+) -> None:
     from fastapi.testclient import TestClient
 
     from fleetgate.core.kvstore import MemoryKVStore
@@ -43,7 +52,7 @@ def test_readme_walkthrough_tenant_key_lists_and_calls_the_example_model(chart: 
 
     admin, team = "fg-admin-" + "a" * 32, "fg-team-" + "b" * 32
     values = tmp_path / "my-values.yaml"
-    values.write_text(_readme_values(admin=admin, team=team))
+    values.write_text(_walkthrough_values(document, heading, admin=admin, team=team))
     rendered = chart.render(values=[values])
     (holder,) = [o for o in rendered.component("ConfigMap", "gateway") + rendered.component("Secret", "gateway")
                  if "gateway.yaml" in (o.get("data") or o.get("stringData") or {})]  # fmt: skip

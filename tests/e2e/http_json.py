@@ -17,3 +17,15 @@ def request_json(url: str, body: dict[str, Any] | None = None, *, timeout: float
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
+
+
+def post_json_headers(url: str, body: dict[str, Any], *, timeout: float = 300
+                      ) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, JSON body, lower-cased response headers) of a JSON POST that must succeed or fail with JSON."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            headers = {k.lower(): v for k, v in response.headers.items()}
+            return response.status, json.loads(response.read()), headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}"), {k.lower(): v for k, v in exc.headers.items()}

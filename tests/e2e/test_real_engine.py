@@ -1,12 +1,14 @@
 """End to end: the gateway in front of a real vLLM CPU engine serving the prepared Gemma 3 270M.
 
 One engine and one in-process gateway for the whole module (an engine takes about a minute to
-start). The model directory is prepared on first use into the normal cache (`$FLEETGATE_CACHE` or
-`~/.cache/fleetgate`), exactly as `fleetgate up` does.
+start); the engine publishes its KV-cache events (ipc sockets), which the precise prefix routing test reads
+through a second in-process gateway. The model directory is prepared on first use into the normal cache
+(`$FLEETGATE_CACHE` or `~/.cache/fleetgate`), exactly as `fleetgate up` does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -14,19 +16,29 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from fleetgate.core.types import Endpoint
 from fleetgate.gateway.serve import build_server
-from fleetgate.gateway.settings import GatewaySettings, ModelRoute, ServerSettings
+from fleetgate.gateway.settings import GatewaySettings, KvEventsRoute, ModelRoute, ServerSettings
 from fleetgate.local.config import EngineConfig
 from fleetgate.local.engines import EngineFleet, free_port
 from fleetgate.local.model_prep import prepare_model
 from fleetgate.local.vllm_command import vllm_specs
+from fleetgate.router.config import precise_prefix_config
+from fleetgate.router.hashing import token_block_hashes
+from fleetgate.router.plugins.precise_prefix_scorer import PrecisePrefixScorer
+from fleetgate.router.prompt_tokens import EngineTokenizer, LocalTokenizer
+from fleetgate.router.types import RoutingRequest
+from fleetgate.sim.fake_engine import FakeEngine, FakeEngineConfig
 
-from .http_json import request_json
+from .http_json import post_json_headers, request_json
 
 pytestmark = pytest.mark.real_engine
 
@@ -38,6 +50,9 @@ MAX_MODEL_LEN = 512
 class Stack:
     gateway: str
     engine: str
+    kv_publisher: str  # the engine publishes its KV-cache events here (ipc), for the precise routing test
+    kv_replay: str
+    model_path: Path
 
 
 def _text(url: str) -> str:
@@ -45,31 +60,43 @@ def _text(url: str) -> str:
         return str(response.read().decode())
 
 
+@contextmanager
+def serving(settings: GatewaySettings) -> Iterator[tuple[str, Any]]:
+    """An in-process gateway on a free loopback port, in its own thread: (base URL, its uvicorn server)."""
+    port = free_port()
+    server = build_server(settings.model_copy(update={"server": settings.server.model_copy(update={"port": port})}),
+                          metrics_port=0)
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the gateway did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     model_path = prepare_model()
     logs = tmp_path_factory.mktemp("engine-logs")
-    config = EngineConfig(base_port=0, max_model_len=MAX_MODEL_LEN, max_num_seqs=4, log_dir=logs)
-    fleet = EngineFleet(specs=vllm_specs(config=config, model_path=model_path), startup_timeout_s=900)
+    # KV events on: the precise routing test below reads them; the other tests do not notice them.
+    config = EngineConfig(base_port=0, max_model_len=MAX_MODEL_LEN, max_num_seqs=4, log_dir=logs, kv_events=True)
+    specs = vllm_specs(config=config, model_path=model_path)
+    fleet = EngineFleet(specs=specs, startup_timeout_s=900)
     with fleet:
         fleet.start()
-        port = free_port()
         settings = GatewaySettings(
-            server=ServerSettings(port=port, log_requests=False, auth="open"),
+            server=ServerSettings(log_requests=False, auth="open"),
             models=[ModelRoute(name=MODEL, endpoints=fleet.urls)],
         )
-        server = build_server(settings, metrics_port=0)
-        thread = threading.Thread(target=server.run, name="gateway", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "the gateway did not start"
-            time.sleep(0.05)
-        try:
-            yield Stack(gateway=f"http://127.0.0.1:{port}", engine=fleet.urls[0])
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)
+        with serving(settings) as (url, _server):
+            assert specs[0].kv_publisher is not None and specs[0].kv_replay is not None
+            yield Stack(gateway=url, engine=fleet.urls[0], kv_publisher=specs[0].kv_publisher,
+                        kv_replay=specs[0].kv_replay, model_path=model_path)
 
 
 def test_chat_completion_answers_with_real_text(stack: Stack) -> None:
@@ -248,3 +275,120 @@ async def test_real_envoy_and_the_endpoint_picker_serve_the_real_engine(stack: S
         # charged exactly what the engine reported, for both requests
         assert totals["completion_tokens"] == 12 + answer["usage"]["completion_tokens"]
         assert totals["prompt_tokens"] == usage["prompt_tokens"] + answer["usage"]["prompt_tokens"]
+
+
+@contextmanager
+def fake_engine(model: str) -> Iterator[FakeEngine]:
+    """A fake engine (no KV cache, no events) on its own event loop thread: the endpoint that does not hold a prefix."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="fake-engine", daemon=True)
+    thread.start()
+    engine = FakeEngine(FakeEngineConfig(model=model))
+    asyncio.run_coroutine_threadsafe(engine.start(), loop).result(timeout=30)
+    try:
+        yield engine
+    finally:
+        asyncio.run_coroutine_threadsafe(engine.stop(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        loop.close()
+
+
+def _wait(predicate: Callable[[], bool], *, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_precise_routing_follows_the_engines_own_kv_events(stack: Stack) -> None:
+    """The engine's KV events (vLLM CPU 0.32, tagged-map msgpack) rebuild the blocks it holds under FleetGate's own
+    token hashes: the set predicts exactly the prefix-cache hits the engine then reports in /metrics, and the
+    precise profile sends a prompt to the engine holding its prefix, even one this gateway never saw."""
+    engine_id = stack.engine.removeprefix("http://")
+    with fake_engine(MODEL) as other:
+        settings = GatewaySettings(
+            server=ServerSettings(log_requests=False, auth="open", debug_headers=True),
+            models=[ModelRoute(name=MODEL, endpoints=[stack.engine, other.url], kv_events=[KvEventsRoute(
+                endpoint=stack.engine, publisher=stack.kv_publisher, replay=stack.kv_replay, topic="kv")])],
+            # The prefix alone decides here (ties between the two endpoints are broken at random).
+            routing=precise_prefix_config({"hotspotMargin": None}),
+        )
+        with serving(settings) as (gateway, server):
+            scheduler = server.config.app.state.stages.scheduler
+            (precise,) = [s for s, _ in scheduler.profile.scorers if isinstance(s, PrecisePrefixScorer)]
+            assert _wait(lambda: (st := precise.fleet.state(engine_id)) is not None and st.usable()), "no KV events"
+            state = precise.fleet.state(engine_id)
+            assert state is not None
+            # A prompt sent to the engine directly: the gateway's approximate index never sees it.
+            prompt = "The orchard keeper counts apples under the old walnut tree. " * 30 + "How many?"
+            status, tokenized = request_json(f"{stack.engine}/tokenize", {"model": MODEL, "prompt": prompt})
+            assert status == 200
+            tokens = tokenized["tokens"]
+            status, _ = request_json(f"{stack.engine}/v1/completions",
+                                     {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+            assert status == 200
+            assert _wait(lambda: state.blocks.block_size is not None)
+            size = state.blocks.block_size
+            assert size is not None
+            hashes = token_block_hashes(tokens, block_size=size)
+            assert len(hashes) >= 2, f"the prompt must span blocks of {size} tokens ({len(tokens)} tokens)"
+            assert _wait(lambda: state.blocks.match(hashes) == len(hashes)), (state.blocks.match(hashes), len(hashes))
+            assert state.stats.decode_errors == 0 and state.stats.applied.orphaned == 0
+
+            # What the set predicts is what the engine's own prefix cache then serves (vLLM recomputes the last
+            # prompt token, so a hit never covers the whole prompt).
+            predicted = min(state.blocks.match(hashes) * size, (len(tokens) - 1) // size * size)
+            before = _counter(_text(f"{stack.engine}/metrics"), "vllm:prefix_cache_hits_total")
+            status, _ = request_json(f"{stack.engine}/v1/completions",
+                                     {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+            assert status == 200
+            after = _counter(_text(f"{stack.engine}/metrics"), "vllm:prefix_cache_hits_total")
+            assert after - before == predicted > 0
+
+            # Through the precise gateway: every request with that prefix goes to the engine that holds it.
+            chosen = []
+            for k in range(4):
+                status, body, headers = post_json_headers(
+                    f"{gateway}/v1/completions",
+                    {"model": MODEL, "prompt": prompt + f" Question {k}.", "max_tokens": 1, "temperature": 0})
+                assert status == 200, body
+                chosen.append(headers.get("x-fleetgate-endpoint"))
+            assert chosen == [engine_id] * 4, chosen
+            final = _counter(_text(f"{stack.engine}/metrics"), "vllm:prefix_cache_hits_total")
+            assert final - after >= 4 * predicted
+            assert precise.fleet.fallbacks.get("tokenize", 0) == 0
+
+
+def test_the_local_tokenizer_gives_the_engines_own_tokens(stack: Stack) -> None:
+    """`tokenizer: local` (the model's tokenizer in the gateway) must produce what the engine's `/tokenize` does, or
+    precise routing would silently match nothing: chat (template applied) and completions, special tokens included."""
+    local = LocalTokenizer(paths={MODEL: str(stack.model_path)}, cache_entries=8)
+    engine = Endpoint(id="e", url=stack.engine, model=MODEL)
+    remote = EngineTokenizer(choose=lambda eps: eps[0], timeout_s=30.0, cache_entries=8)
+    bodies = [
+        ("chat", {"messages": [{"role": "system", "content": "You answer in French."},
+                               {"role": "user", "content": "Where is the bakery? Über café, naïve résumé."}]}),
+        ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": "Two"}, {"type": "text",
+                                                                                             "text": " parts"}]}]}),
+        ("completions", {"prompt": "The three primary colours are"}),
+    ]
+
+    async def both() -> list[tuple[list[int] | None, list[int] | None]]:
+        local.preload()
+        for _ in range(600):  # the tokenizer loads in a thread; requests meanwhile get None (approximate routing)
+            if local.loaded(MODEL) or not local.paths:
+                break
+            await asyncio.sleep(0.05)
+        out = []
+        for kind, body in bodies:
+            req = RoutingRequest(request_id="t", model=MODEL, prompt_text="", kind=kind, body=body)
+            out.append((await local.tokens(req, [engine]), await remote.tokens(req, [engine])))
+        await remote.aclose()
+        return out
+
+    for (kind, _body), (ours, theirs) in zip(bodies, asyncio.run(both()), strict=True):
+        assert theirs, kind
+        assert ours == theirs, (kind, ours, theirs)

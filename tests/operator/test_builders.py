@@ -6,6 +6,7 @@ regenerated on purpose: `FLEETGATE_REGEN_GOLDEN=1 pytest tests/operator/test_bui
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -194,3 +195,23 @@ def test_adapter_changes_leave_the_pod_template_and_its_hash_alone() -> None:
 def test_no_lora_no_runtime_env() -> None:
     container = _by_kind(_children(_example("small-l4-awq")))["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert all(e["name"] != "VLLM_ALLOW_RUNTIME_LORA_UPDATING" for e in container["env"])
+
+
+def test_kv_events_publish_on_named_pod_and_service_ports() -> None:
+    doc = _example("speculative-llama-8b")
+    doc["spec"]["engine"]["kvEvents"] = {"port": 5600, "replayPort": 5601, "topic": "kv@llama"}
+    kinds = _by_kind(_children(doc))
+    (container,) = kinds["Deployment"]["spec"]["template"]["spec"]["containers"]
+    config = json.loads(container["args"][container["args"].index("--kv-events-config") + 1])
+    assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5600",
+                      "replay_endpoint": "tcp://*:5601", "topic": "kv@llama", "buffer_steps": 10000}
+    assert {"name": "kv-events", "containerPort": 5600, "protocol": "TCP"} in container["ports"]
+    assert {"name": "kv-replay", "containerPort": 5601, "protocol": "TCP"} in container["ports"]
+    service_ports = {p["name"]: p["port"] for p in kinds["Service"]["spec"]["ports"]}
+    assert service_ports == {"http": 8000, "kv-events": 5600, "kv-replay": 5601}
+    for manifest in kinds.values():
+        if manifest["apiVersion"] in ("v1", "apps/v1"):
+            kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    plain = _by_kind(_children(_example("speculative-llama-8b")))
+    assert "--kv-events-config" not in plain["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [p["name"] for p in plain["Service"]["spec"]["ports"]] == ["http"]

@@ -16,6 +16,7 @@ import pytest
 from lightkube.types import PatchType
 
 from fleetgate.operator.kube import resource_class
+from fleetgate.operator.settings import DEFAULT_ENGINE_IMAGE
 
 from .conftest import Cluster, wait_for
 from .test_operator_kmock import SMALL, _cr, _events, _status
@@ -51,7 +52,7 @@ async def test_scale_set_image_and_patch_svc_are_put_back_within_5_s_with_one_ev
     containers[0]["image"] = "evil/image:1"  # kubectl set image deploy/qwen engine=evil/image:1
     await _patch(cluster, DEPLOYMENTS, "qwen", {"spec": {"template": {"spec": {"containers": containers}}}})
     await wait_for(lambda: cluster.objects("deployments")["qwen"]["spec"]["template"]["spec"]["containers"][0][
-        "image"] == "vllm/vllm-openai:v0.32.0", within=5, what="image")  # fmt: skip
+        "image"] == DEFAULT_ENGINE_IMAGE, within=5, what="image")  # fmt: skip
     ports = copy.deepcopy(cluster.objects("services")["qwen"]["spec"]["ports"])
     ports[0]["port"] = 9000
     await _patch(cluster, SERVICES, "qwen", {"spec": {"ports": ports}})

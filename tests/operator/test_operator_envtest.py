@@ -28,7 +28,7 @@ import pytest
 from fleetgate.operator.crd import build_crd
 from fleetgate.operator.handlers import register
 from fleetgate.operator.kube import KubeApi, resource_class, status_code
-from fleetgate.operator.settings import OperatorSettings
+from fleetgate.operator.settings import DEFAULT_ENGINE_IMAGE, OperatorSettings
 
 ASSETS = os.environ.get("KUBEBUILDER_ASSETS", "")
 HAVE_ENVTEST = bool(ASSETS) and all((Path(ASSETS) / b).is_file() for b in ("kube-apiserver", "etcd"))
@@ -320,7 +320,7 @@ async def test_edited_children_are_put_back_by_real_server_side_apply_within_5_s
     took = [await _until(lambda: _replicas_are(deployment, 1), within=5, what="replicas put back")]
     image = {"spec": {"template": {"spec": {"containers": [{"name": "engine", "image": "evil/image:1"}]}}}}
     await client.patch(Deployment, "drift", image, namespace="default", patch_type=PatchType.STRATEGIC)  # set image
-    took.append(await _until(lambda: _image_is(deployment, "vllm/vllm-openai:v0.32.0"), within=5, what="image"))
+    took.append(await _until(lambda: _image_is(deployment, DEFAULT_ENGINE_IMAGE), within=5, what="image"))
     port = [{"op": "replace", "path": "/spec/ports/0/port", "value": 9000}]
     await client.patch(Service, "drift", port, namespace="default", patch_type=PatchType.JSON)  # patch svc
     took.append(await _until(lambda: _port_is(service, 8000), within=5, what="Service port put back"))

@@ -66,6 +66,25 @@ def test_index_lists_ready_pods_with_tier_and_prices() -> None:
     assert set(index) == {"llama-8b"}
 
 
+def test_engines_that_publish_kv_events_carry_their_pod_addresses() -> None:
+    isvc = {**ISVC, "spec": {**ISVC["spec"], "engine": {"kvEvents": {"port": 5600, "replayPort": 5601}}}}
+    info = service_info(isvc)
+    assert info is not None and info.kv_events_topic == "kv"
+    slice_ = _slice("llama-a", "llama", ("10.0.0.1", True, "p1"), ("10.0.0.2", True, "p2"))
+    slice_["ports"] += [{"name": "kv-events", "port": 5600}, {"name": "kv-replay", "port": 5601}]
+    eps = build_index(services={("ml", "llama"): info}, slices={("ml", "llama-a"): slice_})["llama-8b"]
+    assert [(e.labels["kv_events"], e.labels["kv_events_replay"], e.labels["kv_events_topic"]) for e in eps] == [
+        ("tcp://10.0.0.1:5600", "tcp://10.0.0.1:5601", "kv"), ("tcp://10.0.0.2:5600", "tcp://10.0.0.2:5601", "kv")]
+    # Without the spec field (or before the Service lists the ports) no endpoint claims an event address.
+    plain = service_info(ISVC)
+    assert plain is not None
+    eps = build_index(services={("ml", "llama"): plain}, slices={("ml", "llama-a"): slice_})["llama-8b"]
+    assert not any("kv_events" in e.labels for e in eps)
+    unported = build_index(services={("ml", "llama"): info},
+                           slices={("ml", "llama-a"): _slice("llama-a", "llama", ("10.0.0.1", True, "p1"))})
+    assert "kv_events" not in unported["llama-8b"][0].labels
+
+
 def test_service_without_pods_is_a_known_model_with_no_endpoints() -> None:
     info = service_info(ISVC)
     assert info is not None

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from fleetgate.core.errors import ConfigError
-from fleetgate.engine.args import EngineArgs
+from fleetgate.engine.args import EngineArgs, KvEventsArgs
 
 
 def _flag_value(argv: list[str], flag: str) -> str:
@@ -206,3 +206,44 @@ def test_vllm_parser_reads_back_lora(vllm_parser: argparse.ArgumentParser) -> No
     ns = vllm_parser.parse_args(args.to_argv())
     assert ns.enable_lora is True and (ns.max_loras, ns.max_lora_rank) == (3, 64)
     assert [(m.name, m.path) for m in ns.lora_modules] == [("s", "/a/s")]
+
+
+def test_kv_events_render_vllms_json_config() -> None:
+    args = EngineArgs(model="m", kv_events=KvEventsArgs(endpoint="tcp://*:5557", replay_endpoint="tcp://*:5558",
+                                                        topic="kv", buffer_steps=500))
+    argv = args.to_argv()
+    assert json.loads(argv[argv.index("--kv-events-config") + 1]) == {
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557",
+        "replay_endpoint": "tcp://*:5558", "topic": "kv", "buffer_steps": 500}
+    local = EngineArgs(model="m", kv_events=KvEventsArgs(endpoint="ipc:///tmp/e0.pub")).to_argv()
+    assert json.loads(local[local.index("--kv-events-config") + 1]) == {
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "ipc:///tmp/e0.pub", "topic": ""}
+    assert "--kv-events-config" not in EngineArgs(model="m").to_argv()
+
+
+@pytest.mark.parametrize(
+    ("kv", "changes", "needle"),
+    [
+        (KvEventsArgs(endpoint="tcp://10.0.0.5:5557"), {}, "binding"),  # vLLM would connect, not bind
+        (KvEventsArgs(endpoint="tcp://*:"), {}, "tcp"),
+        (KvEventsArgs(endpoint="http://x"), {}, "tcp"),
+        (KvEventsArgs(endpoint="tcp://*:5557", replay_endpoint="tcp://*:5557"), {}, "differ"),
+        (KvEventsArgs(endpoint="tcp://*:5557", topic="a b"), {}, "topic"),
+        (KvEventsArgs(endpoint="tcp://*:5557", buffer_steps=0), {}, "buffer_steps"),
+        (KvEventsArgs(endpoint="tcp://*:5557"), {"enable_prefix_caching": False}, "prefix caching"),
+        (None, {"extra_args": ["--kv-events-config", "{}"]}, "typed field"),
+    ],
+)
+def test_invalid_kv_events_raise(kv: KvEventsArgs | None, changes: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        EngineArgs(model="m", kv_events=kv, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_vllm_parser_reads_back_kv_events(vllm_parser: argparse.ArgumentParser) -> None:
+    args = EngineArgs(model="/m", kv_events=KvEventsArgs(endpoint="tcp://*:5557", replay_endpoint="tcp://*:5558",
+                                                         topic="kv", buffer_steps=100))
+    config = vllm_parser.parse_args(args.to_argv()).kv_events_config
+    assert config.enable_kv_cache_events is True and config.publisher == "zmq"
+    assert (config.endpoint, config.replay_endpoint, config.topic, config.buffer_steps) == (
+        "tcp://*:5557", "tcp://*:5558", "kv", 100)

@@ -37,6 +37,18 @@ def test_file_is_loaded_and_endpoints_normalised(tmp_path: Path) -> None:
     assert source.endpoints("unknown") == []
 
 
+def test_kv_event_addresses_become_endpoint_labels(tmp_path: Path) -> None:
+    f = tmp_path / "gw.yaml"
+    f.write_text("models:\n  - name: small\n    endpoints: ['http://10.0.0.1:8000', 'http://10.0.0.2:8000/v1']\n"
+                 "    kv_events:\n"
+                 "      - {endpoint: 'http://10.0.0.2:8000/', publisher: 'tcp://10.0.0.2:5557',"
+                 " replay: 'tcp://10.0.0.2:5558', topic: kv}\n")
+    eps = StaticEndpointSource(load_model(GatewaySettings, f).models).endpoints("small")
+    assert eps[0].labels == {}
+    assert eps[1].labels == {"kv_events": "tcp://10.0.0.2:5557", "kv_events_replay": "tcp://10.0.0.2:5558",
+                             "kv_events_topic": "kv"}
+
+
 @pytest.mark.parametrize(
     ("text", "where"),
     [
@@ -45,6 +57,12 @@ def test_file_is_loaded_and_endpoints_normalised(tmp_path: Path) -> None:
         ("models: [{name: a, endpoints: ['10.0.0.1:80']}]\n", "models.0.endpoints"),
         ("models: [{name: a}, {name: a}]\n", "models"),
         ("discovery: {kind: consul}\n", "discovery.kind"),
+        ("models: [{name: a, endpoints: ['http://e:1'], kv_events: [{endpoint: 'http://f:1', publisher: 'tcp://f:2'}]}]\n",
+         "models.0"),
+        ("models: [{name: a, endpoints: ['http://e:1'], kv_events: [{endpoint: 'http://e:1', publisher: 'e:2'}]}]\n",
+         "models.0.kv_events.0.publisher"),
+        ("models: [{name: a, endpoints: ['http://e:1'], kv_events: [{endpoint: 'http://e:1', publisher: 'ipc:///p',"
+         " replay: 'http://e:3'}]}]\n", "models.0.kv_events.0.replay"),
     ],
 )
 def test_mistakes_are_config_errors_naming_the_field(tmp_path: Path, text: str, where: str) -> None:

@@ -57,6 +57,7 @@ def test_names_are_unique_and_tensor_parallel_runs_last() -> None:
                                        "--max-num-seqs", "--no-enable-prefix-caching"]),
         ("llama8b-draft-eager", ["--speculative-config"]),
         ("qwen7b-gptq-eager", ["--quantization", "--gpu-memory-utilization"]),
+        ("gemma3-12b-eager", ["--kv-events-config"]),
         ("llama8b-nochunk-e5m2-eager", ["--no-enable-chunked-prefill", "--kv-cache-dtype"]),
         ("llama70b-fp8-tp2", ["--tensor-parallel-size"]),
     ],

@@ -116,3 +116,25 @@ def test_local_stack_is_local_mode_unless_the_file_asks_for_keys(tmp_path: Path)
     keyed = tmp_path / "keyed.yaml"
     keyed.write_text("gateway: {server: {auth: api_key}}\n")
     assert load_up_config(keyed).gateway.server.auth == "api_key"
+
+
+def test_kv_events_publish_on_ipc_beside_the_logs_and_reach_the_gateway(tmp_path: Path) -> None:
+    import json
+
+    from fleetgate.gateway.discovery import StaticEndpointSource
+    from fleetgate.local.up import kv_event_routes
+    from fleetgate.local.vllm_command import vllm_specs
+
+    config = EngineConfig(replicas=2, base_port=9100, kv_events=True, log_dir=tmp_path)
+    specs = vllm_specs(config=config, model_path=tmp_path / "model", python="py")
+    for i, spec in enumerate(specs):
+        kv = json.loads(spec.argv[spec.argv.index("--kv-events-config") + 1])
+        assert kv["endpoint"] == spec.kv_publisher == f"ipc://{tmp_path.resolve()}/engine-{i}.kv"
+        assert kv["replay_endpoint"] == spec.kv_replay and kv["enable_kv_cache_events"] is True
+    settings = route_models(gateway=load_up_config(None).gateway, model="gemma-3-270m", served_name="gemma-3-270m",
+                            urls=[s.url for s in specs], kv_events=kv_event_routes(specs))
+    eps = StaticEndpointSource(settings.models).endpoints("gemma-3-270m")
+    assert [e.labels["kv_events"] for e in eps] == [s.kv_publisher for s in specs]
+    plain = vllm_specs(config=EngineConfig(log_dir=tmp_path), model_path=tmp_path, python="py")
+    assert plain[0].kv_publisher is None and "--kv-events-config" not in plain[0].argv
+    assert kv_event_routes(plain) == []

@@ -73,6 +73,9 @@ REFUSED = [
     {**BASE, "engine": {"maxLoraRank": 8}, "adapters": [{"name": "sql", "source": "/a/sql", "rank": 16}]},
     {**BASE, "pod": {"labels": {"app.kubernetes.io/instance": "other"}}},
     {**BASE, "pod": {"securityContext": {"seccompProfile": {"type": "Localhost"}}}},
+    {**BASE, "engine": {"prefixCaching": False, "kvEvents": {}}},
+    {**BASE, "engine": {"kvEvents": {"port": 6000, "replayPort": 6000}}},
+    {**BASE, "engine": {"kvEvents": {"port": 8000}}},
 ]
 ACCEPTED = [
     BASE,
@@ -86,6 +89,8 @@ ACCEPTED = [
     {**BASE, "pod": {"labels": {"team": "ml"}, "securityContext": {"runAsUser": 2000,
                                                                     "seccompProfile": {"type": "Localhost",
                                                                                        "localhostProfile": "p.json"}}}},
+    {**BASE, "engine": {"kvEvents": {}}},
+    {**BASE, "engine": {"kvEvents": {"port": 7000, "replayPort": 7001, "topic": "kv@llama"}}},
 ] + [d["spec"] for p in sorted(EXAMPLES.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
 
 

@@ -98,3 +98,31 @@ def test_shipped_example_is_the_default_profile() -> None:
     assert example.profile() == default.profile()
     assert [(p.type, p.ref) for p in example.plugins] == [(p.type, p.ref) for p in default.plugins]
     assert example.scrape == default.scrape and example.ejection == default.ejection
+
+
+def test_shipped_precise_example_is_the_precise_preset() -> None:
+    path = Path(__file__).resolve().parents[2] / "router" / "examples" / "precise-prefix.yaml"
+    example = load_model(RoutingConfig, path)
+    preset_config = preset("precise-prefix")
+    assert example.profile() == preset_config.profile()
+    assert [(p.type, p.ref) for p in example.plugins] == [(p.type, p.ref) for p in preset_config.plugins]
+    prefix = next(p for p in example.plugins if p.ref == "prefix")
+    assert prefix.type == "precise-prefix-scorer" and prefix.parameters["tokenizer"] == "engine"
+    assert build_scheduler(example, scrape=False).profile.name == "precise-prefix"
+
+
+def test_the_gpu_benchmarks_precise_profile_is_the_preset_with_a_local_tokenizer() -> None:
+    from fleetgate.bench.live_gateway import resolve_profile
+
+    path = Path(__file__).resolve().parents[2] / "router" / "examples" / "precise-prefix-gpu.yaml"
+    variables = {"ENGINE_URLS": "[]", "KV_EVENTS_ENDPOINTS": "[]", "MODEL_DIR": "/work/models/llama",
+                 "BLOCK_SIZE": "16"}
+    profile = resolve_profile("precise-prefix", configs={"precise-prefix": path}, variables=variables)
+    assert profile.routing is not None
+    config = RoutingConfig.model_validate(profile.routing)
+    preset_config = preset("precise-prefix")
+    assert config.profile() == preset_config.profile()
+    assert [(p.type, p.ref) for p in config.plugins] == [(p.type, p.ref) for p in preset_config.plugins]
+    prefix = next(p for p in config.plugins if p.ref == "prefix")
+    assert prefix.parameters == {"tokenizer": "local", "tokenizerPaths": {"*": "/work/models/llama"}}
+    assert build_scheduler(config, scrape=False).profile.name == "precise-prefix"

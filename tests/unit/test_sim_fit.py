@@ -68,7 +68,7 @@ def fitted() -> dict[str, Any]:
 def test_the_split_trains_on_round_robin_and_holds_out_the_rest(fitted: dict[str, Any]) -> None:
     assert len(fitted["train"]) == 3 and all("round-robin" in name for name in fitted["train"])
     assert len(fitted["test"]) == 3
-    assert fitted["not_simulable"] == ["precise-prefix"]  # no preset: the simulator cannot route it
+    assert fitted["not_simulable"] == ["precise-prefix"]  # the simulated engines publish no KV events
 
 
 def test_the_fit_lands_near_the_truth(fitted: dict[str, Any]) -> None:

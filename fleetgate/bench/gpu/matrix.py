@@ -130,9 +130,11 @@ def gpu_matrix(*, path: Callable[[str], str], accelerator: str, gemma_dir: str |
         SweepConfig(name="llama8b-draft1b-eager", shape="llama-3.1-8b",
                     spec=spec("llama-3.1-8b", speculative=draft1b, maxNumSeqs=256, gpuMemoryUtilization=0.8, **eager),
                     knobs=("speculative draft_model (held-out draft)", "maxNumSeqs 256", "gpuMemoryUtilization 0.8")),
+        # kvEvents: vLLM 0.26 must accept the rendered --kv-events-config and publish per KV group (Gemma 3 has
+        # sliding-window and full-attention groups, which precise prefix routing tells apart).
         SweepConfig(name="gemma3-12b-eager", shape="gemma-3-12b",
-                    spec=spec("gemma-3-12b", gpuMemoryUtilization=0.9, **eager),
-                    knobs=("Gemma 3 architecture", "sliding-window KV groups")),
+                    spec=spec("gemma-3-12b", gpuMemoryUtilization=0.9, kvEvents={}, **eager),
+                    knobs=("Gemma 3 architecture", "sliding-window KV groups", "kvEvents (--kv-events-config)")),
         # Llama-3.1-8B's own 128,256-token vocabulary for LoRA: vLLM refuses LoRA above 258,048 (refused-lora-vocab).
         SweepConfig(name="llama8b-lora-eager", shape="llama-3.1-8b-vocab128k",
                     spec=spec("llama-3.1-8b-vocab128k", maxAdapters=4, maxLoraRank=16, gpuMemoryUtilization=0.8,

@@ -1,0 +1,260 @@
+"""The token ids of a request's prompt, as the engine will see them: the request side of precise prefix routing.
+
+The engine caches the tokens of the prompt it builds: for a chat request, the model's chat template
+applied to the messages (plus its options), then tokenized. To compare a request with the blocks an
+engine holds, the gateway needs those same tokens. Two ways, chosen by the scorer's `tokenizer`:
+
+- `engine` (default): ask vLLM's own `POST /tokenize` on one of the candidate engines (the least
+  loaded), with the request's messages or prompt and the options that change the prompt
+  (`add_generation_prompt`, `continue_final_message`, `add_special_tokens`, `chat_template`,
+  `chat_template_kwargs`, `tools`, `mm_processor_kwargs`). Exact by construction (same template
+  code, same tokenizer, same model revision as the engine that caches the blocks), nothing to install
+  or keep in sync in the gateway; it costs one loopback/pod-network round trip (~1.5-3 ms on a vLLM CPU
+  engine) before the decision, and some CPU in the engine's API server.
+- `local`: the model's Hugging Face tokenizer in the gateway process (`transformers`, loaded in a thread
+  at start-up, or on a model's first request, from `tokenizerPaths[model]` or `tokenizerPaths["*"]`, a
+  directory with `tokenizer.json` and its chat template; requests meanwhile route on the approximate index): no
+  round trip, but the gateway needs the tokenizer files and transformers, and a template that renders
+  differently from vLLM's (content-part handling, tools) silently costs matches (never correctness: a
+  prompt that matches nothing scores like a cold one).
+
+Both keep an LRU cache keyed by (model, canonical JSON of what is tokenized), so a retried or repeated
+request is not tokenized twice. A completions prompt given as token ids needs no tokenizer. A request
+that cannot be tokenized (batch prompts, an engine error or timeout, no tokenizer for the model) gets
+None: the scorer then uses the approximate, text-based index for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+import xxhash
+
+from fleetgate.core.types import Endpoint
+from fleetgate.router.types import RoutingRequest
+
+if TYPE_CHECKING:
+    import aiohttp
+
+log = logging.getLogger(__name__)
+ANY_MODEL = "*"
+CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
+                "chat_template_kwargs", "tools", "mm_processor_kwargs")
+
+
+class PromptTokenizer(Protocol):
+    async def tokens(self, req: RoutingRequest, endpoints: Sequence[Endpoint]) -> list[int] | None: ...
+
+    def preload(self) -> None:
+        """Start loading what the first request would otherwise wait for (in the background)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def tokenize_request(req: RoutingRequest, *, model: str) -> dict[str, Any] | list[int] | None:
+    """The `/tokenize` body for the request (or its prompt's token ids as given); None when it has none."""
+    body = req.body
+    if body is None:
+        return None
+    if req.kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return None
+        out: dict[str, Any] = {"model": model, "messages": messages}
+        out.update({k: body[k] for k in CHAT_OPTIONS if body.get(k) is not None})
+        return out
+    if req.kind == "completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            return None  # batch prompts: several prompts, no single prefix to route on
+        out = {"model": model, "prompt": prompt}
+        if body.get("add_special_tokens") is not None:
+            out["add_special_tokens"] = body["add_special_tokens"]
+        return out
+    return None
+
+
+class _Lru:
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._data: OrderedDict[int, list[int]] = OrderedDict()
+
+    @staticmethod
+    def key(body: Mapping[str, Any]) -> int:
+        return xxhash.xxh3_64_intdigest(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+
+    def get(self, key: int) -> list[int] | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: int, value: list[int]) -> None:
+        self._data[key] = value
+        if len(self._data) > self.entries:
+            self._data.popitem(last=False)
+
+
+class _CachedTokenizer:
+    """What both tokenizers share: the request's body, the LRU cache, the failure count."""
+
+    def __init__(self, *, cache_entries: int) -> None:
+        self.cache = _Lru(cache_entries)
+        self.failures = 0
+
+    def _model(self, req: RoutingRequest, endpoints: Sequence[Endpoint]) -> str:
+        return req.model
+
+    async def tokens(self, req: RoutingRequest, endpoints: Sequence[Endpoint]) -> list[int] | None:
+        if not endpoints:
+            return None
+        body = tokenize_request(req, model=self._model(req, endpoints))
+        if body is None or isinstance(body, list):
+            return body
+        key = self.cache.key(body)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        tokens = await self._tokenize(body, req, endpoints)
+        if tokens is None:
+            self.failures += 1
+        else:
+            self.cache.put(key, tokens)
+        return tokens
+
+    async def _tokenize(self, body: dict[str, Any], req: RoutingRequest, endpoints: Sequence[Endpoint]
+                        ) -> list[int] | None:
+        raise NotImplementedError
+
+    def preload(self) -> None:
+        return None
+
+
+class EngineTokenizer(_CachedTokenizer):
+    """Tokens from vLLM's `/tokenize` on the endpoint `choose` picks among the candidates."""
+
+    def __init__(self, *, choose: Callable[[Sequence[Endpoint]], Endpoint], timeout_s: float = 0.5,
+                 cache_entries: int = 4096) -> None:
+        super().__init__(cache_entries=cache_entries)
+        self.choose = choose
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def _model(self, req: RoutingRequest, endpoints: Sequence[Endpoint]) -> str:
+        return endpoints[0].model  # the engine's own name for the base model; an adapter shares its tokenizer
+
+    async def _tokenize(self, body: dict[str, Any], req: RoutingRequest, endpoints: Sequence[Endpoint]
+                        ) -> list[int] | None:
+        import aiohttp
+
+        endpoint = self.choose(endpoints)
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        try:
+            async with self._session.post(f"{endpoint.url}/tokenize", data=orjson.dumps(body),
+                                          headers={"Content-Type": "application/json"}) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    raise OSError(f"HTTP {resp.status}: {raw[:200]!r}")
+            tokens = orjson.loads(raw).get("tokens")
+            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+                raise ValueError("no token list in the answer")
+        except (TimeoutError, OSError, ValueError, AttributeError, aiohttp.ClientError) as exc:
+            log.debug("tokenize failed; routing on the approximate index",
+                      extra={"endpoint": endpoint.id, "error": str(exc)})
+            return None
+        return tokens
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class LocalTokenizer(_CachedTokenizer):
+    """Tokens from the model's Hugging Face tokenizer in this process, loaded on first use per model."""
+
+    def __init__(self, *, paths: Mapping[str, str], cache_entries: int = 4096) -> None:
+        super().__init__(cache_entries=cache_entries)
+        self.paths = dict(paths)
+        self._loaded: dict[str, Any] = {}
+        self._loading: dict[str, asyncio.Task[Any]] = {}
+
+    def preload(self) -> None:
+        for model in list(self.paths):
+            self._tokenizer(model)
+
+    def loaded(self, model: str) -> bool:
+        """Whether `model`'s tokenizer is ready (False while it loads, and after it failed to)."""
+        return self._tokenizer(model) is not None
+
+    def _tokenizer(self, model: str) -> Any:
+        """The model's tokenizer once loaded; None while it loads (in a thread, started here on first use: the
+        requests meanwhile route on the approximate index rather than wait seconds) or when it cannot load."""
+        model = model if model in self.paths else ANY_MODEL  # `*`: one tokenizer for every model
+        tok = self._loaded.get(model)
+        if tok is not None:
+            return tok
+        path = self.paths.get(model)
+        if path is None:
+            return None
+        task = self._loading.get(model)
+        if task is None:
+            self._loading[model] = asyncio.create_task(asyncio.to_thread(_load_tokenizer, path))
+            return None
+        if not task.done():
+            return None
+        if task.cancelled() or task.exception() is not None:
+            log.warning("loading the tokenizer failed", exc_info=task.exception() if not task.cancelled() else None,
+                        extra={"model": model, "path": path})
+            self.paths.pop(model)  # do not retry on every request: it would fail the same way
+            return None
+        tok = self._loaded[model] = task.result()
+        return tok
+
+    async def _tokenize(self, body: dict[str, Any], req: RoutingRequest, endpoints: Sequence[Endpoint]
+                        ) -> list[int] | None:
+        tok = self._tokenizer(req.model)
+        if tok is None:
+            return None
+        try:
+            return _encode(tok, body)
+        except Exception as exc:  # a template that rejects the messages: the engine will say so to the client
+            log.debug("local tokenization failed", extra={"model": req.model, "error": str(exc)})
+            return None
+
+    async def aclose(self) -> None:
+        for task in self._loading.values():
+            task.cancel()
+        self._loading.clear()
+
+
+def _load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _encode(tok: Any, body: Mapping[str, Any]) -> list[int]:
+    """As vLLM does: render the chat template to text, then tokenize without adding special tokens again."""
+    if "messages" in body:
+        kwargs = dict(body.get("chat_template_kwargs") or {})
+        text = tok.apply_chat_template(
+            body["messages"], tokenize=False, chat_template=body.get("chat_template"), tools=body.get("tools"),
+            add_generation_prompt=body.get("add_generation_prompt", True),
+            continue_final_message=body.get("continue_final_message", False), **kwargs,
+        )
+        ids = tok(text, add_special_tokens=bool(body.get("add_special_tokens", False)))["input_ids"]
+    else:
+        ids = tok(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)))["input_ids"]
+    return [int(t) for t in ids]
