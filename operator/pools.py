@@ -77,11 +77,14 @@ class PoolPublisher:
             return None
         owner = Owner.from_body(body)
         try:
-            served = served_name(spec=parse_spec(body.get("spec") or {}), name=owner.name)
+            spec = parse_spec(body.get("spec") or {})
+            served = served_name(spec=spec, name=owner.name)
         except (ValidationError, ValueError):
             return None
         picker = self._picker()
-        manifest = build_inference_pool(owner=owner, served_model=served, picker=picker)
+        kv = spec.engine.kv_events
+        manifest = build_inference_pool(owner=owner, served_model=served, picker=picker,
+                                        kv_events_topic=kv.topic if kv is not None else None)
         where = f"{owner.namespace}/{owner.name}"
         absent = PoolStatus(name=owner.name, phase="CRDAbsent", message=(
             f"the InferencePool API ({POOL_GROUP}/{POOL_VERSION}) is not installed in this cluster: no pool "

@@ -31,6 +31,8 @@ ENGINE_NAME = "fleetgate-engine"
 
 ANNOTATION_SPEC_HASH = "fleetgate.io/spec-hash"
 ANNOTATION_SERVED_MODEL = "fleetgate.io/served-model"
+# On an InferencePool whose engines publish KV-cache events: their topic (the ports are named on the pods)
+ANNOTATION_KV_EVENTS_TOPIC = "fleetgate.io/kv-events-topic"
 
 # Scale to zero: the gateway writes when a model was last asked for (at most once per
 # `server.scale_from_zero.active_mark_s`); the operator writes the replica count it scaled down from, which

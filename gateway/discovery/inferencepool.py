@@ -11,7 +11,10 @@ named pool with `discovery.pool`, else every pool of the namespace) and the Pods
 
 as the Inference Extension's implementer guide describes ("tracking InferencePool endpoints separately"): the
 pool's selector picks pods, not a Service. A pool with no ready pod stays known (a request gets 503, never 404).
-Each endpoint is labelled `inferencepool`, `namespace` and `pod`. Pods are watched with
+Each endpoint is labelled `inferencepool`, `namespace` and `pod`; on a pool annotated
+`fleetgate.io/kv-events-topic` (the operator's, for `engine.kvEvents`) also with where its pod publishes KV-cache
+events for the precise prefix scorer (`kv_events: tcp://<pod IP>:<container port "kv-events">`, the replay address
+from port "kv-replay", the topic), as Kubernetes discovery does from EndpointSlices. Pods are watched with
 `discovery.pod_label_selector` when set (fewer events in a busy namespace), else all pods of the namespace.
 """
 
@@ -24,7 +27,17 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Gauge
 
 from fleetgate.core.types import Endpoint
-from fleetgate.engine.kube_names import ANNOTATION_SERVED_MODEL, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION
+from fleetgate.engine.kube_names import (
+    ANNOTATION_KV_EVENTS_TOPIC,
+    ANNOTATION_SERVED_MODEL,
+    KV_EVENTS_PORT_NAME,
+    KV_REPLAY_PORT_NAME,
+    POOL_GROUP,
+    POOL_KIND,
+    POOL_PLURAL,
+    POOL_VERSION,
+)
+from fleetgate.gateway.discovery.kubernetes import kv_event_labels
 from fleetgate.gateway.discovery.watching import WatchedSource
 
 if TYPE_CHECKING:
@@ -41,6 +54,7 @@ class PoolInfo:
     model: str
     selector: Mapping[str, str] = field(default_factory=dict)
     ports: tuple[int, ...] = ()
+    kv_events_topic: str | None = None  # the pods publish KV-cache events on this topic; None: not announced
 
 
 def pool_info(obj: Mapping[str, Any]) -> PoolInfo | None:
@@ -53,9 +67,12 @@ def pool_info(obj: Mapping[str, Any]) -> PoolInfo | None:
                   if isinstance(p, dict) and isinstance(p.get("number"), int) and 0 < p["number"] < 65536)
     if not name or not namespace or not isinstance(labels, dict) or not labels or not ports:
         return None  # an empty selector would take every pod of the namespace: never
-    model = (meta.get("annotations") or {}).get(ANNOTATION_SERVED_MODEL) or name
+    annotations = meta.get("annotations") or {}
+    model = annotations.get(ANNOTATION_SERVED_MODEL) or name
+    topic = annotations.get(ANNOTATION_KV_EVENTS_TOPIC)
     return PoolInfo(namespace=namespace, name=name, model=str(model),
-                    selector={str(k): str(v) for k, v in labels.items()}, ports=ports)
+                    selector={str(k): str(v) for k, v in labels.items()}, ports=ports,
+                    kv_events_topic=str(topic) if topic is not None else None)
 
 
 def ready_pod(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, str]] | None:
@@ -67,6 +84,14 @@ def ready_pod(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, str]] | No
         return None
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     return (str(meta.get("name", "")), str(ip), meta.get("labels") or {}) if ready else None
+
+
+def kv_event_ports(obj: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """The pod's container ports named `kv-events` and `kv-replay` (the operator names them for engine.kvEvents)."""
+    named = {p.get("name"): p.get("containerPort") for c in (obj.get("spec") or {}).get("containers") or []
+             if isinstance(c, dict) for p in c.get("ports") or [] if isinstance(p, dict)}
+    pub, replay = named.get(KV_EVENTS_PORT_NAME), named.get(KV_REPLAY_PORT_NAME)
+    return (pub if isinstance(pub, int) else None, replay if isinstance(replay, int) else None)
 
 
 def build_pool_index(
@@ -87,7 +112,8 @@ def build_pool_index(
                 continue
             host = f"[{ip}]" if ":" in ip else ip
             for port in pool.ports:
-                labels_out = {"inferencepool": pool.name, "namespace": namespace, "pod": pod}
+                labels_out = {"inferencepool": pool.name, "namespace": namespace, "pod": pod,
+                              **kv_event_labels(pool.kv_events_topic, host, kv_event_ports(obj))}
                 found.append(Endpoint(id=f"{host}:{port}", url=f"http://{host}:{port}", model=pool.model,
                                       labels=labels_out))
     for model, endpoints in index.items():

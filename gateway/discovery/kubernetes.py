@@ -182,12 +182,13 @@ def kv_event_ports(slice_: Mapping[str, Any]) -> tuple[int | None, int | None]:
     return (int(pub) if isinstance(pub, int) else None, int(replay) if isinstance(replay, int) else None)
 
 
-def _kv_labels(info: ServiceInfo, host: str, ports: tuple[int | None, int | None]) -> dict[str, str]:
-    """Where the pod at `host` publishes KV events, as the precise prefix scorer reads it from labels."""
+def kv_event_labels(topic: str | None, host: str, ports: tuple[int | None, int | None]) -> dict[str, str]:
+    """Where the pod at `host` publishes KV events, as the precise prefix scorer reads it from labels (also used by
+    InferencePool discovery)."""
     pub, replay = ports
-    if info.kv_events_topic is None or pub is None:
+    if topic is None or pub is None:
         return {}
-    labels = {LABEL_KV_EVENTS: f"tcp://{host}:{pub}", LABEL_KV_EVENTS_TOPIC: info.kv_events_topic}
+    labels = {LABEL_KV_EVENTS: f"tcp://{host}:{pub}", LABEL_KV_EVENTS_TOPIC: topic}
     if replay is not None:
         labels[LABEL_KV_EVENTS_REPLAY] = f"tcp://{host}:{replay}"
     return labels
@@ -210,7 +211,8 @@ def build_index(
     for key, info in sorted(services.items()):
         for ip, port, pod in sorted(set(by_service.get(key, []))):
             host = f"[{ip}]" if ":" in ip else ip
-            labels = {**info.labels, "pod": pod, **_kv_labels(info, host, kv_ports.get((ip, port), (None, None)))}
+            kv = kv_event_labels(info.kv_events_topic, host, kv_ports.get((ip, port), (None, None)))
+            labels = {**info.labels, "pod": pod, **kv}
             index.setdefault(info.served_model, []).append(
                 Endpoint(id=f"{host}:{port}", url=f"http://{host}:{port}", model=info.served_model, labels=labels)
             )

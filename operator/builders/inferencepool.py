@@ -5,7 +5,9 @@ pods exactly as the engine Service does (`selector_labels`), on the engine's por
 Endpoint Picker Service (`endpointPickerRef`, a Service in the pool's own namespace: the reference has no
 namespace) with its `failureMode`. Ownership follows the GIE implementer guide (shared ownership, as for a
 Service): no ownerReferences and no labels claiming the object. Annotations only record provenance and the
-served model, which the picker's `inferencepool` discovery reads (`fleetgate.io/served-model`); the operator
+served model, which the picker's `inferencepool` discovery reads (`fleetgate.io/served-model`), and with
+`engine.kvEvents` the engines' event topic (`fleetgate.io/kv-events-topic`: the picker's precise prefix scorer
+subscribes to each pod's named `kv-events` port with it); the operator
 deletes the pool itself when its InferenceService is gone (`fleetgate.operator.pools`), never through the
 garbage collector.
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleetgate.engine.kube_names import (
+    ANNOTATION_KV_EVENTS_TOPIC,
     ANNOTATION_SERVED_MODEL,
     ANNOTATION_SPEC_HASH,
     ENGINE_PORT,
@@ -38,7 +41,9 @@ class EndpointPicker:
     failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
 
 
-def build_inference_pool(*, owner: Owner, served_model: str, picker: EndpointPicker) -> dict[str, Any]:
+def build_inference_pool(
+    *, owner: Owner, served_model: str, picker: EndpointPicker, kv_events_topic: str | None = None
+) -> dict[str, Any]:
     spec = {
         "selector": {"matchLabels": selector_labels(owner)},
         "targetPorts": [{"number": ENGINE_PORT}],
@@ -51,6 +56,8 @@ def build_inference_pool(*, owner: Owner, served_model: str, picker: EndpointPic
         ANNOTATION_PUBLISHED_FOR: f"{owner.namespace}/{owner.name}",
         ANNOTATION_PUBLISHED_UID: owner.uid,
     }
+    if kv_events_topic is not None:  # None: the engines publish no KV events
+        annotations[ANNOTATION_KV_EVENTS_TOPIC] = kv_events_topic
     annotations[ANNOTATION_SPEC_HASH] = spec_hash({"spec": spec, "annotations": annotations})
     return {
         "apiVersion": f"{POOL_GROUP}/{POOL_VERSION}",

@@ -15,7 +15,15 @@ from typing import Any
 import kmock
 import pytest
 
-from fleetgate.engine.kube_names import POOL_CRD, POOL_GROUP, POOL_PLURAL, POOL_VERSION
+from fleetgate.engine.kube_names import (
+    ANNOTATION_KV_EVENTS_TOPIC,
+    KV_EVENTS_PORT_NAME,
+    KV_REPLAY_PORT_NAME,
+    POOL_CRD,
+    POOL_GROUP,
+    POOL_PLURAL,
+    POOL_VERSION,
+)
 from fleetgate.operator.apisim import VERBS, new_emulator
 from fleetgate.operator.builders.inferencepool import ANNOTATION_PUBLISHED_UID
 from fleetgate.operator.kube import API_CALLS, KubeApi, resource_class
@@ -95,12 +103,19 @@ async def test_pool_is_published_updated_and_withdrawn(cluster: Cluster, operato
     assert "ownerReferences" not in meta and "labels" not in meta  # shared ownership: nothing claims the pool
     assert meta["annotations"]["fleetgate.io/served-model"] == "qwen"
     assert meta["annotations"][ANNOTATION_PUBLISHED_UID] == isvc["metadata"]["uid"]
+    assert ANNOTATION_KV_EVENTS_TOPIC not in meta["annotations"]  # the engines publish no KV events
     await wait_for(lambda: pool_status(cluster, "qwen").get("phase") == "Published", what="Published status")
     assert "fleetgate-epp:9002" in pool_status(cluster, "qwen")["message"]
 
     await cluster.patch_spec("qwen", {"model": {"servedName": "qwen-7b"}})
     await wait_for(lambda: cluster.objects(POOL_PLURAL)["qwen"]["metadata"]["annotations"][
         "fleetgate.io/served-model"] == "qwen-7b", what="the pool updated")
+    # KV events on: the pool names their topic; the engine pods name the ports the picker's discovery reads
+    await cluster.patch_spec("qwen", {"engine": {"prefixCaching": True, "kvEvents": {"topic": "qwen-kv"}}})
+    await wait_for(lambda: cluster.objects(POOL_PLURAL)["qwen"]["metadata"]["annotations"].get(
+        ANNOTATION_KV_EVENTS_TOPIC) == "qwen-kv", what="the pool's KV-event topic")
+    (container,) = cluster.objects("deployments")["qwen"]["spec"]["template"]["spec"]["containers"]
+    assert {p["name"] for p in container["ports"]} >= {KV_EVENTS_PORT_NAME, KV_REPLAY_PORT_NAME}
     # the reconciler's own status writes leave the pool's status alone
     await cluster.fake_rollout("qwen", ready=1)
     await wait_for(lambda: (cluster.objects("inferenceservices")["qwen"].get("status") or {}).get("phase") == "Ready",

@@ -23,10 +23,12 @@ from .kmock_api import client, eventually
 
 
 def pool(name: str, *, ports: tuple[int, ...] = (8000,), model: str | None = None, namespace: str = "ml",
-         selector: dict[str, str] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+         selector: dict[str, str] | None = None, kv_topic: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": {}}
     if model:
-        meta["annotations"] = {"fleetgate.io/served-model": model}
+        meta["annotations"]["fleetgate.io/served-model"] = model
+    if kv_topic is not None:
+        meta["annotations"]["fleetgate.io/kv-events-topic"] = kv_topic
     return {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool", "metadata": meta,
             "spec": {"selector": {"matchLabels": selector or {"app": name}},
                      "targetPorts": [{"number": p} for p in ports],
@@ -34,15 +36,15 @@ def pool(name: str, *, ports: tuple[int, ...] = (8000,), model: str | None = Non
 
 
 def pod(name: str, ip: str | None, *, app: str, ready: bool = True, namespace: str = "ml",
-        deleting: bool = False) -> dict[str, Any]:
+        deleting: bool = False, ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": {"app": app, "other": "x"}}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     if ip:
         status["podIP"] = ip
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [{"name": "e", "image": "i"}]},
-            "status": status}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "e", "image": "i", "ports": ports or []}]}, "status": status}
 
 
 def test_index_takes_ready_selected_pods_on_every_target_port() -> None:
@@ -61,6 +63,27 @@ def test_index_takes_ready_selected_pods_on_every_target_port() -> None:
     endpoint = index["llama-8b"][0]
     assert endpoint.id == "10.0.0.1:8000" and endpoint.model == "llama-8b"
     assert endpoint.labels == {"inferencepool": "llama", "namespace": "ml", "pod": "a"}
+
+
+def test_pools_of_engines_publishing_kv_events_tell_the_precise_scorer_where() -> None:
+    """The operator annotates the pool with the topic and names the pod's ports: each endpoint gets the labels the
+    precise prefix scorer subscribes with, as Kubernetes discovery gives them; without both, none."""
+    named = [{"name": "http", "containerPort": 8000}, {"name": "kv-events", "containerPort": 5557},
+             {"name": "kv-replay", "containerPort": 5558}]
+    pools = {("ml", "llama"): pool_info(pool("llama", kv_topic="llama-kv")), ("ml", "qwen"): pool_info(pool("qwen"))}
+    pods = {("ml", "a"): pod("a", "10.0.0.1", app="llama", ports=named),
+            ("ml", "b"): pod("b", "fd00::2", app="llama", ports=named[:2]),  # no replay port
+            ("ml", "c"): pod("c", "10.0.0.3", app="llama"),  # ports not named: nothing to subscribe to
+            ("ml", "d"): pod("d", "10.0.0.4", app="qwen", ports=named)}  # the pool announces no topic
+    index = build_pool_index(pools={k: v for k, v in pools.items() if v is not None}, pods=pods)
+    labels = {e.labels["pod"]: {k: v for k, v in e.labels.items() if k.startswith("kv_")}
+              for eps in index.values() for e in eps}
+    assert labels == {
+        "a": {"kv_events": "tcp://10.0.0.1:5557", "kv_events_replay": "tcp://10.0.0.1:5558",
+              "kv_events_topic": "llama-kv"},
+        "b": {"kv_events": "tcp://[fd00::2]:5557", "kv_events_topic": "llama-kv"},
+        "c": {}, "d": {},
+    }
 
 
 def test_pools_that_would_select_everything_or_nothing_are_ignored() -> None:
