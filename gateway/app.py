@@ -140,22 +140,25 @@ def create_app(
             if listener is not None:
                 listener.stop()
 
-    def readiness() -> tuple[bool, dict[str, Any]]:
+    def readiness(*, addresses: bool) -> tuple[bool, dict[str, Any]]:
         # Ready = this replica can answer (started, stages up). Engines are reported, not required: a
         # gateway with no engine answers 503s that say so, and engines scaled to zero must stay reachable.
         source = stages.endpoint_source
         models = source.models()
         endpoints = [e.id for m in models for e in source.endpoints(m)]
-        # Ejected endpoints (failing health): named, so a probe or an operator can decide what ready means.
+        # Ejected endpoints (failing health) are counted for anyone; their addresses (pod IPs under
+        # Kubernetes discovery) only with the admin key, and on the metrics port (the ejected gauge).
         health = getattr(getattr(stages.scheduler, "state", None), "health", None)
         ejected = sorted(e for e in endpoints if health is not None and health.is_ejected(e))
-        info = {
+        info: dict[str, Any] = {
             "status": "ready" if runtime.ready else "starting",
             "models": len(models),
             "endpoints": len(endpoints),
-            "ejected": ejected,
+            "ejected": len(ejected),
             "all_ejected": bool(endpoints) and len(ejected) == len(endpoints),
         }
+        if addresses:
+            info["ejected_endpoints"] = ejected
         return runtime.ready, info
 
     app = GatewayApp(title="FleetGate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

@@ -9,13 +9,16 @@ A requested name that was refused (403) or is unknown (404) is an arbitrary clie
 body limit long: records, ledger rows and metric labels get a fixed placeholder instead
 (`REFUSED_MODEL`, `UNKNOWN_MODEL`), and error messages quote at most `SHOWN_CHARS` of it.
 
-A LoRA adapter is a model name like any other for the tenant's list; an adapter that names `tenants`
-is refused (403, the same message) to every other tenant as well (`authorize_model`).
+A LoRA adapter is a model name like any other for the tenant's list; an adapter that names `tenants` is
+private to them: to every other tenant it does not exist (`visible_to`), and a request for it gets exactly
+the 404 of an unknown name (same message, same listing, same `_unknown` record), so another tenant's
+private adapter cannot be confirmed by name. Inside the gateway (tier targets, `authorize_model`) it is
+simply not allowed.
 """
 
 from __future__ import annotations
 
-from fleetgate.core.errors import PermissionDeniedError
+from fleetgate.core.errors import NotFoundError, PermissionDeniedError
 from fleetgate.gateway.discovery import EndpointSource, adapter_named
 from fleetgate.gateway.stages import Authenticator, Tenant
 from fleetgate.router.tiers.types import TierDecision
@@ -30,12 +33,24 @@ def shown(name: str) -> str:
     return repr(name if len(name) <= SHOWN_CHARS else name[:SHOWN_CHARS] + "...")
 
 
+def visible_to(tenant: Tenant, model: str, *, source: EndpointSource | None) -> bool:
+    """False for an adapter restricted to other tenants: for `tenant` it does not exist."""
+    spec = adapter_named(source, model) if source is not None else None
+    return spec is None or not spec.tenants or tenant.id in spec.tenants
+
+
+def unknown_model(model: str, *, names: list[str]) -> NotFoundError:
+    """The one answer for a name that is not served *to this tenant*: unknown, or another tenant's adapter.
+    `names`: what this tenant may ask for."""
+    listed = ", ".join(names) or "(none configured)"
+    return NotFoundError(f"model {shown(model)} does not exist; available models: {listed}", param="model")
+
+
 def authorize_model(auth: Authenticator, tenant: Tenant, model: str, *, source: EndpointSource | None) -> None:
     """403 unless `tenant` may use `model`: its models list allows it and, for an adapter restricted to some
     tenants, it is one of them."""
     auth.authorize(tenant, model)
-    spec = adapter_named(source, model) if source is not None else None
-    if spec is not None and spec.tenants and tenant.id not in spec.tenants:
+    if not visible_to(tenant, model, source=source):
         raise PermissionDeniedError(f"tenant {tenant.id!r} may not use model {shown(model)}", param="model")
 
 

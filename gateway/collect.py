@@ -18,35 +18,49 @@ import aiohttp
 
 from fleetgate.core.types import Usage
 from fleetgate.gateway.assembly import StreamAssembler
+from fleetgate.gateway.drain import Activity
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.parsing import Kind
 from fleetgate.gateway.settings import ServerSettings
 from fleetgate.gateway.streaming import RelayStream, StreamOutcome
 
 
-def charged_usage(out: StreamOutcome, *, prompt_estimate: int) -> Usage:
+def capped(usage: Usage, completion_cap: int | None) -> Usage:
+    """`usage` with no more completion tokens than were reserved (the client's `max_tokens` over all
+    sequences): an engine that generates past them is not the tenant's cost."""
+    if completion_cap is None or usage.completion_tokens <= completion_cap:
+        return usage
+    return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=completion_cap,
+                 cached_tokens=usage.cached_tokens)
+
+
+def charged_usage(out: StreamOutcome, *, prompt_estimate: int, completion_cap: int | None = None) -> Usage:
     reported = parse_usage(out.usage)
     if reported is not None and not out.bad_usage:
-        return reported
+        return capped(reported, completion_cap)
     estimate = fallback_usage(prompt_estimate=prompt_estimate, output_chunks=out.output_chunks)
     if reported is None:
-        return estimate
-    return Usage(prompt_tokens=max(reported.prompt_tokens, estimate.prompt_tokens),
-                 completion_tokens=max(reported.completion_tokens, estimate.completion_tokens),
-                 cached_tokens=reported.cached_tokens)
+        return capped(estimate, completion_cap)
+    return capped(Usage(prompt_tokens=max(reported.prompt_tokens, estimate.prompt_tokens),
+                        completion_tokens=max(reported.completion_tokens, estimate.completion_tokens),
+                        cached_tokens=reported.cached_tokens), completion_cap)
 
 
 async def collect_stream(
     response: aiohttp.ClientResponse, *, endpoint_id: str, kind: Kind, server: ServerSettings,
-    on_done: Callable[[StreamOutcome], None],
+    on_done: Callable[[StreamOutcome], None], completion_cap: int | None = None, streams: Activity | None = None,
 ) -> bool:
     """Read the engine's stream to its end (True: `server.request_timeout_s` ran out first). `on_done` gets
-    the outcome exactly once, also when the caller is cancelled (the client left) or the stream broke."""
+    the outcome exactly once, also when the caller is cancelled (the client left) or the stream broke.
+    `streams`: where an open stream is registered, so a shutdown can end it."""
     relay = RelayStream(
         response=response, endpoint_id=endpoint_id, first_byte_timeout_s=server.first_byte_timeout_s,
         inter_chunk_timeout_s=server.inter_chunk_timeout_s, include_usage=False, continuous_usage=False,
         model_name=None, assembler=StreamAssembler(kind), on_done=on_done, collect_only=True,
+        completion_cap=completion_cap,
     )
+    if streams is not None:
+        streams.opened(relay)
     try:
         async with asyncio.timeout(server.request_timeout_s):
             async for _ in relay:
@@ -55,6 +69,8 @@ async def collect_stream(
         return True
     finally:
         relay.close(cancelled=True)  # `cancelled` only counts when the stream had not ended
+        if streams is not None:
+            streams.closed(relay)
     return False
 
 

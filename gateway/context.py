@@ -71,7 +71,8 @@ class RequestContext:
     served_tier: str | None = None
     authenticated: bool = False
     finished: bool = False
-    prompt_estimate: int = 0  # the reservation's prompt tokens: charged when an engine's usage is unknown
+    prompt_estimate: int = 0  # a rough prompt count (<= the reservation's): charged when an engine's usage is unknown
+    completion_cap: int | None = None  # completion tokens reserved over all sequences: never charged beyond
     spent: Usage | None = None  # engine work so far (None: unknown); charged when no complete answer comes
     # The requested model as records may name it: a placeholder until the name is authorized and known.
     model_label: str = ""

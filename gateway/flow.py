@@ -5,10 +5,13 @@ Picker that any Gateway API inference gateway asks over Envoy ext_proc (`fleetga
 every request through this one object, so a feature is written once and only the framing differs:
 
 - `admit`: authenticate from the header (401) -> parse + validate (400) -> authorize the requested model or
-  alias (403) -> known model or alias (404) -> reserve against limits and budgets (429) -> cache lookup ->
+  alias against the tenant's list (403) -> known model or alias, and visible to this tenant (404: another
+  tenant's private adapter answers exactly as an unknown name) -> reserve against limits and budgets
+  (`reserving.Reserver`: the prompt bound or exact count, and the completion cap; 429) -> cache lookup ->
   on a miss, tier resolution whose concrete models are authorized too (`authorization`). The result says
   what to serve: a cache hit, or the (model, tier) targets in order (the tier's choice, then its fallbacks).
-- `stream_done`: what a streamed engine answer is charged and recorded as (also when the client left).
+- `stream_done`: what a streamed engine answer is charged and recorded as (also when the client left); never
+  more completion tokens than the cap (`ctx.completion_cap`), whatever the engine reports.
 - `finish`: metrics and the log line now; settle the reservation, record the request and store the answer
   in the cache in a task the flow tracks (`drain`).
 """
@@ -23,18 +26,26 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import aiohttp
+
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
-from fleetgate.core.errors import FleetGateError, NotFoundError, UpstreamUnavailableError
+from fleetgate.core.errors import FleetGateError, UpstreamUnavailableError
 from fleetgate.core.types import Usage
 from fleetgate.gateway.answercheck import Call, start_answer_check
-from fleetgate.gateway.authorization import REFUSED_MODEL, UNKNOWN_MODEL, authorize_model, authorized_decision, shown
+from fleetgate.gateway.authorization import (
+    REFUSED_MODEL,
+    UNKNOWN_MODEL,
+    authorized_decision,
+    unknown_model,
+    visible_to,
+)
 from fleetgate.gateway.collect import charged_usage
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext, request_id_from
-from fleetgate.gateway.discovery import context_length, models_page, served_names, serves
+from fleetgate.gateway.discovery import models_page, served_names, serves
 from fleetgate.gateway.errors import error_body
-from fleetgate.gateway.estimate import estimate_request, reserve_request
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
+from fleetgate.gateway.reserving import Reserver
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.stages import RequestRecord, Tenant
 from fleetgate.gateway.stageset import Stages
@@ -42,6 +53,8 @@ from fleetgate.gateway.streaming import StreamOutcome
 from fleetgate.router.tiers.types import TierDecision
 
 SAMPLED_OPT_IN = "x-fleetgate-cache-sampled"
+# How a stream that did not end well is recorded (`StreamOutcome.error_kind`); anything else: 502.
+STREAM_END_STATUS = {"timeout": 504, "deadline": 504, "shutdown": 503}
 HITS = (CacheStatus.HIT_EXACT, CacheStatus.HIT_SEMANTIC)
 
 
@@ -71,14 +84,15 @@ class Flow:
         settings: GatewaySettings,
         stages: Stages,
         metrics: GatewayMetrics,
+        session: Callable[[], aiohttp.ClientSession],
         on_finished: Callable[[RequestContext], None] = lambda ctx: None,
     ) -> None:
         self.stages = stages
         self.metrics = metrics
         self._server = settings.server
         self._on_finished = on_finished  # the door's own bookkeeping (the forwarder's scale-from-zero marks)
-        self._context = {n: m.max_model_len for m in settings.models if m.max_model_len  # adapters: their base's
-                         for n in (m.name, *(a.name for a in m.adapters))}
+        self.reserver = Reserver(settings=settings, source=stages.endpoint_source, limiter=stages.limiter,
+                                 session=session)
         self._tasks: set[asyncio.Task[None]] = set()
         self._log = logging.getLogger("fleetgate.gateway.requests")
 
@@ -105,19 +119,19 @@ class Flow:
         # Until the name is authorized and known it is the client's arbitrary string: records, ledger rows
         # and metric labels get a fixed placeholder instead, so they cannot grow with what clients send.
         ctx.model_label = REFUSED_MODEL
-        authorize_model(s.auth, ctx.tenant, parsed.model, source=s.endpoint_source)
+        s.auth.authorize(ctx.tenant, parsed.model)  # the tenant's own model list: 403
         ctx.model_label = UNKNOWN_MODEL
-        if not serves(s.endpoint_source, parsed.model) and parsed.model not in s.tiers.aliases():
-            names = ", ".join([*served_names(s.endpoint_source, visible_to=ctx.tenant.id),
-                               *s.tiers.aliases()]) or "(none configured)"
-            raise NotFoundError(f"model {shown(parsed.model)} does not exist; available models: {names}",
-                                param="model")
+        source = s.endpoint_source
+        known = serves(source, parsed.model) or parsed.model in s.tiers.aliases()
+        if not known or not visible_to(ctx.tenant, parsed.model, source=source):
+            raise unknown_model(parsed.model, names=[*served_names(source, visible_to=ctx.tenant.id),
+                                                     *s.tiers.aliases()])
         ctx.model_label = parsed.model
-        estimate = estimate_request(parsed)
-        ctx.prompt_estimate = estimate.prompt_tokens
-        ctx.reservation = await reserve_request(
-            limiter=s.limiter, tenant=ctx.tenant, parsed=parsed, estimate=estimate,
-            context=self._context_of(parsed.model), default=self._server.default_max_tokens)
+        reserved = await self.reserver.reserve(
+            ctx.tenant, model=parsed.model, body=parsed.body, prompts_field=None if kind == "chat" else "prompt",
+            max_tokens=parsed.max_tokens, kind=kind)
+        ctx.reservation, ctx.completion_cap = reserved.reservation, reserved.completion_cap
+        ctx.prompt_estimate = reserved.estimate.typical
         lookup = await self._lookup(ctx, parsed, headers)
         if lookup.status in HITS and lookup.response is not None:
             return Admitted(parsed=parsed, lookup=lookup)
@@ -139,10 +153,6 @@ class Flow:
         body = models_page(self.stages.endpoint_source, aliases=self.stages.tiers.aliases(),
                            allowed=tenant.allowed_models, tenant=tenant.id)
         return GatewayResponse(200, self.headers(ctx), body)
-
-    def _context_of(self, model: str) -> int | None:
-        """The model's context length: configured on its route, else what discovery knows."""
-        return self._context.get(model) or context_length(self.stages.endpoint_source, model)
 
     async def _lookup(self, ctx: RequestContext, parsed: ParsedRequest, headers: Mapping[str, str]) -> CacheLookup:
         directives = {d.strip().lower() for d in headers.get("cache-control", "").split(",")}
@@ -199,7 +209,7 @@ class Flow:
     def charged(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> Usage:
         if out.bad_usage:
             self.metrics.upstream_errors.labels(attempt.model, attempt.endpoint.id, "bad_usage").inc()
-        return charged_usage(out, prompt_estimate=ctx.prompt_estimate)
+        return charged_usage(out, prompt_estimate=ctx.prompt_estimate, completion_cap=ctx.completion_cap)
 
     def stream_done(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> None:
         """A streamed engine answer ended (completed, broke off, timed out, or the client left): charge what the
@@ -207,9 +217,9 @@ class Flow:
         usage = self.charged(ctx, attempt, out)
         ep = attempt.endpoint
         self.stages.scheduler.on_complete(attempt.routing, ep, ok=out.ok, usage=usage)
-        if out.error_kind:
+        if out.error_kind and out.error_kind != "shutdown":  # ended by this gateway, not the engine's fault
             self.metrics.upstream_errors.labels(attempt.model, ep.id, out.error_kind).inc()
-        status = 200 if out.ok else 499 if out.cancelled else 504 if out.error_kind == "timeout" else 502
+        status = 200 if out.ok else 499 if out.cancelled else STREAM_END_STATUS.get(out.error_kind or "", 502)
         record = self.record(ctx, model=attempt.model, tier=attempt.tier, endpoint=ep.id, usage=usage, status=status)
         record.stream = True
         if out.first_token_at is not None:

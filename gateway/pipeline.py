@@ -4,7 +4,9 @@ Admission and accounting are the `flow.Flow` both front doors share (see there f
 auth, limits, cache, tier). This door then picks an endpoint and forwards (`forwarding`: fallbacks, one
 connect retry), optionally escalates a non-streaming answer (cascade), relays it, and finishes through the
 flow (settle, record, cache store, in tasks the flow tracks: `drain`). A cache hit is answered from the
-cache, replayed as SSE when the client streams.
+cache, replayed as SSE when the client streams. Every engine stream is held to the reservation's completion
+cap and, streamed to a client, to `server.stream_deadline_s`; requests in flight and open streams are
+counted in `activity`, which a draining shutdown waits for and then ends (`serve.GatewayServer`).
 """
 
 from __future__ import annotations
@@ -12,18 +14,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any
 
 import aiohttp
 import orjson
 
 from fleetgate.cache.types import CacheStatus
-from fleetgate.core.errors import FleetGateError, UpstreamBadResponseError, UpstreamTimeoutError
+from fleetgate.core.errors import (
+    FleetGateError,
+    UpstreamBadResponseError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
 from fleetgate.core.types import Usage
 from fleetgate.gateway.assembly import StreamAssembler
-from fleetgate.gateway.collect import answer_of, collect_stream
+from fleetgate.gateway.collect import answer_of, capped, collect_stream
 from fleetgate.gateway.context import Attempt, GatewayResponse, RequestContext
+from fleetgate.gateway.drain import Activity
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.errors import from_engine, internal_error_body
 from fleetgate.gateway.flow import Admitted, Flow
@@ -58,7 +65,9 @@ class Pipeline:
             metrics=metrics,
             session=session,
         )
-        self.flow = Flow(settings=settings, stages=stages, metrics=metrics, on_finished=self._forwarder.finished)
+        self.flow = Flow(settings=settings, stages=stages, metrics=metrics, session=session,
+                         on_finished=self._forwarder.finished)
+        self.activity = Activity()  # requests in flight and open engine streams, for a draining shutdown
         self._log = logging.getLogger("fleetgate.gateway.requests")
 
     # ---- public -------------------------------------------------------------------------------
@@ -76,6 +85,14 @@ class Pipeline:
         """The caller's tenant from the `authorization` header alone (cheap: one hash and a dict lookup)."""
         return await self.flow.authenticate(headers=headers)
 
+    async def is_admin(self, *, headers: Mapping[str, str]) -> bool:
+        """Whether the `authorization` header holds an admin key (no key, a wrong one, or auth off: False)."""
+        try:
+            tenant = await self.flow.authenticate(headers=headers)
+        except FleetGateError:
+            return False
+        return tenant.is_admin
+
     def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse:
         """The answer to a request refused before its body was read (counted like any other)."""
         return self.flow.error(self.flow.new_context(headers), exc)
@@ -87,13 +104,13 @@ class Pipeline:
         Never raises: every failure becomes a response."""
         flow = self.flow
         ctx = flow.new_context(headers)
-        self._m.in_flight.inc()
+        self._entered()
         try:
             response = await self._run(ctx, kind, raw, headers, tenant)
         except FleetGateError as exc:
             response = flow.error(ctx, exc)
         except asyncio.CancelledError:  # the client left before a non-streaming answer: engine call aborted
-            self._m.in_flight.dec()
+            self._left()
             flow.finish(ctx, status=499, usage=ctx.unanswered_usage(), records=flow.rejected_records(ctx, 499))
             raise
         except Exception:
@@ -101,8 +118,16 @@ class Pipeline:
             response = GatewayResponse(500, flow.headers(ctx), internal_error_body(ctx.request_id))
             flow.finish(ctx, status=500, usage=Usage(), records=[])
         if response.stream is None:
-            self._m.in_flight.dec()
+            self._left()
         return response
+
+    def _entered(self) -> None:
+        self._m.in_flight.inc()
+        self.activity.begin()
+
+    def _left(self) -> None:
+        self._m.in_flight.dec()
+        self.activity.end()
 
     def known_models(self) -> list[str]:
         return self.flow.known_models()
@@ -143,7 +168,7 @@ class Pipeline:
             return GatewayResponse(200, headers, orjson.dumps(response))
 
         def done(ok: bool) -> None:
-            self._m.in_flight.dec()
+            self._left()
             self.flow.finish(ctx, status=200 if ok else 499, usage=Usage(), records=[record])
 
         chunks = replay_chunks(response, include_usage=parsed.include_usage)
@@ -182,6 +207,7 @@ class Pipeline:
         if usage is None:
             self._m.upstream_errors.labels(attempt.model, ep.id, "bad_usage").inc()
             usage = fallback_usage(prompt_estimate=ctx.prompt_estimate, output_chunks=0)
+        usage = capped(usage, ctx.completion_cap)  # an engine that ignored max_tokens: not charged beyond it
         ctx.spent = (ctx.spent or Usage()) + usage
         self._s.scheduler.on_complete(attempt.routing, ep, ok=True, usage=usage)
         if ep.model != attempt.model:
@@ -204,8 +230,10 @@ class Pipeline:
             done.append((out, usage))
 
         timed_out = await collect_stream(resp, endpoint_id=ep.id, kind=ctx.parsed.kind, server=self._server,
-                                         on_done=on_done)
+                                         on_done=on_done, completion_cap=ctx.completion_cap, streams=self.activity)
         [(out, usage)] = done
+        if out.error_kind == "shutdown":
+            raise UpstreamUnavailableError("the gateway is shutting down; retry the request")
         if timed_out or out.error_kind == "timeout":
             self._m.upstream_errors.labels(attempt.model, ep.id, "timeout").inc()
             raise UpstreamTimeoutError("the engine did not finish its response in time")
@@ -261,6 +289,12 @@ class Pipeline:
             self._m.upstream_errors.labels(attempt.model, ep.id, "status").inc()
             raise from_engine(resp.status, raw, endpoint=ep.id, retry_after=resp.headers.get("Retry-After"))
         assemble = ctx.lookup is not None and ctx.lookup.status == CacheStatus.MISS
+
+        def done(out: StreamOutcome) -> None:
+            self.activity.closed(relay)
+            self._left()
+            self.flow.stream_done(ctx, attempt, out)
+
         relay = RelayStream(
             response=resp,
             endpoint_id=ep.id,
@@ -270,12 +304,11 @@ class Pipeline:
             continuous_usage=parsed.continuous_usage,
             model_name=attempt.model if ep.model != attempt.model else None,
             assembler=StreamAssembler(parsed.kind) if assemble else None,
-            on_done=partial(self._stream_done, ctx, attempt),
+            on_done=done,
+            completion_cap=ctx.completion_cap,
+            deadline=asyncio.get_running_loop().time() + self._server.stream_deadline_s,
             cancel_drain_s=self._server.cancel_drain_s,
             spawn=self.flow.spawn,
         )
+        self.activity.opened(relay)
         return GatewayResponse(200, self.flow.headers(ctx, attempt), stream=relay, media_type="text/event-stream")
-
-    def _stream_done(self, ctx: RequestContext, attempt: Attempt, out: StreamOutcome) -> None:
-        self._m.in_flight.dec()
-        self.flow.stream_done(ctx, attempt, out)

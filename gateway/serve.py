@@ -1,15 +1,17 @@
 """`fleetgate gateway --config FILE`: run the gateway alone; `build_server` for in-process use.
 
 The server is uvicorn with uvloop and httptools (with a header deadline and JSON parser errors:
-`protocol`), access log off (the pipeline writes one
-structured line per request). `fleetgate up` calls `build_server(...)` and awaits `serve()`
-next to its engine management.
+`protocol`), access log off (the pipeline writes one structured line per request), and a bounded drain
+on SIGTERM (`GatewayServer`). `fleetgate up` calls `build_server(...)` and awaits `serve()` next to its
+engine management.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import socket
 from typing import Any
 
 import uvicorn
@@ -18,11 +20,53 @@ from fleetgate.core.config import load_model
 from fleetgate.core.telemetry import configure_logging
 from fleetgate.gateway.settings import GatewaySettings
 
+log = logging.getLogger("fleetgate.gateway")
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn with a bounded drain on shutdown (SIGTERM, SIGINT or `should_exit`):
+
+    1. stop accepting: the listening sockets close, idle keep-alive connections close, busy ones close
+       after their response;
+    2. wait up to `server.drain_s` for the requests in flight to finish by themselves;
+    3. end the engine streams still open (`Pipeline.activity.interrupt`): each client gets an error event
+       and `[DONE]`, a non-streaming answer still being collected a 503; each is settled and recorded with
+       the engine's usage so far;
+    4. uvicorn's own shutdown with `server.drain_close_s` as its grace: what has not ended by then (a client
+       too slow to read its last bytes, a non-streaming call without a stream to end) is cancelled, which
+       records it as a client that left; then the app's lifespan writes every pending settle and record.
+    So the process ends within about drain_s + drain_close_s + the settle writes, under the pod's grace
+    period (`charts/fleetgate`: terminationGracePeriodSeconds, checked against gateway.drainSeconds).
+    """
+
+    def __init__(self, config: uvicorn.Config, *, drain_s: float, drain_close_s: float) -> None:
+        config.timeout_graceful_shutdown = max(1, int(drain_close_s + 0.999))
+        super().__init__(config)
+        self.drain_s = drain_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        pipeline = getattr(getattr(self.config.app, "state", None), "pipeline", None)
+        if pipeline is not None and not self.force_exit:
+            for server in self.servers:
+                server.close()
+            for sock in sockets or []:
+                sock.close()
+            for connection in list(self.server_state.connections):
+                connection.shutdown()
+            activity = pipeline.activity
+            log.info("draining", extra={"in_flight": activity.active, "drain_s": self.drain_s})
+            if not await activity.wait_idle(timeout_s=self.drain_s):
+                ended = activity.interrupt()
+                log.warning("drain time over: open streams ended", extra={"streams": ended,
+                                                                          "in_flight": activity.active})
+            sockets = None
+        await super().shutdown(sockets=sockets)
+
 
 def build_server(
     settings: GatewaySettings, *, host: str | None = None, port: int | None = None, metrics_port: int | None = None,
     **stage_overrides: Any,
-) -> uvicorn.Server:
+) -> GatewayServer:
     """A uvicorn server for `create_app(settings, **stage_overrides)`; `host`/`port`/`metrics_port` override
     the settings (the metrics listener's address is `app.state.metrics_listener.url` once started).
 
@@ -51,7 +95,7 @@ def build_server(
         timeout_keep_alive=30,
         backlog=2048,
     )
-    return uvicorn.Server(config)
+    return GatewayServer(config, drain_s=settings.server.drain_s, drain_close_s=settings.server.drain_close_s)
 
 
 async def start_in_background(server: uvicorn.Server, *, poll_s: float = 0.02) -> asyncio.Task[None]:

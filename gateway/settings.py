@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from fleetgate.cache.config import CacheConfig
 from fleetgate.core.adapters import ADAPTER_NAME_MAX, AdapterSpec, valid_adapter_name
+from fleetgate.gateway.prompt_bound import PromptProfile
 from fleetgate.gateway.tenancy.config import TenancyConfig
 from fleetgate.router.config import RoutingConfig
 from fleetgate.router.tiers.config import TierConfig
@@ -55,6 +56,14 @@ class ServerSettings(_Strict):
     )
     inter_chunk_timeout_s: float = Field(default=60.0, gt=0, description="longest silence between two stream chunks")
     request_timeout_s: float = Field(default=600.0, gt=0, description="whole non-streaming engine call")
+    stream_deadline_s: float = Field(
+        default=1800.0, gt=0, description="whole streamed response; past it the stream ends with an error event"
+    )
+    # On SIGTERM: stop accepting, let requests in flight finish for up to drain_s, then end the streams still
+    # open (an error event, [DONE]; settled and recorded) and give them drain_close_s to flush. Keep
+    # drain_s + drain_close_s + a few seconds for settling under the pod's grace period (the chart checks).
+    drain_s: float = Field(default=40.0, ge=0, description="on SIGTERM: longest wait for requests in flight")
+    drain_close_s: float = Field(default=3.0, gt=0, description="then: longest wait for ended streams to flush")
     cancel_drain_s: float = Field(
         default=2.0, ge=0, description="a client that leaves a stream mid-answer: read the engine's stream to its "
         "next chunk, half-close and read what it sent, at most this long, so the tokens it counted are charged "
@@ -72,9 +81,31 @@ class ServerSettings(_Strict):
         default="api_key", description="api_key: tenants from the tenancy section; open: no keys (local mode only)"
     )
     default_max_tokens: int = Field(default=256, gt=0, description="estimate for rate limits when unset")
+    exact_token_count: bool = Field(
+        default=True, description="where the prompt bound would be refused, count with the engine's /tokenize"
+    )
+    token_count_timeout_s: float = Field(default=2.0, gt=0, description="longest wait for an exact token count")
     scale_from_zero: ScaleFromZeroSettings = Field(default_factory=ScaleFromZeroSettings)
     log_requests: bool = Field(default=True, description="one structured JSON log line per request")
     log_level: str = "info"
+
+
+class PromptBoundSettings(_Strict):
+    """What the model's chat template and processor add to a request's own text, for the reservation's prompt
+    bound (`fleetgate.gateway.prompt_bound`; the defaults cover Llama 3.x, Qwen 2.5, Gemma 3 and Mistral
+    templates with tools, and the largest default image sizes of vLLM's vision models)."""
+
+    tokens_per_message: int = Field(default=16, ge=0, description="turn markers per chat message")
+    tokens_per_request: int = Field(
+        default=256, ge=0, description="BOS, generation prompt, default system text, tool-use instructions")
+    tokens_per_image: int = Field(default=16384, ge=0, description="placeholder tokens of one image, at most")
+    tokens_per_audio: int = Field(default=16384, ge=0, description="placeholder tokens of one audio clip, at most")
+    tokens_per_video: int = Field(default=65536, ge=0, description="placeholder tokens of one video, at most")
+
+    def profile(self) -> PromptProfile:
+        return PromptProfile(tokens_per_message=self.tokens_per_message, tokens_per_request=self.tokens_per_request,
+                             tokens_per_media={"image": self.tokens_per_image, "audio": self.tokens_per_audio,
+                                               "video": self.tokens_per_video})
 
 
 class AdapterRoute(_Strict):
@@ -129,6 +160,9 @@ class ModelRoute(_Strict):
     )
     adapters: list[AdapterRoute] = Field(
         default_factory=list, description="LoRA adapters served on this model's endpoints (engines need --enable-lora)"
+    )
+    prompt_bound: PromptBoundSettings = Field(
+        default_factory=PromptBoundSettings, description="the template's text for the reservation's prompt bound"
     )
     kv_events: list[KvEventsRoute] = Field(
         default_factory=list, description="where endpoints publish KV-cache events (precise prefix routing)"

@@ -10,7 +10,9 @@ chunks and the final usage-only chunk, as OpenAI does; every chunk's usage if it
 stats), and `model` names what the gateway served. A malformed usage (`engine_usage`) is dropped and
 flagged in the outcome; the gateway then charges an estimate. An engine's error event is relayed as a
 clean error event (its message can hold tracebacks or internal addresses). Events after `[DONE]` are
-ignored.
+ignored. `completion_cap` (the completion tokens reserved over all sequences, `reserving.Reserver`): an
+engine that generates past the client's `max_tokens` is cut off there with an error event (`overrun`), and
+is charged no more (`collect.charged_usage`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def error_event(message: str, *, code: str, type_: str = "server_error") -> byte
 class StreamOutcome:
     ok: bool = False  # ended with [DONE] and no error event
     cancelled: bool = False  # the client went away first
-    error_kind: str | None = None  # timeout | midstream | engine_error
+    error_kind: str | None = None  # timeout | deadline | shutdown | midstream | engine_error | overrun
     usage: dict[str, Any] | None = None  # the last well-formed usage the engine reported
     bad_usage: bool = False  # the engine sent a usage that is not one (`engine_usage.parse_usage`)
     first_token_at: float | None = None  # perf_counter of the first chunk with generated output
@@ -77,6 +79,7 @@ class SseRewriter:
         model_name: str | None,
         assembler: StreamAssembler | None,
         collect_only: bool = False,
+        completion_cap: int | None = None,
     ) -> None:
         self._endpoint_id = endpoint_id
         self._include_usage = include_usage
@@ -84,13 +87,14 @@ class SseRewriter:
         self._model_name = model_name
         self._assembler = assembler
         self._collect_only = collect_only  # nothing for a client: only usage and the assembled answer
+        self._cap = completion_cap
         self.outcome = StreamOutcome()
         self.ended = False  # [DONE] (ours or the engine's) was produced
         self._buf = b""  # an incomplete last line, until the rest arrives
 
     @property
     def pending(self) -> bytes:
-        """Bytes received but not rewritten yet (an incomplete line)."""
+        """Bytes received but not rewritten yet (an incomplete line, or all that followed an early end)."""
         return self._buf
 
     def take_pending(self) -> bytes:
@@ -99,8 +103,11 @@ class SseRewriter:
         return pending
 
     def feed(self, data: bytes) -> bytes:
-        """The client's bytes for every complete event line in what arrived so far (b"" when none)."""
+        """The client's bytes for every complete event line in what arrived so far (b"" when none). Once the
+        stream has ended (an overrun, an invalid chunk), what still arrives is only counted (`absorb`): the
+        engine's work that reached the gateway is known, though never relayed (nor charged past the cap)."""
         if self.ended:
+            self._buf = self.absorb(self._buf + data, final=False)
             return b""
         buf = self._buf + data if self._buf else data
         parts: list[bytes] = []
@@ -114,7 +121,7 @@ class SseRewriter:
             event = self._event(line)
             if event is not None:
                 parts.append(event)
-        self._buf = buf[pos:] if not self.ended else b""
+        self._buf = buf[pos:]  # after an early end: received, not relayed, still counted by `absorb`
         return b"".join(parts)
 
     def _event(self, line: bytes) -> bytes | None:
@@ -143,6 +150,18 @@ class SseRewriter:
                                code="engine_error")
         return self._rewrite(chunk)
 
+    def _over_cap(self, usage: dict[str, Any] | None) -> bool:
+        """The engine generated more than the completion tokens reserved for all sequences."""
+        if self._cap is None:
+            return False
+        parsed = parse_usage(usage) if usage is not None else None
+        done = parsed.completion_tokens if parsed is not None else self.outcome.output_chunks
+        return done > self._cap
+
+    def _overrun(self) -> bytes:
+        return self.fail("overrun", f"the engine generated more than the {self._cap} completion tokens requested; "
+                         "the stream was ended there", "max_tokens_exceeded")
+
     def _rewrite(self, chunk: dict[str, Any]) -> bytes | None:
         out = self.outcome
         usage = chunk.get("usage")
@@ -151,6 +170,8 @@ class SseRewriter:
                 out.bad_usage = True  # never relayed, never read as numbers: charged by estimate instead
                 usage = None
                 del chunk["usage"]
+            elif self._over_cap(usage):
+                return self._overrun()
             else:
                 out.usage = usage
         choices = chunk.get("choices")
@@ -162,6 +183,8 @@ class SseRewriter:
             out.chunks += 1
             if has_output(choices):
                 out.output_chunks += 1
+                if out.usage is None and self._over_cap(None):  # no usage to go by: each chunk >= 1 token
+                    return self._overrun()
                 if out.first_token_at is None:
                     out.first_token_at = now
                 out.last_token_at = now
@@ -210,7 +233,6 @@ class SseRewriter:
         log.warning("engine stream failed", extra={"endpoint": self._endpoint_id, "kind": kind, "detail": message})
         self.outcome.error_kind = kind
         self.ended = True
-        self._buf = b""
         return error_event(message, code=code) + DONE
 
     def close(self, *, cancelled: bool) -> StreamOutcome:

@@ -33,6 +33,7 @@ class Reservation:
     estimated_micros: int
     token: str = ""  # backend handle to settle with
     max_tokens: int | None = None  # per completion: set upstream when the client set none (bounds the spend)
+    completion_per_seq: int = 0  # the completion tokens per sequence the reservation holds (`estimate`)
 
 
 @dataclass(slots=True)

@@ -1,12 +1,16 @@
 """Relaying an engine's server-sent events to the client, chunk by chunk, as they arrive.
 
 Each network read from the engine is relayed at once: every complete event in it is rewritten
-(`sse.SseRewriter`: usage, model name, error events) and the results go out in one write (under load
+(`sse.SseRewriter`: usage, model name, error events, the completion cap) and the results go out in one write (under load
 several events arrive together and cost one syscall; the gateway never waits for more data before
 sending what it has).
 
 A silent engine (no chunk within the first-byte / inter-chunk timeout), a broken connection or an
-end without `[DONE]` ends the client stream with an OpenAI-shaped error event and `[DONE]`.
+end without `[DONE]` ends the client stream with an OpenAI-shaped error event and `[DONE]`. So do three
+limits the gateway holds whatever the engine does: `completion_cap` (the completion tokens reserved over
+all sequences: an engine streaming past `max_tokens` is cut off there, and charged no more), `deadline`
+(the stream's total time, `server.stream_deadline_s`) and `interrupt()` (the gateway is shutting down:
+the stream ends now, at its next read or during the one it is waiting on).
 `close()` is called exactly once by the web layer (end, error or client disconnect): it closes
 the upstream connection if the stream did not finish (the engine aborts the request) and hands a
 `StreamOutcome` to the pipeline's callback. A client that left after output began is reported once the
@@ -47,6 +51,8 @@ class RelayStream:
         assembler: StreamAssembler | None,
         on_done: Callable[[StreamOutcome], None],
         collect_only: bool = False,
+        completion_cap: int | None = None,
+        deadline: float | None = None,
         cancel_drain_s: float = 0.0,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
     ) -> None:
@@ -56,11 +62,21 @@ class RelayStream:
         self._inter_timeout = inter_chunk_timeout_s
         self._rw = SseRewriter(endpoint_id=endpoint_id, include_usage=include_usage,
                                continuous_usage=continuous_usage, model_name=model_name, assembler=assembler,
-                               collect_only=collect_only)
+                               collect_only=collect_only, completion_cap=completion_cap)
         self._on_done = on_done
         self._drain_s = cancel_drain_s if spawn is not None else 0.0
         self._spawn = spawn
         self._closed = False
+        self._deadline = deadline  # loop time by which the whole stream must end
+        self._interrupted: str | None = None
+        self._timer: asyncio.Timeout | None = None  # the running read's timeout, rescheduled by `interrupt`
+
+    def interrupt(self, message: str) -> None:
+        """End the stream at once with an error event saying `message` (the gateway is shutting down)."""
+        if self._interrupted is None:
+            self._interrupted = message
+        if self._timer is not None:
+            self._timer.reschedule(asyncio.get_running_loop().time())
 
     def __aiter__(self) -> RelayStream:
         return self
@@ -71,15 +87,28 @@ class RelayStream:
         if rw.ended:
             raise StopAsyncIteration
         while True:
+            if self._interrupted is not None:
+                return rw.fail("shutdown", self._interrupted, "server_shutting_down")
             timeout = self._inter_timeout if rw.outcome.chunks else self._first_timeout
+            loop = asyncio.get_running_loop()
+            when = loop.time() + timeout
+            if self._deadline is not None:
+                when = min(when, self._deadline)
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout_at(when) as self._timer:
                     data = await self._resp.content.readany()
             except TimeoutError:
+                if self._interrupted is not None:
+                    return rw.fail("shutdown", self._interrupted, "server_shutting_down")
+                if self._deadline is not None and loop.time() >= self._deadline:
+                    return rw.fail("deadline", "the stream reached the gateway's deadline for a whole stream",
+                                   "stream_deadline")
                 return rw.fail("timeout", f"the engine sent nothing for {timeout:g}s", "upstream_timeout")
             except aiohttp.ClientError as exc:
                 log.warning("engine stream broke off", extra={"endpoint": self._endpoint_id, "error": repr(exc)})
                 return rw.fail("midstream", "the engine broke off the stream", "upstream_error")
+            finally:
+                self._timer = None
             if not data:
                 return rw.fail("midstream", "the engine closed the stream before it finished", "upstream_error")
             out = rw.feed(data)

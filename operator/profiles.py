@@ -14,8 +14,9 @@ the modelled activation and CUDA graph reserve, and decide whether vLLM would re
 (`fleetgate.engine.reserve`: activations, CUDA graphs, non-torch memory); a number is a flat allowance
 instead. `kv_cache_dtypes` lists the
 KV-cache dtypes the engine accepts there (None: any): vLLM CPU's attention backend takes only `auto` and the
-fp8 variants (fp8 on x86 with AVX-512 or AMX; a pool without them should list only `auto`), so a CPU spec
-asking for another one is refused before any pod is made.
+fp8 variants (fp8 on x86 with AVX-512 or AMX; a pool without them should list only `auto`), and Hopper
+GPUs take no fp8_e5m2 (vLLM 0.26 died on it on an H100), so a spec asking for another one is refused
+before any pod is made.
 """
 
 from __future__ import annotations
@@ -70,14 +71,23 @@ class AcceleratorProfile:
         return self.gpu_memory_bytes > 0
 
 
-def _gpu(name: str, mib: int, product: str, *, large: bool = False) -> AcceleratorProfile:
-    """`large`: vLLM's defaults for >= 70 GiB GPUs other than the A100 (8192 tokens, 1024 sequences)."""
+# kvCacheDtype fp8_e5m2 on an H100: vLLM 0.26 found only its Triton attention backend for it, which quantizes
+# queries for an fp8 KV cache and asserts e4m3, so the engine died at its first forward pass (AssertionError
+# in Attention.forward; GPU tier, 2026-11-27, docs/reports/gpu-h100.md). vLLM 0.32 has the same assertion.
+# Other GPUs are not restricted: not measured.
+HOPPER_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3")
+
+
+def _gpu(name: str, mib: int, product: str, *, large: bool = False, hopper: bool = False) -> AcceleratorProfile:
+    """`large`: vLLM's defaults for >= 70 GiB GPUs other than the A100 (8192 tokens, 1024 sequences).
+    `hopper`: no fp8_e5m2 KV cache (measured on an H100, see HOPPER_KV_CACHE_DTYPES)."""
     return AcceleratorProfile(
         name=name,
         gpu_memory_bytes=mib * MIB,
         node_selector={"nvidia.com/gpu.product": product},
         max_num_batched_tokens=LARGE_GPU_MAX_NUM_BATCHED_TOKENS if large else DEFAULT_MAX_NUM_BATCHED_TOKENS,
         max_num_seqs=LARGE_GPU_MAX_NUM_SEQS if large else DEFAULT_MAX_NUM_SEQS,
+        kv_cache_dtypes=HOPPER_KV_CACHE_DTYPES if hopper else None,
     )
 
 
@@ -92,8 +102,8 @@ BUILTIN_PROFILES: Mapping[str, AcceleratorProfile] = MappingProxyType(
             _gpu("nvidia-a100-40gb", 40960, "NVIDIA-A100-SXM4-40GB"),
             _gpu("nvidia-a100-80gb", 81920, "NVIDIA-A100-SXM4-80GB"),
             # vLLM raises its default batch to 8192 tokens and 1024 sequences on >= 70 GiB GPUs but the A100.
-            _gpu("nvidia-h100-80gb", 81559, "NVIDIA-H100-80GB-HBM3", large=True),
-            _gpu("nvidia-h200", 143771, "NVIDIA-H200", large=True),
+            _gpu("nvidia-h100-80gb", 81559, "NVIDIA-H100-80GB-HBM3", large=True, hopper=True),
+            _gpu("nvidia-h200", 143771, "NVIDIA-H200", large=True, hopper=True),
             # The CPU engine image's default VLLM_CPU_KVCACHE_SPACE is 1 GiB.
             AcceleratorProfile(
                 name="cpu",

@@ -256,6 +256,8 @@ def resolve(*, spec: InferenceServiceSpec, name: str, profiles: Profiles) -> Res
         raise ConfigError(
             f"accelerator {profile.name!r} does not accept kvCacheDtype {spec.engine.kv_cache_dtype!r}; "
             f"it accepts {', '.join(accepted)}"
+            + (" (on Hopper vLLM's attention takes an fp8 KV cache as e4m3 only and fails at start-up on e5m2: use fp8)"
+               if spec.engine.kv_cache_dtype == "fp8_e5m2" and profile.is_gpu else "")
         )
     args = engine_args_for(spec=spec, name=name)
     adapters = resolve_adapters(spec=spec, name=name)

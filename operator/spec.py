@@ -169,7 +169,11 @@ class Engine(_Model):
     image: str | None = Field(default=None, max_length=512, description="Engine image; the operator default if unset.")
     dtype: Dtype = Field(default="auto", description="Weight and activation dtype (vLLM --dtype).")
     quantization: Quantization = Field(default="none", description="Weight quantization of the checkpoint.")
-    kv_cache_dtype: KvCacheDtype = Field(default="auto", description="KV-cache dtype (vLLM --kv-cache-dtype).")
+    kv_cache_dtype: KvCacheDtype = Field(
+        default="auto",
+        description="KV-cache dtype (vLLM --kv-cache-dtype). The H100 and H200 profiles refuse fp8_e5m2 "
+        "(vLLM 0.26 fails at start-up with it on an H100); fp8 is e4m3.",
+    )
     max_model_len: int = Field(default=8192, ge=16, le=10_000_000, description="Always set, so the plan is exact.")
     prefix_caching: bool = Field(default=True, description="Automatic prefix caching (--enable-prefix-caching).")
     chunked_prefill: bool | None = Field(default=None, description="Unset: vLLM's default for the model.")

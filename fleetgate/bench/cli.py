@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "cost": ("fleetgate.bench.cost", "naive serving vs FleetGate on a mixed multi-tenant workload"),
     "tenancy": ("fleetgate.gateway.tenancy.bench", "exact cost totals, budget race and limiter overhead on Redis"),
     "operator": ("fleetgate.operator.bench", "InferenceService reconcile latency and throughput against kmock"),
+    "estimate": ("fleetgate.bench.estimate", "CPU per request of the prompt bound, /tokenize, an in-process tokenizer"),
     "faults": ("fleetgate.bench.faults", "limits back after Redis faults, spend lost to disconnects, budget overrun"),
     "engine": ("fleetgate.local.engine_bench", "the local vLLM CPU engine: start-up, first request, tokens/s, memory"),
 }

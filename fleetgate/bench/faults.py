@@ -10,6 +10,8 @@
    usage, and a Redis pause in the middle. What the engines processed (their own counters: a prompt
    once prefilled, each completion token once generated) against what the ledger charged. Lost = the
    processed tokens not charged; over-charged = estimates above what was processed (prefill cut short).
+2b. Restart (`faults_restart`): `kill -9` Redis with 40 requests in flight (most of them streams), restart it
+   empty: the ledger against the budget counter, in reservations (target: within one).
 3. Overrun: R replicas racing on one small daily budget with requests whose real usage the reservation
    used to miss (`n`, prompt lists, no `max_tokens`, 200 one-character chat messages). Spend against the
    budget, and the overrun against its bound: one bounded reservation per replica.
@@ -53,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pause-ms", type=int, default=3000, help="CLIENT PAUSE length (the issue's repro)")
     parser.add_argument("--requests", type=int, default=300, help="requests in the lost-spend run")
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--streams", type=int, default=36, help="restart: clients each keeping a stream open")
+    parser.add_argument("--in-flight", type=int, default=40, help="restart: kill once this many are at the engine")
+    parser.add_argument("--itl-ms", type=float, default=20.0, help="restart: the engine's time per streamed token")
+    parser.add_argument("--down-s", type=float, default=2.0, help="restart: seconds Redis stays down")
+    parser.add_argument("--scenarios", default="recovery,restart,spend,overrun",
+                        help="which scenarios to run, comma-separated")
 
 
 def settings(engines: dict[str, str], redis_url: str, *, policy: str = "open", budget_usd: str = "100",
@@ -82,7 +90,7 @@ async def gateways(config: GatewaySettings, replicas: int) -> AsyncIterator[list
     out = []
     for _ in range(replicas):
         port = free_port()
-        server = build_server(config, host="127.0.0.1", port=port)
+        server = build_server(config, host="127.0.0.1", port=port, metrics_port=0)  # replicas share no port
         server.config.log_level = "error"
         task = asyncio.ensure_future(server.serve())
         for _ in range(500):
@@ -305,12 +313,21 @@ async def overrun(args: argparse.Namespace, engine: FakeEngine) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fleetgate.bench.faults_restart import restart
+
+    chosen = {s.strip() for s in args.scenarios.split(",")}
+
     async def main() -> None:
         engine = await FakeEngine(FakeEngineConfig(model="m1", default_max_tokens=200)).start()
         try:
-            await recovery(args, engine)
-            await lost_spend(args)
-            await overrun(args, engine)
+            if "recovery" in chosen:
+                await recovery(args, engine)
+            if "restart" in chosen:
+                await restart(args)
+            if "spend" in chosen:
+                await lost_spend(args)
+            if "overrun" in chosen:
+                await overrun(args, engine)
         finally:
             await engine.stop()
 

@@ -72,10 +72,12 @@ class RateLimitError(FleetGateError):
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, retry_after_s: float, code: str | None = None) -> None:
+    def __init__(self, message: str, *, retry_after_s: float, code: str | None = None,
+                 limit: str | None = None) -> None:
         seconds = max(1, int(retry_after_s + 0.999))
         super().__init__(message, code=code, headers={"Retry-After": str(seconds)})
         self.retry_after_s = retry_after_s
+        self.limit = limit  # which limit refused (rpm, tpm, daily_budget, ...), when a limiter says
 
 
 class FleetSaturatedError(RateLimitError):

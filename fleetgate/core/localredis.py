@@ -52,6 +52,13 @@ class LocalRedis:
         self.stop()
         raise TimeoutError(f"redis-server did not answer on port {self.port} within {timeout_s}s")
 
+    def kill(self) -> None:
+        """SIGKILL, as an OOM kill or a node loss would: no shutdown, and (persistence off) all data lost."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=5)
+        self._proc = None
+
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()

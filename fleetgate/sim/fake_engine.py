@@ -2,12 +2,14 @@
 
 Not a simulation of an LLM: it answers `/v1/chat/completions` and `/v1/completions` in vLLM's
 shapes with deterministic text (`"t0 t1 ..."`, one token per chunk, `max_tokens` tokens, default
-16, `n` choices) and exact usage (prompt tokens = whitespace-separated words of the prompt), including vLLM's
+16, `n` choices) and exact usage (`prompt_tokens_of`: the words, or with `prompt_count="bytes"` the UTF-8
+bytes, of every content kind a chat template renders), including vLLM's
 `stream_options.continuous_usage_stats`. It can be slow (prefill and inter-token delays), fail
-(an HTTP status), drop the connection or go silent mid-stream, and it records what it received
-and how many streams were cancelled by the client. `/health`, `/v1/models`, `/metrics` (a few
-vLLM metric names) and `/tokenize` (one token per word) are served too. With `kv_events` set it keeps a
-fake prefix cache and publishes it as vLLM KV events over ZMQ (`fleetgate.sim.fake_kv_cache`).
+(an HTTP status), drop the connection or go silent mid-stream, stream past `max_tokens`
+(`runaway_tokens`), and it records what it received and how many streams were cancelled by the client.
+`/health`, `/v1/models`, `/metrics` (a few vLLM metric names) and vLLM's `/tokenize` are served too. With
+`kv_events` set it keeps a fake prefix cache and publishes it as vLLM KV events over ZMQ
+(`fleetgate.sim.fake_kv_cache`).
 
 Standalone: `python -m fleetgate.sim.fake_engine --port 8100 [--model NAME] [--itl-ms 1]`.
 """
@@ -26,6 +28,7 @@ from aiohttp import web
 
 from fleetgate.sim.fake_kv_cache import FakePrefixCache, word_tokens
 from fleetgate.sim.kv_publisher import FakeKvPublisher
+from fleetgate.sim.openai_fields import requested_max_tokens
 
 
 @dataclass(slots=True)
@@ -41,6 +44,8 @@ class FakeEngineConfig:
     garbage: bool = False  # answer 200 with a body that is not an OpenAI response
     usage_override: Any = None  # when set, sent as `usage` instead of the real one (malformed-usage tests)
     max_running: int | None = None  # a batch this big: requests beyond it are reported as waiting in /metrics
+    prompt_count: str = "words"  # how prompts are tokenized: "words", or "bytes" (the worst tokenizer)
+    runaway_tokens: int | None = None  # generate this many tokens whatever max_tokens says (a broken engine)
     # KV-cache events (precise prefix routing): a ZMQ address to publish on (tcp://127.0.0.1:port, ipc://path),
     # its replay address, and the fake prefix cache's block size and capacity (`fleetgate.sim.fake_kv_cache`).
     kv_events: str | None = None
@@ -66,21 +71,49 @@ class FakeEngineStats:
     # a completion token once it was handed to the connection.
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tokenized: int = 0  # `/tokenize` calls
     received: deque[Received] = field(default_factory=lambda: deque(maxlen=1000))
 
 
-def _words(value: Any) -> int:
+MEDIA_PAYLOADS = ("image_url", "input_audio", "video_url", "audio_url")  # placeholders, not text
+MEDIA_TOKENS = 64  # what one media item costs (a fixed number of placeholder tokens, as vision models do)
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string an engine's template could render from `value` (a content part's `type` is markup)."""
     if isinstance(value, str):
-        return len(value.split())
+        return [value]
     if isinstance(value, list):
-        return sum(_words(v.get("text") if isinstance(v, dict) else v) for v in value)
+        return [t for v in value for t in _strings(v)]
+    if isinstance(value, dict):
+        if value.get("type") in MEDIA_PAYLOADS:
+            return []
+        return [t for k, v in value.items() if k != "type" for t in _strings(v)]
+    return []
+
+
+def _media(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(_media(v) for v in value)
+    if isinstance(value, dict):
+        return 1 if value.get("type") in MEDIA_PAYLOADS else sum(_media(v) for v in value.values())
     return 0
 
 
-def prompt_tokens_of(body: dict[str, Any]) -> int:
+def prompt_tokens_of(body: dict[str, Any], *, count: str = "words") -> int:
+    """The prompt tokens the fake engine reads: every content kind of every message (text, thinking and
+    refusal parts, names, reasoning, tool calls, tool results), the tool definitions, and a fixed number per
+    media item. `count`: "words" (whitespace-separated words: one token each) or "bytes" (one token per UTF-8
+    byte: the most any real tokenizer makes of a text, for hostile-input tests)."""
     if "messages" in body:
-        return sum(_words(m.get("content")) for m in body.get("messages") or [] if isinstance(m, dict))
-    return _words(body.get("prompt"))
+        texts = [t for m in body.get("messages") or [] if isinstance(m, dict)
+                 for k, v in m.items() if k != "role" for t in _strings(v)]
+        texts += _strings(body.get("tools"))
+        media = _media(body.get("messages"))
+    else:
+        texts, media = _strings(body.get("prompt")), 0
+    size = (lambda t: len(t.encode())) if count == "bytes" else (lambda t: len(t.split()))
+    return sum(size(t) for t in texts) + media * MEDIA_TOKENS
 
 
 class FakeEngine:
@@ -142,13 +175,6 @@ class FakeEngine:
         data = {"object": "list", "data": [{"id": self.config.model, "object": "model", "owned_by": "fake"}]}
         return web.Response(body=orjson.dumps(data), content_type="application/json")
 
-    async def _tokenize(self, request: web.Request) -> web.Response:
-        if self.config.fail_status is not None:  # a failing engine fails this too
-            return web.Response(status=self.config.fail_status, text=self.config.fail_message)
-        tokens = word_tokens(orjson.loads(await request.read()))
-        data = {"count": len(tokens), "max_model_len": 1_000_000, "tokens": tokens}
-        return web.Response(body=orjson.dumps(data), content_type="application/json")
-
     async def _metrics(self, request: web.Request) -> web.Response:
         m = self.config.model
         cap = self.config.max_running
@@ -163,6 +189,19 @@ class FakeEngine:
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's `/tokenize`: `count` is the prompt tokens a chat or completion request would be charged
+        (`prompt_tokens_of`, as its usage says); `tokens` are the fake tokenizer's ids of its text
+        (`word_tokens`, what the fake prefix cache holds), for precise prefix routing. With
+        `prompt_count="bytes"` the two differ: routing reads the ids, the reservation the count."""
+        if self.config.fail_status is not None:  # a failing engine fails this too
+            return web.Response(status=self.config.fail_status, text=self.config.fail_message)
+        body = orjson.loads(await request.read())
+        self.stats.tokenized += 1
+        count = prompt_tokens_of(body, count=self.config.prompt_count)
+        answer = {"count": count, "max_model_len": 1_000_000, "tokens": word_tokens(body)}
+        return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         cfg = self.config
         raw = await request.read()
@@ -176,11 +215,13 @@ class FakeEngine:
         if cfg.garbage:
             return web.Response(body=b"<html>oops</html>", content_type="text/html")
         chat = request.path.endswith("/chat/completions")
-        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or cfg.default_max_tokens)
+        n = int(requested_max_tokens(body, chat=chat) or cfg.default_max_tokens)
+        if cfg.runaway_tokens is not None:
+            n = cfg.runaway_tokens
         prompt = body.get("prompt")
         prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) else 1
         choices = int(body.get("n") or 1) * prompts  # vLLM: n completions for each prompt of a list
-        usage = {"prompt_tokens": prompt_tokens_of(body), "completion_tokens": n * choices}
+        usage = {"prompt_tokens": prompt_tokens_of(body, count=cfg.prompt_count), "completion_tokens": n * choices}
         usage["total_tokens"] = usage["prompt_tokens"] + n * choices
         self.stats.running += 1
         try:

@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from fleetgate.sim.engine import SimEngine, SimRequest
 from fleetgate.sim.lora import LoraError
 from fleetgate.sim.metrics import SimMetrics
+from fleetgate.sim.openai_fields import requested_max_tokens
 from fleetgate.sim.runner import EngineRunner
 
 ENGINE_KEY = web.AppKey("engine", EngineRunner)
@@ -98,7 +99,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         if not isinstance(first, str):
             return _error(400, "`prompt` must be a string", "invalid_prompt")
         prompt = first
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = requested_max_tokens(body, chat=chat)
     profile = runner.engine.profile
     requested = int(max_tokens) if max_tokens is not None else profile.default_max_tokens
     natural = _natural_length(prompt, profile.natural_tokens)

@@ -3,8 +3,9 @@
 The proxy hands the Endpoint Picker the response headers and then every body chunk (FULL_DUPLEX_STREAMED);
 the picker decides what the client gets. One of four modes, chosen at the response headers:
 - `relay` (the client streams, the engine answered 200): each chunk goes through `sse.SseRewriter` (usage
-  kept only where the client asked, the served model's name, clean error events) and back at once; a stream
-  that ends without `[DONE]` gets the gateway's error event. Usage comes from the engine's own chunks: the
+  kept only where the client asked, the served model's name, clean error events, the reservation's completion
+  cap: an engine generating past `max_tokens` is cut off there and charged no more) and back at once; a
+  stream that ends without `[DONE]` gets the gateway's error event. Usage comes from the engine's own chunks: the
   picker asked for usage on every chunk (`forwarding.upstream_body`), so a client who leaves is charged up to
   the last chunk that reached the picker.
 - `assemble` (the client does not stream, so the picker asked the engine to stream, as the gateway does):
@@ -29,7 +30,7 @@ from fleetgate.cache.types import CacheStatus
 from fleetgate.core.errors import FleetGateError, UpstreamBadResponseError
 from fleetgate.core.types import Usage
 from fleetgate.gateway.assembly import StreamAssembler
-from fleetgate.gateway.collect import answer_of
+from fleetgate.gateway.collect import answer_of, capped
 from fleetgate.gateway.context import Attempt, RequestContext
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.epp import messages
@@ -70,11 +71,13 @@ class Answer:
             miss = ctx.lookup is not None and ctx.lookup.status == CacheStatus.MISS
             self._rw = SseRewriter(endpoint_id=ep.id, include_usage=parsed.include_usage,
                                    continuous_usage=parsed.continuous_usage, model_name=renamed,
-                                   assembler=StreamAssembler(parsed.kind) if miss else None)
+                                   assembler=StreamAssembler(parsed.kind) if miss else None,
+                                   completion_cap=ctx.completion_cap)
         elif assembled_upstream:
             self.mode = "assemble"
             self._rw = SseRewriter(endpoint_id=ep.id, include_usage=False, continuous_usage=False, model_name=None,
-                                   assembler=StreamAssembler(parsed.kind), collect_only=True)
+                                   assembler=StreamAssembler(parsed.kind), collect_only=True,
+                                   completion_cap=ctx.completion_cap)
         else:
             self.mode = "plain"
 
@@ -126,6 +129,7 @@ class Answer:
         if not rw.ended:
             out += rw.fail("midstream", "the engine closed the stream before it finished", "upstream_error")
         self.done = True
+        rw.absorb(rw.take_pending())  # a last event without its newline, or what followed an early end
         self._flow.stream_done(self._ctx, self._attempt, rw.close(cancelled=False))
         return messages.body_pieces(out, response=True)
 
@@ -175,6 +179,7 @@ class Answer:
         if usage is None:
             self._flow.metrics.upstream_errors.labels(attempt.model, ep.id, "bad_usage").inc()
             usage = fallback_usage(prompt_estimate=ctx.prompt_estimate, output_chunks=0)
+        usage = capped(usage, ctx.completion_cap)  # an engine that ignored max_tokens: not charged beyond it
         ctx.spent = (ctx.spent or Usage()) + usage
         self._complete(ok=True, usage=usage)
         if ep.model != attempt.model:

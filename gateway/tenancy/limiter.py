@@ -1,15 +1,17 @@
 """The `Limiter` stage: reserve an estimate against every limit at request start, settle to real usage.
 
 reserve(tenant, model, prompt_tokens, max_tokens):
-    estimate = 1 request, prompt_tokens + max_tokens tokens (`default_max_tokens` when the request sets
-    none), and the cost of those tokens at the model's current rates (no prefix-cache discount: an upper
-    bound). A name without a price (a tier alias) is estimated at the highest rates in the price book,
-    since any model may serve it. All windows are checked and reserved in one atomic step
-    (`CounterBackend.reserve`), so N concurrent requests on any number of replicas can overshoot a limit
-    by at most what they reserved while under it and then used beyond their estimate.
+    estimate = 1 request, prompt_tokens + max_tokens tokens (`default_max_tokens` when None; 0 reserves no
+    completion: a route that generates nothing), and the cost of those tokens at the model's current rates
+    (no prefix-cache discount: an upper bound). A name without a price (a tier alias) is estimated at the
+    highest rates in the price book, since any model may serve it. All windows are checked and reserved in
+    one atomic step (`CounterBackend.reserve`), so N concurrent requests on any number of replicas can
+    overshoot a limit by at most what they reserved while under it and then used beyond their estimate.
 settle(reservation, usage):
     adds (real - estimate) to the token and dollar counters the reservation touched (the windows in which
-    the request started), also for failed and cancelled requests; rpm stays counted. The gateway stage
+    the request started), also for failed and cancelled requests; rpm stays counted. Where the store lost
+    the counters since the reservation (a Redis restart: the counter generation differs), the real usage
+    alone is added instead (`limiter_redis`), so the counters end equal to the ledger. The gateway stage
     (`stage.TenancyStage`) splits this in two: tokens at settle, dollars when each request record says
     which model really served (an alias is priced at the model it resolved to).
 
@@ -31,8 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -48,6 +52,7 @@ from fleetgate.gateway.tenancy.limiter_windows import (
     ModelLimits,
     TenantLimits,
     describe,
+    epoch_key,
     plan_checks,
     retry_after_s,
     window_load,
@@ -59,11 +64,24 @@ log = logging.getLogger(__name__)
 
 
 class CounterBackend(Protocol):
-    async def reserve(self, checks: Sequence[Check], *, now_ms: int) -> tuple[int, int, int]: ...
+    async def reserve(self, checks: Sequence[Check], *, now_ms: int, epoch_key: str,
+                      nonce: str) -> tuple[int, int, int, str]:
+        """(0, 0, 0, the tenant's counter generation) when reserved, else (refusing check, cur, prev, "")."""
+        ...
 
     async def adjust(self, moves: Sequence[Move]) -> None: ...
 
     async def read(self, keys: Sequence[str]) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HeldDollars:
+    """The dollar windows a settled reservation still holds, until `charge` knows the real cost."""
+
+    keys: list[list[Any]]  # [counter key, ttl ms]
+    estimate_micros: int  # what the reservation added to them (0: let through while the store was down)
+    epoch_key: str = ""
+    epoch: str = ""  # the counters' generation the estimate went into ("" : none)
 
 
 def _micros(usd: Any) -> int | None:
@@ -134,7 +152,7 @@ class TenancyLimiter:
         sequences: int = 1, fit_max_tokens: bool = False,
     ) -> Reservation:
         await self._prices.refresh_if_stale(model)
-        per_seq = max_tokens if max_tokens and max_tokens > 0 else self._default_max_tokens
+        per_seq = max_tokens if max_tokens is not None and max_tokens >= 0 else self._default_max_tokens
         sequences = max(sequences, 1)
         prompt = max(prompt_tokens, 0)
         rates = self._prices.estimate_rates(model)
@@ -150,7 +168,8 @@ class TenancyLimiter:
         # A token or dollar window of this request (not another model's cap): its overrun the gateway bounds
         # by setting `max_tokens` upstream.
         fit = fit_max_tokens and any(c.name != "rpm" for c in checks)
-        answer = await self._try_reserve(checks, now_ms=now_ms)
+        epochs = epoch_key(prefix=self._prefix, tenant_id=tenant.id)
+        answer = await self._try_reserve(checks, now_ms=now_ms, epoch_key=epochs)
         if answer is not None and answer[0] and fit:
             fitted = self._fit(checks[answer[0] - 1], answer, now_ms=now_ms, prompt=prompt, sequences=sequences,
                                rates=rates)
@@ -159,13 +178,13 @@ class TenancyLimiter:
                 reservation = self._estimate(tenant, model, prompt=prompt, per_seq=per_seq, sequences=sequences,
                                              rates=rates)
                 checks = self._checks(tenant, reservation, limits, now)
-                answer = await self._try_reserve(checks, now_ms=now_ms)
+                answer = await self._try_reserve(checks, now_ms=now_ms, epoch_key=epochs)
         if fit:
             reservation.max_tokens = per_seq
         if answer is None:  # store down, failing open: usage is queued at settle (reconciled later)
-            reservation.token = self._held(checks, reserved=False)
+            reservation.token = self._held(checks, epoch_key=epochs, epoch="")
             return reservation
-        refused, cur, prev = answer
+        refused, cur, prev, epoch = answer
         if refused:
             check = checks[refused - 1]
             if self._metrics is not None:
@@ -175,21 +194,22 @@ class TenancyLimiter:
             raise RateLimitError(
                 describe(check, tenant_id=tenant.id, load=load, model=model),
                 retry_after_s=retry_after_s(check=check, cur=cur, prev=prev, now_ms=now_ms),
-                code=code,
+                code=code, limit=check.name,
             )
-        reservation.token = self._held(checks, reserved=True)
+        reservation.token = self._held(checks, epoch_key=epochs, epoch=epoch)
         return reservation
 
     @staticmethod
-    def _held(checks: Sequence[Check], *, reserved: bool) -> str:
+    def _held(checks: Sequence[Check], *, epoch_key: str, epoch: str) -> str:
+        """The settle handle: the counters reserved in, and their generation ("": nothing was reserved)."""
         held = {
             "tokens": [[c.key, c.ttl_ms] for c in checks if c.name == "tpm"],
             "micros": [[c.key, c.ttl_ms] for c in checks if c.name.endswith("budget")],
-            "reserved": reserved,
+            "epoch": [epoch_key, epoch],
         }
         return orjson.dumps(held).decode()
 
-    def _fit(self, check: Check, answer: tuple[int, int, int], *, now_ms: int, prompt: int, sequences: int,
+    def _fit(self, check: Check, answer: tuple[int, int, int, str], *, now_ms: int, prompt: int, sequences: int,
              rates: Rates) -> int:
         """The largest max_tokens per sequence that fits the refusing window (0: none does)."""
         if check.name == "rpm":
@@ -210,7 +230,8 @@ class TenancyLimiter:
                 hi = mid
         return lo
 
-    async def _try_reserve(self, checks: Sequence[Check], *, now_ms: int) -> tuple[int, int, int] | None:
+    async def _try_reserve(self, checks: Sequence[Check], *, now_ms: int,
+                           epoch_key: str) -> tuple[int, int, int, str] | None:
         """The store's answer, or None when the store is down and the policy is to fail open."""
         started = self.circuit.admit()
         if started is not None:
@@ -218,7 +239,8 @@ class TenancyLimiter:
                 # Queued moves first: after a restart they must find the counters as the outage left them
                 # (absent), before this reservation creates them again.
                 await self._write_pending()
-                answer = await self._counters.reserve(checks, now_ms=now_ms)
+                answer = await self._counters.reserve(checks, now_ms=now_ms, epoch_key=epoch_key,
+                                                      nonce=os.urandom(8).hex())
             except StoreUnavailableError as exc:
                 self._store_error("reserve", exc, started)
             except asyncio.CancelledError:
@@ -233,26 +255,29 @@ class TenancyLimiter:
 
     async def settle(self, reservation: Reservation, usage: Usage) -> None:
         """Settle tokens and dollars, pricing `usage` at the reserved model's rates."""
-        money, held_micros = await self.settle_tokens(reservation, usage)
+        held = await self.settle_tokens(reservation, usage)
         real = cost_micros(usage, self._prices.rates(reservation.model))
-        await self.charge(money, real - held_micros, real_micros=real)
+        await self.charge(held, real - held.estimate_micros, real_micros=real)
 
-    async def settle_tokens(self, reservation: Reservation, usage: Usage) -> tuple[list[list[Any]], int]:
-        """Settle the token windows now; return the dollar windows for `charge` (once the real cost is known)
-        and the dollars the reservation holds in them (0 when it was let through while the store was down)."""
+    async def settle_tokens(self, reservation: Reservation, usage: Usage) -> HeldDollars:
+        """Settle the token windows now; return the dollar windows for `charge` (once the real cost is known)."""
         if not reservation.token:
-            return [], 0
+            return HeldDollars(keys=[], estimate_micros=0)
         held: dict[str, Any] = orjson.loads(reservation.token)
         reservation.token = ""  # settle once, even if called twice
-        reserved = bool(held.get("reserved", True))
+        epoch_key, epoch = held["epoch"]
         real = usage.total_tokens
-        delta = real - (reservation.estimated_tokens if reserved else 0)
-        await self._adjust([Move(key, delta, ttl, real) for key, ttl in held["tokens"]], op="settle")
-        return held["micros"], reservation.estimated_micros if reserved else 0
+        delta = real - (reservation.estimated_tokens if epoch else 0)
+        await self._adjust([Move(key, delta, ttl, real, epoch_key, epoch) for key, ttl in held["tokens"]],
+                           op="settle")
+        return HeldDollars(keys=held["micros"], estimate_micros=reservation.estimated_micros if epoch else 0,
+                           epoch_key=epoch_key, epoch=epoch)
 
-    async def charge(self, keys: Sequence[Sequence[Any]], delta_micros: int, *, real_micros: int) -> None:
-        """Move the dollar windows by `delta_micros`; a window the store lost is set to `real_micros`."""
-        await self._adjust([Move(key, delta_micros, ttl, real_micros) for key, ttl in keys], op="settle")
+    async def charge(self, held: HeldDollars, delta_micros: int, *, real_micros: int) -> None:
+        """Move the dollar windows by `delta_micros` where they still hold the estimate (same generation);
+        elsewhere add `real_micros`, the real cost alone (`Move`)."""
+        await self._adjust([Move(key, delta_micros, ttl, real_micros, held.epoch_key, held.epoch)
+                            for key, ttl in held.keys], op="settle")
 
     async def _adjust(self, moves: list[Move], *, op: str) -> None:
         moves = [m for m in moves if m.delta or m.absolute]

@@ -30,14 +30,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Move:
-    """Add `delta` to a counter that exists; if it does not (it expired, or Redis lost it in a restart
-    together with the reservation the delta corrects), set it to `absolute` (the real usage alone, never
-    negative) with `ttl_ms`."""
+    """A settle's correction of one counter. The reservation it corrects was added to the counter of
+    generation `epoch` (the tenant's epoch key, see `limiter_redis`; "" when the store was down and nothing
+    was reserved). If the counter is still of that generation, `delta` (real - estimate) is added. If it is
+    not (Redis lost everything and another request recreated the counter since) the estimate is not in it:
+    `absolute` (the real usage alone) is added instead; a counter that does not exist (it expired, or no
+    request recreated it yet) is set to `absolute` with `ttl_ms`. Never a negative value from a lost estimate."""
 
     key: str
     delta: int
     ttl_ms: int
     absolute: int = 0
+    epoch_key: str = ""
+    epoch: str = ""
 
 
 class StoreCircuit:
@@ -92,15 +97,18 @@ class StoreCircuit:
         self._pending.extend(moves)
 
     def take(self) -> list[Move]:
-        """Every queued move, merged per key (the queue is emptied before any await: one replayer)."""
+        """Every queued move, merged per (key, epoch): moves of one counter generation add up, moves of
+        different generations are applied each by its own rule (the queue is emptied before any await: one
+        replayer)."""
         if not self._pending:
             return []
-        merged: dict[str, Move] = {}
+        merged: dict[tuple[str, str], Move] = {}
         while self._pending:
             m = self._pending.popleft()
-            old = merged.get(m.key)
-            merged[m.key] = m if old is None else Move(m.key, old.delta + m.delta, max(old.ttl_ms, m.ttl_ms),
-                                                       old.absolute + m.absolute)
+            old = merged.get((m.key, m.epoch))
+            merged[m.key, m.epoch] = m if old is None else Move(
+                m.key, old.delta + m.delta, max(old.ttl_ms, m.ttl_ms), old.absolute + m.absolute, m.epoch_key,
+                m.epoch)
         return [m for m in merged.values() if m.delta or m.absolute]
 
     def requeue(self, moves: list[Move]) -> None:

@@ -98,6 +98,11 @@ def _month_bounds_ms(now_s: float) -> tuple[str, int, int]:
     return month, start_ms, end_ms
 
 
+def epoch_key(*, prefix: str, tenant_id: str) -> str:
+    """The tenant's counter-generation key (`limiter_redis`), in its counters' hash slot."""
+    return f"{prefix}lim:{{{tenant_id}}}:epoch"
+
+
 def plan_checks(
     *,
     prefix: str,

@@ -23,7 +23,7 @@ from fleetgate.gateway.stages import Authenticator, RequestRecord, Reservation, 
 from fleetgate.gateway.tenancy.accounting import TenancyAccountant
 from fleetgate.gateway.tenancy.config import TenancyConfig
 from fleetgate.gateway.tenancy.ledger import UsageLedger
-from fleetgate.gateway.tenancy.limiter import TenancyLimiter
+from fleetgate.gateway.tenancy.limiter import HeldDollars, TenancyLimiter
 from fleetgate.gateway.tenancy.metrics import TenancyMetrics
 from fleetgate.gateway.tenancy.pricing import PriceBook
 
@@ -31,8 +31,7 @@ from fleetgate.gateway.tenancy.pricing import PriceBook
 @dataclass(slots=True)
 class _Held:
     tenant_id: str
-    keys: list[list[Any]]  # [counter key, ttl ms]
-    estimate_micros: int
+    dollars: HeldDollars
     released: bool = False
 
 
@@ -66,21 +65,21 @@ class TenancyStage:
                                           sequences=sequences, fit_max_tokens=fit_max_tokens)
 
     async def settle(self, reservation: Reservation, usage: Usage) -> None:
-        keys, estimate = await self.limiter.settle_tokens(reservation, usage)
-        self._held.set(_Held(tenant_id=reservation.tenant.id, keys=keys, estimate_micros=estimate))
+        dollars = await self.limiter.settle_tokens(reservation, usage)
+        self._held.set(_Held(tenant_id=reservation.tenant.id, dollars=dollars))
 
     # Accountant
     async def record(self, record: RequestRecord) -> None:
         values = await self.accountant.account(record)
         held = self._held.get()
-        if held is None or held.tenant_id != record.tenant.id or not held.keys:
+        if held is None or held.tenant_id != record.tenant.id or not held.dollars.keys:
             return
         cost = values.get("cost_micros", 0)
         delta = cost
         if not held.released:
-            delta -= held.estimate_micros
+            delta -= held.dollars.estimate_micros
             held.released = True
-        await self.limiter.charge(held.keys, delta, real_micros=cost)
+        await self.limiter.charge(held.dollars, delta, real_micros=cost)
 
     async def aclose(self) -> None:
         for closer in self.closers:

@@ -1,4 +1,5 @@
-"""The Helm walkthroughs (the README's quick start and the Kubernetes guide), as written: its `my-values.yaml` (keys made by its shell lines) renders,
+"""The Helm walkthroughs (the README's quick start and the Kubernetes guide), as written: its `my-values.yaml`
+(keys made by its shell lines) renders,
 and the gateway built from the rendered config and keys Secret lets the tenant key list and call the
 example model, while the admin key sees no model and a missing key gets 401."""
 

@@ -42,7 +42,7 @@ def body(*, stream: bool, max_tokens: int = 20, **extra: Any) -> dict[str, Any]:
 
 
 def prompt_estimate(b: dict[str, Any]) -> int:
-    return estimate_request(parse_request("chat", orjson.dumps(b))).prompt_tokens
+    return estimate_request(parse_request("chat", orjson.dumps(b))).typical  # what unknown usage is charged
 
 
 async def start(start_gateway: Callable[..., Awaitable[RunningGateway]], *, redis_url: str | None = None,

@@ -233,14 +233,21 @@ async def test_tenants_models_lists_and_adapter_tenants_govern_adapters(
 
         assert (await status("acme", "legal"))[0] == 200 and (await status("acme", "pirate"))[0] == 200
         assert await status("globex", "legal") == (403, "tenant 'globex' may not use model 'legal'")
-        # listed in globex's models, but the adapter names only acme
-        assert await status("globex", "pirate") == (403, "tenant 'globex' may not use model 'pirate'")
-        assert await status("initech", "pirate") == (403, "tenant 'initech' may not use model 'pirate'")
         assert (await status("initech", "legal"))[0] == 200
         code, message = await status("initech", "ghost")
         assert code == 404 and "legal" in message  # an adapter is a known model name like any other
         assert "pirate" not in message  # but one restricted to other tenants is not named to them
+        # Another tenant's private adapter answers exactly as a name that does not exist: it cannot be
+        # confirmed by name (it used to be 403 "may not use", against 404 for an unknown name).
+        assert await status("initech", "pirate") == (404, message.replace("'ghost'", "'pirate'"))
+        # listed in globex's own models, but the adapter names only acme: it does not exist for globex either
+        code, message = await status("globex", "pirate")
+        assert code == 404 and message.startswith("model 'pirate' does not exist; available models: base")
         assert (await status("globex", "ghost"))[0] == 403  # not in its list: 403 before 404, as for models
+        await gw.pipeline.drain()
+        rows = (await c.get("/v1/usage", headers=key("initech"))).json()["by_model"]
+        # ... and its own usage rows name both the same way (no `_refused` row to tell them apart)
+        assert {g["model"]: g["requests"] for g in rows if g["model"].startswith("_")} == {"_unknown": 2}
 
         async def listed(tenant: str) -> set[str]:
             return {m["id"] for m in (await c.get("/v1/models", headers=key(tenant))).json()["data"]}

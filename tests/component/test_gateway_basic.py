@@ -67,25 +67,35 @@ async def test_health_and_readiness(start_gateway, gateway: RunningGateway) -> N
         ready = await client.get(gateway.url + "/readyz")
         no_engines = await client.get(empty.url + "/readyz")
     assert (ready.status_code, ready.json()) == (
-        200, {"status": "ready", "models": 1, "endpoints": 1, "ejected": [], "all_ejected": False}
+        200, {"status": "ready", "models": 1, "endpoints": 1, "ejected": 0, "all_ejected": False}
     )
     # ready without engines: it answers (503s naming the problem); the body tells
     assert (no_engines.status_code, no_engines.json()) == (
-        200, {"status": "ready", "models": 2, "endpoints": 0, "ejected": [], "all_ejected": False}
+        200, {"status": "ready", "models": 2, "endpoints": 0, "ejected": 0, "all_ejected": False}
     )
 
 
-async def test_readiness_names_ejected_endpoints(start_gateway) -> None:  # type: ignore[no-untyped-def]
-    """Every endpoint ejected (its engine is down): /readyz still answers 200 but names them, so a probe
-    can choose to treat "all ejected" as not ready."""
-    dead = f"http://127.0.0.1:{free_port()}"
-    gw = await start_gateway(settings_for({"m1": [dead]}))
+async def test_readiness_counts_ejected_endpoints_and_names_them_only_to_the_admin(start_gateway) -> None:  # type: ignore[no-untyped-def]
+    """Every endpoint ejected (its engine is down): /readyz still answers 200 and says so, so a probe can
+    treat "all ejected" as not ready. The addresses (pod IPs under Kubernetes discovery) are not for anyone
+    who can reach the client port: only the admin key, and the metrics port's ejected gauge, name them."""
+    from .test_tenancy_gateway import auth, settings
+
+    dead_port = free_port()
+    gw = await start_gateway(settings(f"http://127.0.0.1:{dead_port}"))
     async with httpx.AsyncClient(base_url=gw.url) as client:
-        failed = await client.post("/v1/chat/completions", json={**CHAT, "model": "m1"})
-        body = (await client.get("/readyz")).json()
+        failed = await client.post("/v1/chat/completions", json=CHAT, headers=auth("acme"))
+        anonymous = await client.get("/readyz")
+        tenant = await client.get("/readyz", headers=auth("acme"))
+        wrong = await client.get("/readyz", headers={"Authorization": "Bearer fg-wrong"})
+        admin = (await client.get("/readyz", headers=auth("admin"))).json()
+        gauge = (await client.get(gw.metrics_url)).text
     assert failed.status_code >= 500
-    assert body["endpoints"] == 1 and body["all_ejected"] is True
-    assert len(body["ejected"]) == 1 and "127.0.0.1" in body["ejected"][0]
+    for r in (anonymous, tenant, wrong):
+        assert r.status_code == 200 and str(dead_port) not in r.text and "127.0.0.1" not in r.text
+        assert r.json() == {"status": "ready", "models": 2, "endpoints": 2, "ejected": 2, "all_ejected": True}
+    assert admin["ejected_endpoints"] == [f"127.0.0.1:{dead_port}"] * 2  # m1 and m2 share the engine
+    assert f'fleetgate_router_endpoint_ejected{{endpoint="127.0.0.1:{dead_port}"}} 1.0' in gauge
 
 
 async def test_not_ready_before_start(engine: FakeEngine) -> None:

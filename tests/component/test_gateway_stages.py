@@ -13,8 +13,8 @@ from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.core.errors import AuthenticationError, PermissionDeniedError, RateLimitError
 from fleetgate.core.localredis import free_port
 from fleetgate.core.types import Endpoint, Usage
-from fleetgate.gateway.estimate import TEMPLATE_TOKENS_PER_MESSAGE, TEMPLATE_TOKENS_PER_REQUEST
-from fleetgate.gateway.parsing import chat_prompt_text, estimate_prompt_tokens
+from fleetgate.gateway.estimate import estimate_request
+from fleetgate.gateway.parsing import parse_request
 from fleetgate.gateway.stages import RequestRecord, Reservation, Tenant
 from fleetgate.router.tiers.types import TierDecision
 from fleetgate.router.types import Decision, RoutingRequest
@@ -136,9 +136,8 @@ async def test_401_403_and_429_from_the_stages(start_gateway, engine: FakeEngine
     assert models_no_key.status_code == 401
     assert len(engine.received) == 1
     await gw.pipeline.drain()
-    text = estimate_prompt_tokens(chat_prompt_text(CHAT["messages"]))
-    template = TEMPLATE_TOKENS_PER_MESSAGE * len(CHAT["messages"]) + TEMPLATE_TOKENS_PER_REQUEST  # type: ignore[arg-type]
-    assert limiter.reserved == [(text + template, 2)]  # a rough prompt + chat template estimate, max_tokens
+    bound = estimate_request(parse_request("chat", orjson.dumps(CHAT))).prompt_tokens
+    assert limiter.reserved == [(bound, 2)]  # the prompt's bound (text + chat template), max_tokens
     assert limiter.settled == [Usage(prompt_tokens=3, completion_tokens=2)]
 
 

@@ -104,3 +104,23 @@ async def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk() -> N
     done = [c["usage"]["completion_tokens"] for c in content]
     assert done == sorted(done) and done[-1] == 4
     assert all("usage" not in c for c in without if c["choices"])
+
+
+async def test_max_completion_tokens_is_read_as_vllm_reads_it() -> None:
+    """vLLM 0.32's `CompletionRequest` has no `max_completion_tokens` (an extra field, ignored): a completion
+    with `max_tokens: 1, max_completion_tokens: 100000` generates one token. Chat prefers
+    `max_completion_tokens` over the deprecated `max_tokens`. The simulator and the fake engine both follow."""
+    from fleetgate.sim.fake_engine import FakeEngine, FakeEngineConfig
+
+    hostile = {"model": "sim-model", "max_tokens": 1, "max_completion_tokens": 100000}
+    fake = await FakeEngine(FakeEngineConfig(model="sim-model")).start()
+    try:
+        async with await start_sim_fleet(replicas=1, profile=PROFILE) as fleet, aiohttp.ClientSession() as s:
+            for url in (fleet.urls[0], fake.url):
+                async with s.post(f"{url}/v1/completions", json={**hostile, "prompt": "hello there"}) as resp:
+                    assert (await resp.json())["usage"]["completion_tokens"] == 1, url
+                chat = {**hostile, "max_completion_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+                async with s.post(f"{url}/v1/chat/completions", json=chat) as resp:
+                    assert (await resp.json())["usage"]["completion_tokens"] == 3, url
+    finally:
+        await fake.stop()

@@ -203,10 +203,12 @@ def tokens(totals: Counter[str]) -> tuple[int, int]:
 
 async def test_keys_models_and_budgets_refuse_through_envoy(engines: Engines) -> None:
     (engine,) = await engines(1)
-    # acme's budget fits one request's reservation (~20 prompt + 10 completion tokens) but not two once the first
-    # has been charged (3 + 10 tokens): the refusal comes from the budget, after real spend
+    # acme's budget (20 µ$, 1 µ$ a token) fits one request's reservation only through the exact count, as in the
+    # gateway (`reserving.Reserver`: the prompt bound, ~290 tokens, would refuse; the engine's /tokenize says 3,
+    # + 10 completion tokens), and not two once the first has been charged (3 + 10): the refusal comes from the
+    # budget, after real spend
     settings = settings_for({"m1": [engine.url], "m2": [engine.url]}, server={"auth": "api_key"},
-                            tenancy=tenancy(daily_budget_usd="0.000035"))
+                            tenancy=tenancy(daily_budget_usd="0.00002"))
     async with epp_stack(settings, pool=[engine.port]) as stack:
         status, _, body = await post(stack.url, chat("w0 w1 w2"))
         assert status == 401 and orjson.loads(body)["error"]["type"] == "authentication_error"
@@ -252,6 +254,24 @@ async def test_streaming_is_intact_and_usage_is_charged_exactly(engines: Engines
         assert usage["prompt_tokens"] == 4 and usage["completion_tokens"] == 12
         acme = await ledger(stack, "acme")
         assert tokens(acme) == (4, 12) and acme["requests"] == 1 and acme["cost_micros"] == 16
+
+
+async def test_an_engine_streaming_past_max_tokens_is_cut_off_and_charged_the_cap(engines: Engines) -> None:
+    """Issue 26's completion cap behind Envoy: the picker holds the reservation's cap as the gateway does."""
+    (engine,) = await engines(1, runaway_tokens=40)  # ignores max_tokens
+    settings = settings_for({"m1": [engine.url]}, server={"auth": "api_key"}, tenancy=tenancy())
+    async with epp_stack(settings, pool=[engine.port]) as stack:
+        async with aiohttp.ClientSession() as s, s.post(stack.url + CHAT, headers=auth("acme"),
+                                                        json=chat("a b c", max_tokens=5, stream=True)) as r:
+            events = [orjson.loads(e[6:]) if e != b"data: [DONE]" else "[DONE]"
+                      for e in (await r.read()).split(b"\n\n") if e]
+        content = [e for e in events if isinstance(e, dict) and e.get("choices") and e["choices"][0]["delta"].get(
+            "content")]
+        assert r.status == 200 and len(content) == 5
+        assert events[-2]["error"]["code"] == "max_tokens_exceeded" and events[-1] == "[DONE]"
+        acme = await ledger(stack, "acme")
+        assert engine.stats.completion_tokens == 40  # what the engine did; the tenant pays what it asked for
+        assert tokens(acme) == (3, 5) and acme["requests"] == 1 and acme["errors"] == 1
 
 
 async def test_client_leaving_mid_stream_is_charged_what_the_engine_did(

@@ -25,10 +25,9 @@ from typing import Any
 import pytest
 
 from fleetgate.core.types import Endpoint
-from fleetgate.gateway.serve import build_server
 from fleetgate.gateway.settings import GatewaySettings, KvEventsRoute, ModelRoute, ServerSettings
 from fleetgate.local.config import EngineConfig
-from fleetgate.local.engines import EngineFleet, free_port
+from fleetgate.local.engines import EngineFleet
 from fleetgate.local.model_prep import prepare_model
 from fleetgate.local.vllm_command import vllm_specs
 from fleetgate.router.config import precise_prefix_config
@@ -38,6 +37,7 @@ from fleetgate.router.prompt_tokens import EngineTokenizer, LocalTokenizer
 from fleetgate.router.types import RoutingRequest
 from fleetgate.sim.fake_engine import FakeEngine, FakeEngineConfig
 
+from .gateway_thread import serving
 from .http_json import post_json_headers, request_json
 
 pytestmark = pytest.mark.real_engine
@@ -58,25 +58,6 @@ class Stack:
 def _text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=30) as response:
         return str(response.read().decode())
-
-
-@contextmanager
-def serving(settings: GatewaySettings) -> Iterator[tuple[str, Any]]:
-    """An in-process gateway on a free loopback port, in its own thread: (base URL, its uvicorn server)."""
-    port = free_port()
-    server = build_server(settings.model_copy(update={"server": settings.server.model_copy(update={"port": port})}),
-                          metrics_port=0)
-    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the gateway did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", server
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +164,45 @@ def test_prefix_cache_hits_on_a_repeated_prompt(stack: Stack) -> None:
     after = _counter(metrics, "vllm:prefix_cache_hits_total")
     assert _counter(metrics, "vllm:prefix_cache_queries_total") > after
     assert after - before >= 128, f"prefix cache hits went {before} -> {after}"
+
+
+# Issue 26: Gemma's own (prepared) template renders text parts only; vLLM turns `thinking` and `refusal` parts
+# into text parts first, so the engine reads them like text. The bound must cover each kind it reads (the
+# kinds this template does not render are checked with a template that renders everything in
+# test_real_engine_budgets.py).
+GEMMA_KINDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "text": ("chat", {"messages": [{"role": "user", "content": "one two three four five " * 40}]}),
+    "thinking part": ("chat", {"messages": [
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "one two three four five " * 40}]},
+        {"role": "user", "content": "go on"}]}),
+    "refusal part": ("chat", {"messages": [
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "one two three four five " * 40}]},
+        {"role": "user", "content": "why"}]}),
+    "odd unicode": ("chat", {"messages": [{"role": "user", "content": "\U0001f9ea" * 100}]}),  # 4 tokens each
+    "tool message": ("chat", {"messages": [{"role": "user", "content": "hi"},
+                                           {"role": "tool", "tool_call_id": "c", "content": "a b c d " * 40}]}),
+    "prompt list": ("completions", {"prompt": ["one two three " * 20, "\U0001f9ea" * 50]}),
+    "token ids": ("completions", {"prompt": [[2, 651, 6037, 2967] * 20, [2, 9259] * 10]}),
+}
+
+
+@pytest.mark.parametrize("kind", list(GEMMA_KINDS))
+def test_the_prompt_bound_covers_what_gemmas_template_reads(stack: Stack, kind: str) -> None:
+    from fleetgate.gateway.estimate import estimate_request
+    from fleetgate.gateway.parsing import parse_request
+
+    path, extra = GEMMA_KINDS[kind]
+    body = {"model": MODEL, "max_tokens": 1, "temperature": 0, **extra}
+    status, answer = request_json(f"{stack.gateway}/v1/{'chat/' if path == 'chat' else ''}completions", body)
+    assert status == 200, answer
+    read = answer["usage"]["prompt_tokens"]
+    bound = estimate_request(parse_request(path, json.dumps(body).encode()),  # type: ignore[arg-type]
+                             context=MAX_MODEL_LEN).prompt_tokens
+    assert read <= bound, (kind, read, bound)
+    if kind == "thinking part":  # the engine reads it (the old estimate ignored it): about as many as text
+        text = dict(GEMMA_KINDS["text"][1])
+        _, plain = request_json(f"{stack.gateway}/v1/chat/completions", {**body, **text})
+        assert read >= plain["usage"]["prompt_tokens"] - 5
 
 
 def _usage_totals(gateway: str) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from fleetgate.gateway.epp import messages
 from fleetgate.gateway.epp.exchange import Exchange
 from fleetgate.gateway.epp.server import EppServer, build_epp
 from fleetgate.gateway.settings import GatewaySettings
+from fleetgate.gateway.stages import RequestRecord
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 
@@ -136,3 +137,94 @@ async def test_a_client_leaving_after_the_pick_balances_the_counts(epp: EppServe
     assert state.inflight == {} and in_flight._value.get() == 0
     await epp.pipeline.drain()
     assert epp.door.metrics.decision._sum.get() > 0  # the decision was timed
+
+
+class Ledger:
+    """Every request record the picker writes (the accountant stage)."""
+
+    def __init__(self) -> None:
+        self.records: list[RequestRecord] = []
+
+    async def record(self, record: RequestRecord) -> None:
+        self.records.append(record)
+
+
+def capped_epp(ledger: Ledger) -> EppServer:
+    settings = GatewaySettings.model_validate({
+        "server": {"auth": "open", "metrics_port": None, "log_requests": False},
+        "models": [{"name": "m1", "endpoints": [f"http://{A}"],
+                    "adapters": [{"name": "theirs", "source": "/adapters/theirs", "tenants": ["someone-else"]}]}],
+    })
+    return build_epp(settings, port=0, metrics_port=None, registry=CollectorRegistry(), accountant=ledger)
+
+
+def runaway(n: int, *, usage: bool) -> bytes:
+    """An engine that ignores max_tokens: `n` one-token chunks (with the usage so far, or none), then [DONE]."""
+    events = []
+    for i in range(n):
+        chunk: dict[str, Any] = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m1",
+                                 "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}
+        if usage:
+            chunk["usage"] = {"prompt_tokens": 4, "completion_tokens": i + 1, "total_tokens": i + 5}
+        events.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    return b"".join(events) + b"data: [DONE]\n\n"
+
+
+def sent_upstream(out: list[pb.ProcessingResponse]) -> dict[str, Any]:
+    return orjson.loads(b"".join(o.request_body.response.body_mutation.streamed_response.body for o in out[1:]))
+
+
+@pytest.mark.parametrize("usage", [True, False])
+async def test_the_picker_cuts_a_runaway_stream_at_the_reserved_cap_and_charges_no_more(usage: bool) -> None:
+    """Issue 26's completion cap through the shared flow: the picker relays and charges as the gateway does."""
+    ledger = Ledger()
+    epp = capped_epp(ledger)
+    exchange = Exchange(epp.door)
+    await exchange.on_message(headers_msg())
+    out = await exchange.on_message(body_msg(chat(stream=True)))  # max_tokens: 3
+    assert sent_upstream(out)["stream_options"]["include_usage"] is True
+    await exchange.on_message(response_headers_msg(content_type="text/event-stream"))
+    body = runaway(12, usage=usage)
+    relayed = b""
+    for piece in (body[: len(body) // 2], body[len(body) // 2 :]):  # the proxy's chunks split anywhere
+        end = piece is not body[: len(body) // 2]
+        msgs = await exchange.on_message(pb.ProcessingRequest(response_body=pb.HttpBody(body=piece,
+                                                                                        end_of_stream=end)))
+        relayed += b"".join(m.response_body.response.body_mutation.streamed_response.body for m in msgs)
+    events = [e[6:] for e in relayed.decode().split("\n\n") if e.startswith("data: ")]
+    content = [orjson.loads(e) for e in events if e != "[DONE]" and "choices" in orjson.loads(e)]
+    assert len(content) == 3 and events[-1] == "[DONE]"
+    assert orjson.loads(events[-2])["error"]["code"] == "max_tokens_exceeded"
+    assert exchange.done
+    await epp.pipeline.drain()
+    [record] = ledger.records
+    assert record.usage.completion_tokens == 3 and record.status == 502  # the engine's fault, charged the cap
+
+
+async def test_a_plain_answer_past_the_cap_is_charged_the_cap() -> None:
+    ledger = Ledger()
+    epp = capped_epp(ledger)
+    exchange = Exchange(epp.door)
+    await exchange.on_message(headers_msg())
+    await exchange.on_message(body_msg(chat(logprobs=True)))  # not assembled: the engine's JSON as it is
+    await exchange.on_message(response_headers_msg())
+    answer = {"id": "x", "object": "chat.completion", "created": 1, "model": "m1", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "far too long"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 500, "total_tokens": 504}}
+    await exchange.on_message(pb.ProcessingRequest(response_body=pb.HttpBody(body=orjson.dumps(answer),
+                                                                             end_of_stream=True)))
+    await epp.pipeline.drain()
+    [record] = ledger.records
+    assert record.status == 200 and record.usage.completion_tokens == 3 and record.usage.prompt_tokens == 4
+
+
+async def test_another_tenants_private_adapter_is_an_unknown_model_to_the_picker() -> None:
+    epp = capped_epp(Ledger())
+    answers = []
+    for model in ("theirs", "no-such-model"):
+        exchange = Exchange(epp.door)
+        await exchange.on_message(headers_msg())
+        [out] = await exchange.on_message(body_msg({**chat(), "model": model}))
+        error = orjson.loads(out.immediate_response.body)["error"]
+        answers.append((out.immediate_response.status.code, error["message"].replace(model, "NAME")))
+    assert answers[0] == answers[1] and answers[0][0] == 404 and "theirs" not in answers[0][1]

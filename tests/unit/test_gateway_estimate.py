@@ -1,23 +1,34 @@
-"""Reservations that bound real usage: n, best_of, prompt lists, chat-template overhead, missing max_tokens;
-and engine usage that is malformed read as unknown, never as an exception."""
+"""Reservations that bound real usage: n, best_of, prompt lists, chat-template overhead, missing max_tokens,
+the exact count where the bound would be refused; and engine usage that is malformed read as unknown, never
+as an exception. (The prompt bound itself, per content kind: `test_prompt_bound`.)"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 import pytest
 
+from fleetgate.core.errors import RateLimitError
 from fleetgate.core.types import Usage
+from fleetgate.gateway.collect import capped
+from fleetgate.gateway.discovery import StaticEndpointSource
 from fleetgate.gateway.engine_usage import fallback_usage, is_malformed, parse_usage
 from fleetgate.gateway.estimate import (
-    TEMPLATE_TOKENS_PER_MESSAGE,
-    TEMPLATE_TOKENS_PER_REQUEST,
+    RequestEstimate,
+    completion_cap,
     default_max_tokens,
     estimate_request,
+    reserve_request,
 )
 from fleetgate.gateway.forwarding import assembled_upstream, upstream_body
-from fleetgate.gateway.parsing import parse_request
+from fleetgate.gateway.parsing import Kind, parse_request
+from fleetgate.gateway.prompt_bound import DEFAULT_PROFILE
+from fleetgate.gateway.reserving import Reserver
+from fleetgate.gateway.settings import GatewaySettings
+from fleetgate.gateway.stages import Reservation, Tenant
+from fleetgate.gateway.token_count import tokenize_bodies
 
 
 def est(kind: str, body: dict[str, Any]) -> tuple[int, int]:
@@ -35,20 +46,124 @@ def test_every_prompt_of_a_list_is_counted() -> None:
     five_prompts, five = est("completions", {"prompt": ["abcd efgh"] * 5, "n": 3})
     assert (one, five) == (1, 15)
     assert five_prompts == 5 * one_prompt
-    assert est("completions", {"prompt": [1, 2, 3, 4, 5, 6, 7]}) == (7 + TEMPLATE_TOKENS_PER_REQUEST, 1)
+    assert est("completions", {"prompt": [1, 2, 3, 4, 5, 6, 7]}) == (7 + 2, 1)  # token ids: exact, + BOS/EOS
 
 
 def test_chat_template_overhead_is_counted_per_message() -> None:
     tokens, _ = est("chat", {"messages": [{"role": "user", "content": "x"}] * 200})
     # 200 one-character messages: the template, not the text, is most of the prompt (177% of a budget before).
-    assert tokens >= 200 * TEMPLATE_TOKENS_PER_MESSAGE + TEMPLATE_TOKENS_PER_REQUEST
-    assert tokens >= 200 * 5  # more than the ~5 template tokens per turn of common chat templates
+    assert tokens >= 200 * DEFAULT_PROFILE.tokens_per_message + DEFAULT_PROFILE.tokens_per_request
 
 
-def test_missing_max_tokens_uses_the_context_left_or_the_default() -> None:
-    assert default_max_tokens(prompt_tokens=100, context=4096, default=256) == 3996
-    assert default_max_tokens(prompt_tokens=5000, context=4096, default=256) == 1
-    assert default_max_tokens(prompt_tokens=100, context=None, default=256) == 256
+def test_missing_max_tokens_reserves_the_whole_context_or_the_default() -> None:
+    assert default_max_tokens(context=4096, default=256) == 4095  # a prompt is at least one token
+    assert default_max_tokens(context=1, default=256) == 1
+    assert default_max_tokens(context=None, default=256) == 256
+
+
+class RefusingLimiter:
+    """Refuses any reservation whose prompt is above `room` (a tpm or budget window), or everything (rpm)."""
+
+    def __init__(self, room: int, *, limit: str = "tpm") -> None:
+        self.room, self.limit = room, limit
+        self.asked: list[int] = []
+
+    async def reserve(self, tenant: Tenant, model: str, *, prompt_tokens: int, max_tokens: int | None,
+                      sequences: int = 1, fit_max_tokens: bool = False) -> Reservation:
+        self.asked.append(prompt_tokens)
+        if self.limit == "rpm" or prompt_tokens > self.room:
+            raise RateLimitError("over", retry_after_s=1, limit=self.limit)
+        return Reservation(tenant=tenant, model=model, estimated_tokens=prompt_tokens, estimated_micros=0,
+                           max_tokens=max_tokens if fit_max_tokens else None)
+
+    async def settle(self, reservation: Reservation, usage: Usage) -> None:
+        return None
+
+
+class Counter:
+    def __init__(self, counts: list[int] | None) -> None:
+        self.counts = counts
+        self.calls = 0
+
+    async def count(self, *, kind: Kind, model: str, body: Mapping[str, Any]) -> list[int] | None:
+        self.calls += 1
+        return self.counts
+
+
+async def reserve(limiter: RefusingLimiter, counter: Counter | None, *, context: int | None = None,
+                  **body: Any) -> tuple[Reservation, RequestEstimate]:
+    parsed = parse_request("chat", orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                 **body}))
+    estimate = estimate_request(parsed, context=context)
+    return await reserve_request(limiter=limiter, tenant=Tenant(id="t"), model="m", body=parsed.body,
+                                 max_tokens=parsed.max_tokens, estimate=estimate, context=context, default=16,
+                                 counter=counter, kind="chat")
+
+
+async def test_the_exact_count_is_asked_only_where_the_bound_is_refused() -> None:
+    roomy, counter = RefusingLimiter(10**6), Counter([9])
+    reservation, estimate = await reserve(roomy, counter, max_tokens=5)
+    assert counter.calls == 0 and not estimate.exact and reservation.estimated_tokens == estimate.prompt_tokens
+    tight = RefusingLimiter(50)
+    reservation, estimate = await reserve(tight, counter, max_tokens=5)
+    assert counter.calls == 1 and estimate.exact and tight.asked[-1] == 9 and reservation.estimated_tokens == 9
+    assert estimate.typical <= 9
+
+
+@pytest.mark.parametrize("case", ["rpm", "no counter", "count unknown", "count not lower", "still too big"])
+async def test_the_bound_refusal_stands_when_the_exact_count_cannot_help(case: str) -> None:
+    limiter = RefusingLimiter(5, limit="rpm" if case == "rpm" else "tpm")
+    counter = {"no counter": None, "count unknown": Counter(None), "count not lower": Counter([10**6]),
+               "still too big": Counter([6])}.get(case, Counter([1]))
+    with pytest.raises(RateLimitError):
+        await reserve(limiter, counter, max_tokens=5)
+    if case == "rpm":
+        assert isinstance(counter, Counter) and counter.calls == 0  # a request count is not a token count
+
+
+async def test_a_context_sized_completion_is_capped_by_the_reservation() -> None:
+    reservation, estimate = await reserve(RefusingLimiter(10**6), None, context=4096)
+    assert reservation.max_tokens is None and reservation.completion_per_seq == 4095  # not set upstream
+    assert completion_cap(reservation, max_tokens=None, sequences=estimate.sequences) == 4095
+    fitted = Reservation(tenant=Tenant(id="t"), model="m", estimated_tokens=1, estimated_micros=1, max_tokens=7,
+                         completion_per_seq=4095)
+    assert completion_cap(fitted, max_tokens=None, sequences=3) == 21  # what the gateway set upstream
+    assert completion_cap(fitted, max_tokens=9, sequences=3) == 21
+    assert capped(Usage(prompt_tokens=5, completion_tokens=99), 21) == Usage(prompt_tokens=5, completion_tokens=21)
+    assert capped(Usage(prompt_tokens=5, completion_tokens=9), 21) == Usage(prompt_tokens=5, completion_tokens=9)
+
+
+async def test_the_reserver_serves_other_request_shapes() -> None:
+    """How a new route reserves: an embeddings request generates nothing (completion 0, cap 0); an
+    Anthropic-style body is one templated prompt; the model's profile and context apply."""
+    settings = GatewaySettings.model_validate({"models": [
+        {"name": "m", "endpoints": ["http://127.0.0.1:9"], "max_model_len": 300,
+         "prompt_bound": {"tokens_per_request": 10, "tokens_per_message": 2}}]})
+    limiter = RefusingLimiter(10**6)
+    reserver = Reserver(settings=settings, source=StaticEndpointSource(settings.models), limiter=limiter,
+                        session=lambda: None)  # type: ignore[arg-type,return-value]
+    embed = await reserver.reserve(Tenant(id="t"), model="m", body={"model": "m", "input": ["a b", [1, 2, 3]]},
+                                   prompts_field="input", max_tokens=0)
+    assert embed.completion_cap == 0 and embed.reservation.completion_per_seq == 0
+    assert limiter.asked[-1] == embed.estimate.prompt_tokens == (4 + 2) + (3 + 2)
+    messages = await reserver.reserve(Tenant(id="t"), model="m", prompts_field=None, max_tokens=7, body={
+        "model": "m", "max_tokens": 7, "system": "s" * 1000, "messages": [{"role": "user", "content": "x"}]})
+    assert messages.estimate.prompt_tokens == 300  # capped at the model's context
+    assert messages.completion_cap == 7
+
+
+def test_tokenize_requests_carry_everything_the_chat_route_renders() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}],
+            "documents": [{"text": "d"}], "reasoning_effort": "low", "chat_template_kwargs": {"x": 1},
+            "tool_choice": "required", "temperature": 0.5}
+    [request], margin = tokenize_bodies("chat", body, served="served-name")
+    assert request == {"model": "served-name", "messages": body["messages"], "tools": body["tools"],
+                       "chat_template_kwargs": {"documents": [{"text": "d"}], "reasoning_effort": "low",
+                                                "enable_thinking": True, "x": 1}}
+    assert margin >= len('"required"')  # tool_choice: /tokenize cannot take it, so its bytes are added
+    requests, margin = tokenize_bodies("completions", {"prompt": ["a", "b c"]}, served="s")
+    assert [r["prompt"] for r in requests] == ["a", "b c"] and margin == 0
+    assert tokenize_bodies("completions", {"prompt": [1, 2, 3]}, served="s") == ([], 0)
 
 
 def test_upstream_body_sets_the_bounded_max_tokens_and_streams_when_assembling() -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import orjson
 import pytest
 
+from fleetgate.core.types import Usage
 from fleetgate.gateway.assembly import StreamAssembler
+from fleetgate.gateway.collect import charged_usage
 from fleetgate.gateway.streaming import RelayStream, StreamOutcome
 
 
@@ -105,3 +109,75 @@ async def test_engine_error_event_is_relayed_and_marks_failure() -> None:
     out, outcome, _ = await relay([event(0) + error + b"data: [DONE]\n\n"], assembler=StreamAssembler("chat"))
     assert events_of(out)[1]["error"]["message"] == "boom"
     assert not outcome.ok and outcome.error_kind == "engine_error" and outcome.assembled is None
+
+
+async def test_an_engine_streaming_past_the_completion_cap_is_cut_off_there() -> None:
+    """Issue 26, defect 4: an engine that keeps streaming past `max_tokens` was relayed as long as it liked."""
+    out, outcome, response = await relay([b"".join(event(i) for i in range(40)) + b"data: [DONE]\n\n"],
+                                         completion_cap=5)
+    events = events_of(out)
+    assert len([e for e in events if isinstance(e, dict) and e.get("choices")]) == 5
+    assert events[-2]["error"]["code"] == "max_tokens_exceeded" and events[-1] == "[DONE]"
+    assert outcome.error_kind == "overrun" and not outcome.ok and response.closed  # the engine is aborted
+    assert outcome.usage is not None and outcome.usage["completion_tokens"] >= 5
+
+
+async def test_without_usage_each_output_chunk_counts_toward_the_cap() -> None:
+    out, outcome, _ = await relay([b"".join(event(i, usage=False) for i in range(9)) + b"data: [DONE]\n\n"],
+                                  completion_cap=3)
+    assert outcome.error_kind == "overrun"
+    assert len([e for e in events_of(out) if isinstance(e, dict) and e.get("choices")]) == 3
+    assert events_of(out)[-2]["error"]["code"] == "max_tokens_exceeded"
+    # what the engine sent and the gateway received is counted, but never charged beyond the cap
+    assert outcome.output_chunks == 9 and charged_usage(outcome, prompt_estimate=4, completion_cap=3) == Usage(
+        prompt_tokens=4, completion_tokens=3)
+
+
+class StallingContent:
+    """Sends `first`, then nothing, ever (an engine that holds the stream open)."""
+
+    def __init__(self, first: bytes) -> None:
+        self.first: bytes | None = first
+
+    async def readany(self) -> bytes:
+        if self.first is not None:
+            data, self.first = self.first, None
+            return data
+        await asyncio.Event().wait()
+        return b""
+
+
+def stalling(**kw: Any) -> tuple[RelayStream, list[StreamOutcome]]:
+    response = FakeResponse([])
+    response.content = StallingContent(event(0) + event(1))  # type: ignore[assignment]
+    outcomes: list[StreamOutcome] = []
+    stream = RelayStream(response=response, endpoint_id="e:1", first_byte_timeout_s=60, inter_chunk_timeout_s=60,
+                         include_usage=False, continuous_usage=False, model_name=None, assembler=None,
+                         on_done=outcomes.append, **kw)  # type: ignore[arg-type]
+    return stream, outcomes
+
+
+async def test_a_stream_ends_at_its_total_deadline() -> None:
+    stream, outcomes = stalling(deadline=asyncio.get_running_loop().time() + 0.2)
+    started = time.monotonic()
+    out = [part async for part in stream]
+    stream.close()
+    assert 0.15 < time.monotonic() - started < 2  # not the 60 s inter-chunk timeout
+    assert events_of(out)[-2]["error"]["code"] == "stream_deadline"
+    assert outcomes[0].error_kind == "deadline" and outcomes[0].usage["completion_tokens"] == 2  # type: ignore[index]
+
+
+async def test_interrupt_ends_a_stream_waiting_on_a_silent_engine_at_once() -> None:
+    stream, outcomes = stalling()
+    first = await stream.__anext__()
+    assert b"w1" in first
+    pending = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0.05)
+    assert not pending.done()  # waiting on the engine
+    stream.interrupt("the gateway is shutting down")
+    end = await asyncio.wait_for(pending, 1)
+    assert b"server_shutting_down" in end and end.endswith(b"data: [DONE]\n\n")
+    with pytest.raises(StopAsyncIteration):
+        await stream.__anext__()
+    stream.close()
+    assert outcomes[0].error_kind == "shutdown" and outcomes[0].usage["completion_tokens"] == 2  # type: ignore[index]

@@ -58,7 +58,7 @@ def test_names_are_unique_and_tensor_parallel_runs_last() -> None:
         ("llama8b-draft-eager", ["--speculative-config"]),
         ("qwen7b-gptq-eager", ["--quantization", "--gpu-memory-utilization"]),
         ("gemma3-12b-eager", ["--kv-events-config"]),
-        ("llama8b-nochunk-e5m2-eager", ["--no-enable-chunked-prefill", "--kv-cache-dtype"]),
+        ("llama8b-nochunk-e4m3-eager", ["--no-enable-chunked-prefill", "--kv-cache-dtype"]),
         ("llama70b-fp8-tp2", ["--tensor-parallel-size"]),
     ],
 )

@@ -173,3 +173,32 @@ def test_gpu_profiles_accept_any_kv_dtype_and_profiles_yaml_can_restrict(tmp_pat
     path.write_text("nvidia-l4:\n  kv_cache_dtypes: [auto]\n")
     with pytest.raises(ConfigError, match="does not accept kvCacheDtype 'fp8'"):
         resolve(spec=spec, name="m", profiles=load_profiles(path=path))
+
+
+@pytest.mark.parametrize("accelerator", ["nvidia-h100-80gb", "nvidia-h200"])
+@pytest.mark.parametrize(("dtype", "ok"), [("auto", True), ("fp8", True), ("fp8_e4m3", True), ("fp8_e5m2", False)])
+def test_hopper_profiles_refuse_an_e5m2_kv_cache(accelerator: str, dtype: str, ok: bool) -> None:
+    """vLLM 0.26 on an H100 died at its first forward pass with fp8_e5m2 (its attention asserts e4m3)."""
+    spec = parse_spec(
+        {
+            "model": {"source": "hf://meta-llama/Llama-3.1-8B"},
+            "engine": {"kvCacheDtype": dtype},
+            "resources": {"accelerator": accelerator, "gpus": 1},
+        }
+    )
+    if ok:
+        assert resolve(spec=spec, name="m", profiles=Profiles()).plan is not None
+    else:
+        with pytest.raises(ConfigError, match=r"'fp8_e5m2'.*fails at start-up on e5m2: use fp8"):
+            resolve(spec=spec, name="m", profiles=Profiles())
+
+
+def test_pre_hopper_profiles_keep_the_e5m2_kv_cache() -> None:
+    spec = parse_spec(
+        {
+            "model": {"source": "hf://meta-llama/Llama-3.1-8B"},
+            "engine": {"kvCacheDtype": "fp8_e5m2"},
+            "resources": {"accelerator": "nvidia-a100-80gb", "gpus": 1},
+        }
+    )
+    assert resolve(spec=spec, name="m", profiles=Profiles()).plan is not None

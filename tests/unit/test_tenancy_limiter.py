@@ -102,8 +102,10 @@ async def test_tpm_reserves_prompt_plus_max_tokens_and_settle_refunds(counters: 
 
 async def test_request_without_max_tokens_reserves_the_configured_default(counters: CounterBackend) -> None:
     lim = make(counters, Clock(T0), tpm=5000)
-    r = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=0)
+    r = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=None)
     assert r.estimated_tokens == 10 + 1024
+    nothing = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=0)  # a route that generates nothing
+    assert nothing.estimated_tokens == 10
 
 
 async def test_daily_budget_reserves_dollars_and_retry_after_is_midnight(counters: CounterBackend) -> None:
@@ -158,7 +160,8 @@ class DownCounters:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def reserve(self, checks: Sequence[Check], *, now_ms: int) -> tuple[int, int, int]:
+    async def reserve(self, checks: Sequence[Check], *, now_ms: int, epoch_key: str,
+                      nonce: str) -> tuple[int, int, int, str]:
         self.calls += 1
         raise StoreUnavailableError("down")
 
@@ -209,9 +212,10 @@ class FlakyCounters(MemoryCounters):
         if self.down:
             raise StoreUnavailableError("down")
 
-    async def reserve(self, checks: Sequence[Check], *, now_ms: int) -> tuple[int, int, int]:
+    async def reserve(self, checks: Sequence[Check], *, now_ms: int, epoch_key: str,
+                      nonce: str) -> tuple[int, int, int, str]:
         self._gate()
-        return await super().reserve(checks, now_ms=now_ms)
+        return await super().reserve(checks, now_ms=now_ms, epoch_key=epoch_key, nonce=nonce)
 
     async def adjust(self, moves: Sequence[Move]) -> None:
         self._gate()
@@ -396,3 +400,54 @@ async def test_a_model_budget_while_the_store_is_down(policy: str) -> None:
     store.down = False
     await lim.reserve(ACME, "pirate", prompt_tokens=1, max_tokens=1)  # writes the queued spend first
     assert (await lim.status("acme"))["model_daily_budget:pirate"]["used"] >= 13_000
+
+
+async def _lose_everything(counters: CounterBackend) -> None:
+    """What a Redis restart without persistence does to the counters (and the epoch keys)."""
+    if isinstance(counters, MemoryCounters):
+        counters.forget()
+    else:
+        assert isinstance(counters, RedisCounters)
+        await counters._client.flushall()
+
+
+@pytest.mark.parametrize("recreated_first", [True, False])
+async def test_after_a_store_loss_the_counters_hold_the_real_cost_of_everything_settled_since(
+    counters: CounterBackend, recreated_first: bool
+) -> None:
+    """Issue 26, defect 3: requests reserved before Redis lost its data and settled after it. The old rule
+    (add `real - estimate` to any counter that exists) subtracted their estimates from a counter another
+    request had recreated meanwhile: 83% under the ledger. The counter must equal the real cost of every
+    request settled after the loss (what the ledger rows written after it hold), whatever was in flight,
+    whichever request recreates the counter first."""
+    lim = make(counters, Clock(T0), tpm=10**7, daily_budget_usd="100")
+    rates = lim._prices.rates("m")
+    before = await lim.reserve(ACME, "m", prompt_tokens=100, max_tokens=400)
+    in_flight = [await lim.reserve(ACME, "m", prompt_tokens=100 + i, max_tokens=400) for i in range(5)]
+    await lim.settle(before, Usage(prompt_tokens=100, completion_tokens=50))  # lost with the store
+    await _lose_everything(counters)
+    settled_after: list[Usage] = []
+    if recreated_first:  # a new request recreates the counters before the in-flight ones settle
+        fresh = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=400)
+    for i, r in enumerate(in_flight):
+        usage = Usage(prompt_tokens=100 + i, completion_tokens=30 * i)
+        await lim.settle(r, usage)
+        settled_after.append(usage)
+    if not recreated_first:  # the in-flight ones settle into missing counters, then a new request comes
+        fresh = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=400)
+    await lim.settle(fresh, Usage(prompt_tokens=10, completion_tokens=7))
+    settled_after.append(Usage(prompt_tokens=10, completion_tokens=7))
+    status = await lim.status("acme")
+    assert status["daily_budget"]["used"] == sum(cost_micros(u, rates) for u in settled_after)
+    assert status["tpm"]["used"] == sum(u.total_tokens for u in settled_after)
+    # and the next generation settles by deltas again: a reservation held and released leaves nothing
+    r = await lim.reserve(ACME, "m", prompt_tokens=10, max_tokens=400)
+    await lim.settle(r, Usage())
+    assert (await lim.status("acme"))["daily_budget"]["used"] == status["daily_budget"]["used"]
+
+
+def test_queued_moves_of_different_generations_are_not_merged() -> None:
+    circuit = StoreCircuit(retry_s=1.0)
+    circuit.queue([Move("a", -5, 10, 5, "e", "g1"), Move("a", -3, 10, 2, "e", "g2"), Move("a", -1, 10, 1, "e", "g1")])
+    assert sorted(circuit.take(), key=lambda m: m.epoch) == [Move("a", -6, 10, 6, "e", "g1"),
+                                                             Move("a", -3, 10, 2, "e", "g2")]

@@ -192,6 +192,7 @@ of the mounted key file.
 {{- $_ := set $server "port" (int $gw.port) }}
 {{- $_ := set $server "metrics_port" (int $gw.metricsPort) }}
 {{- $_ := set $server "log_level" $gw.logLevel }}
+{{- $_ := set $server "drain_s" (int $gw.drainSeconds) }}
 {{- /* Secure by default in a cluster: API keys are required unless the values say auth: open. */ -}}
 {{- if not (hasKey $server "auth") }}
 {{- $_ := set $server "auth" "api_key" }}

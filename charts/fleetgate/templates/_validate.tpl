@@ -30,10 +30,15 @@ and how to fix it; values.schema.json catches wrong types and unknown keys befor
 {{- fail (printf "the gateway can run %d replicas but no Redis is configured: replicas must share caches, rate limits and budgets; set redis.enabled=true or redis.externalUrl, or run one replica (gateway.replicas=1, autoscaling off)" $most) }}
 {{- end }}
 {{- $server := $v.gateway.config.server | default dict }}
-{{- range $key, $instead := dict "host" "(the chart listens on every pod address)" "port" "gateway.port" "metrics_port" "gateway.metricsPort" "metrics_host" "(metrics listen on every pod address)" "log_level" "gateway.logLevel" }}
+{{- range $key, $instead := dict "host" "(the chart listens on every pod address)" "port" "gateway.port" "metrics_port" "gateway.metricsPort" "metrics_host" "(metrics listen on every pod address)" "log_level" "gateway.logLevel" "drain_s" "gateway.drainSeconds" }}
 {{- if hasKey $server $key }}
 {{- fail (printf "gateway.config.server.%s is set by the chart: use %s instead" $key $instead) }}
 {{- end }}
+{{- end }}
+{{- $close := $server.drain_close_s | default 3 | float64 }}
+{{- $needed := addf (int $v.gateway.preStopSeconds) (int $v.gateway.drainSeconds) $close 5 }}
+{{- if lt (float64 (int $v.gateway.terminationGracePeriodSeconds)) $needed }}
+{{- fail (printf "gateway.terminationGracePeriodSeconds (%d) is shorter than a gateway pod's shutdown: preStopSeconds (%d) + drainSeconds (%d) + gateway.config.server.drain_close_s (%v) + 5 s of settle writes = %v s; the kubelet would kill streams before they are recorded and billed. Raise terminationGracePeriodSeconds or lower drainSeconds" (int $v.gateway.terminationGracePeriodSeconds) (int $v.gateway.preStopSeconds) (int $v.gateway.drainSeconds) $close $needed) }}
 {{- end }}
 {{- $keys := $v.gateway.apiKeys }}
 {{- if and $keys.existingSecret (or $keys.adminKeyHashes $keys.tenants) }}

@@ -6,7 +6,10 @@ from the published config.json of each model with two changes: `vocab_size` is 2
 token ids are Gemma's, because every directory gets the packaged Gemma 3 tokenizer (so embeddings and
 lm_head are larger than the real models'; the plan reads these configs, not the real ones). Quantized
 shapes carry a `quantization_config` (AWQ, GPTQ: 4-bit, group 128), which the dummy loader honours
-(integer weights stay uninitialised, scales random: right for memory and kernels).
+(integer weights stay uninitialised, scales random: right for memory and kernels). The GPTQ one names its
+quantized modules (`modules_in_block_to_quantize`, as GPTQModel checkpoints do): without it vLLM 0.26 reads
+them from the checkpoint's safetensors, finds none in a directory without weights and loads every layer in
+16 bits (15.76 GiB on the H100, the 4-bit plan 6.66 GiB; second call, 2026-11-27).
 
 `prepare_models` writes `<root>/<name>/` for each config with the tokenizer files linked in.
 `make_lora_adapter` writes a random PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors)
