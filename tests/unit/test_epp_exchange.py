@@ -228,3 +228,24 @@ async def test_another_tenants_private_adapter_is_an_unknown_model_to_the_picker
         error = orjson.loads(out.immediate_response.body)["error"]
         answers.append((out.immediate_response.status.code, error["message"].replace(model, "NAME")))
     assert answers[0] == answers[1] and answers[0][0] == 404 and "theirs" not in answers[0][1]
+
+
+async def test_the_picker_refuses_an_embedding_model_on_chat_before_picking() -> None:
+    """The shared flow's accept hook: an encoder (task: embed) asked for a chat completion is a 400 naming the
+    model, nothing is reserved or picked; a chat model on the same pool is still picked."""
+    settings = GatewaySettings.model_validate({
+        "server": {"auth": "open", "metrics_port": None, "log_requests": False},
+        "models": [{"name": "m1", "endpoints": [f"http://{A}"]},
+                   {"name": "all-minilm-l6-v2", "endpoints": [f"http://{B}"], "task": "embed"}],
+    })
+    epp = build_epp(settings, port=0, metrics_port=None, registry=CollectorRegistry())
+    exchange = Exchange(epp.door)
+    await exchange.on_message(headers_msg())
+    [out] = await exchange.on_message(body_msg({**chat(), "model": "all-minilm-l6-v2"}))
+    assert out.immediate_response.status.code == 400 and exchange.done
+    error = orjson.loads(out.immediate_response.body)["error"]
+    assert error["param"] == "model" and "embedding model" in error["message"]
+    assert epp.stages.scheduler.state.inflight == {}  # type: ignore[attr-defined]
+    _exchange, header = await route(epp, chat())
+    assert header == A
+    await epp.pipeline.drain()
