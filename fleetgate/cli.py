@@ -18,6 +18,7 @@ from fleetgate.core.errors import ConfigError
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("fleetgate.local.up", "run the local stack: engines + gateway, no cluster needed"),
     "gateway": ("fleetgate.gateway.serve", "run the gateway alone from a config file"),
+    "epp": ("fleetgate.gateway.epp.server", "serve the router as a Gateway API Endpoint Picker (Envoy ext_proc)"),
     "sim": ("fleetgate.sim.serve", "run simulated vLLM engines (OpenAI API + vLLM metrics)"),
     "prepare-model": ("fleetgate.local.model_prep", "turn the packaged Gemma 3 270M GGUF into a vLLM model dir"),
     "prepare-adapters": ("fleetgate.local.adapter_prep", "train the packaged LoRA adapters (pirate, signoff) on CPU"),

@@ -23,8 +23,8 @@ from fleetgate.gateway.api_events import ApiEvents
 from fleetgate.gateway.api_route import BaseRoute, load_object, parsed_request
 from fleetgate.gateway.engine_usage import parse_usage
 from fleetgate.gateway.estimate import RequestEstimate
+from fleetgate.gateway.flow import ReserveShape
 from fleetgate.gateway.parsing import Kind, ParsedRequest, chat_prompt_text
-from fleetgate.gateway.pipeline import ReserveShape
 from fleetgate.gateway.validation import Check, check_fields, check_messages, fail, int_in, string
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request

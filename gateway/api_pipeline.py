@@ -2,9 +2,9 @@
 
 Order, as for chat (`pipeline`): authenticate from the route's header (401, before the body is read:
 `fastpath`) -> parse + validate (400) -> `route.prepare` (a Responses follow-up's stored conversation: 404)
--> `Pipeline.admit`: the tenant's model list (403), known model (404), the model's task (an embedding model
-answers `/v1/embeddings` only), reserve the route's estimate
-against limits and budgets (429), cache lookup, tier -> forward through the same forwarder (scheduler,
+-> `Pipeline.admit` (the shared `flow.Flow.admit_parsed`): the tenant's model list (403), known model (404),
+the model's task (an embedding model answers `/v1/embeddings` only), reserve the route's estimate against
+limits and budgets (429), cache lookup, tier -> forward through the same forwarder (scheduler,
 retries, fallbacks, scale from zero) -> relay -> settle, record, cache store. Every error is written in the
 route's API shape (`route.render_error`).
 
@@ -53,7 +53,7 @@ class ApiPipeline:
         return self.route.render_error(exc)
 
     async def authenticate(self, *, headers: Mapping[str, str]) -> Tenant:
-        return await self._p.stages.auth.authenticate(self.route.authorization(headers))
+        return await self._p.flow.stages.auth.authenticate(self.route.authorization(headers))
 
     def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse:
         return self._p.refuse(headers=headers, exc=exc, render=self.route.render_error)
@@ -80,16 +80,16 @@ class ApiPipeline:
             return await self._events(ctx, parsed, admitted.targets)
         attempt, _, usage, body = await self._p.call(ctx, admitted.targets, shape=route,
                                                        build=partial(self._body, parsed))
-        record = self._p.record(ctx, model=attempt.model, tier=attempt.tier, endpoint=attempt.endpoint.id,
+        record = self._p.flow.record(ctx, model=attempt.model, tier=attempt.tier, endpoint=attempt.endpoint.id,
                                 usage=usage, status=200)
-        self._p.finish(ctx, status=200, usage=usage, records=[record])
-        return GatewayResponse(200, self._p.headers(ctx, attempt), body)
+        self._p.flow.finish(ctx, status=200, usage=usage, records=[record])
+        return GatewayResponse(200, self._p.flow.headers(ctx, attempt), body)
 
     def _accept(self, model: str) -> None:
         """A 400 before anything is reserved for an embedding model (`task: embed`) on the Responses or Messages
         route. `/v1/embeddings` takes any model: a static route is "generate" unless it says otherwise, and an
         engine that cannot embed refuses the request itself (nothing is charged for a refusal)."""
-        if self.route.kind != "embeddings" and task_of(self._p.stages.endpoint_source, model) == "embed":
+        if self.route.kind != "embeddings" and task_of(self._p.flow.stages.endpoint_source, model) == "embed":
             raise InvalidRequestError(f"model {shown(model)} is an embedding model (an encoder): it answers "
                                       "/v1/embeddings", param="model")
 
@@ -99,23 +99,23 @@ class ApiPipeline:
     # ---- answers --------------------------------------------------------------------------------------------
 
     async def _serve_hit(self, ctx: RequestContext, parsed: ParsedRequest, lookup: CacheLookup) -> GatewayResponse:
-        p, route = self._p, self.route
+        p, flow, route = self._p, self._p.flow, self.route
         assert lookup.response is not None
         response = route.from_cache(parsed, lookup.response)
         ctx.served_model = str(response.get("model") or parsed.model)
-        record = p.record(ctx, model=ctx.served_model, tier=None, endpoint=None,
+        record = flow.record(ctx, model=ctx.served_model, tier=None, endpoint=None,
                           usage=route.usage_of(response) or Usage(), status=200)
         await self._completed(ctx, parsed, response)
         if not parsed.stream:
-            p.finish(ctx, status=200, usage=Usage(), records=[record])
-            return GatewayResponse(200, p.headers(ctx), orjson.dumps(response))
+            flow.finish(ctx, status=200, usage=Usage(), records=[record])
+            return GatewayResponse(200, flow.headers(ctx), orjson.dumps(response))
 
         def done(ok: bool) -> None:
             p.left()
-            p.finish(ctx, status=200 if ok else 499, usage=Usage(), records=[record])
+            flow.finish(ctx, status=200 if ok else 499, usage=Usage(), records=[record])
 
         stream = ReplayStream(route.replay(parsed, response), on_done=done)
-        return GatewayResponse(200, p.headers(ctx), stream=stream, media_type="text/event-stream")
+        return GatewayResponse(200, flow.headers(ctx), stream=stream, media_type="text/event-stream")
 
     async def _completed(self, ctx: RequestContext, parsed: ParsedRequest, answer: dict[str, Any]) -> None:
         try:
@@ -126,7 +126,7 @@ class ApiPipeline:
     async def _events(
         self, ctx: RequestContext, parsed: ParsedRequest, targets: list[tuple[str, str | None]]
     ) -> GatewayResponse:
-        p, route, server = self._p, self.route, self._p.server
+        p, flow, route, server = self._p, self._p.flow, self.route, self._p.server
         attempt, resp = await p.forwarder.open(ctx, targets, stream=True, build=partial(self._body, parsed))
         ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
         ep = attempt.endpoint
@@ -141,10 +141,10 @@ class ApiPipeline:
             p.activity.closed(relay)
             usage = self._charge(ctx, attempt, rw, out)
             if parsed.stream:
-                p.stream_done(ctx, attempt, out, usage=usage, store=out.assembled if store else None)
+                p.stream_done(ctx, attempt, out, usage=usage, store=store)
                 return
             ctx.spent = (ctx.spent or Usage()) + usage
-            p.stages.scheduler.on_complete(attempt.routing, ep, ok=out.ok and out.assembled is not None, usage=usage)
+            flow.stages.scheduler.on_complete(attempt.routing, ep, ok=out.ok and out.assembled is not None, usage=usage)
             ended.append((out, usage))
 
         async def completed(out: StreamOutcome) -> None:
@@ -155,21 +155,21 @@ class ApiPipeline:
             response=resp, rewriter=rw, endpoint_id=ep.id, first_byte_timeout_s=server.first_byte_timeout_s,
             inter_chunk_timeout_s=server.inter_chunk_timeout_s, on_done=done, on_complete=completed,
             deadline=asyncio.get_running_loop().time() + server.stream_deadline_s if parsed.stream else None,
-            cancel_drain_s=server.cancel_drain_s, spawn=p.spawn if parsed.stream else None,
+            cancel_drain_s=server.cancel_drain_s, spawn=flow.spawn if parsed.stream else None,
         )
         p.activity.opened(relay)
         if parsed.stream:
-            return GatewayResponse(200, p.headers(ctx, attempt), stream=relay, media_type="text/event-stream")
+            return GatewayResponse(200, flow.headers(ctx, attempt), stream=relay, media_type="text/event-stream")
         timed_out = await read_to_end(relay, timeout_s=server.request_timeout_s)
         [(out, usage)] = ended
         p.check_collected(attempt, out, timed_out=timed_out)
         assert out.assembled is not None
-        record = p.record(ctx, model=attempt.model, tier=attempt.tier, endpoint=ep.id, usage=usage, status=200)
-        p.finish(ctx, status=200, usage=usage, records=[record], store=out.assembled if store else None)
-        return GatewayResponse(200, p.headers(ctx, attempt), orjson.dumps(out.assembled))
+        record = flow.record(ctx, model=attempt.model, tier=attempt.tier, endpoint=ep.id, usage=usage, status=200)
+        flow.finish(ctx, status=200, usage=usage, records=[record], store=out.assembled if store else None)
+        return GatewayResponse(200, flow.headers(ctx, attempt), orjson.dumps(out.assembled))
 
     def _charge(self, ctx: RequestContext, attempt: Attempt, rw: ApiEvents, out: StreamOutcome) -> Usage:
         if out.bad_usage:
-            self._p.metrics.upstream_errors.labels(attempt.model, attempt.endpoint.id, "bad_usage").inc()
+            self._p.flow.metrics.upstream_errors.labels(attempt.model, attempt.endpoint.id, "bad_usage").inc()
         return charged_events(out, known_prompt=rw.known_prompt, prompt_estimate=ctx.prompt_estimate,
                               completion_cap=ctx.completion_cap)

@@ -1,8 +1,8 @@
 """What an API route beyond chat and completions supplies to the gateway: `ApiRoute`.
 
 The stages (tenancy, limits and budgets, cache, tiers, routing, accounting) are the chat pipeline's own
-(`pipeline.Pipeline.admit`, the forwarder, the finishing steps); a route supplies only what its API makes
-different: where the key is (`authorization`), parsing and validation with errors in its own shape
+(the shared `flow.Flow`'s admission and finishing steps, `pipeline.Pipeline`'s forwarder); a route supplies only
+what its API makes different: where the key is (`authorization`), parsing and validation with errors in its own shape
 (`parse`, `render_error`), what the engine will read and generate (`reserve_shape`), the engine's
 body (`upstream_body`), and how its answers look (`rewriter` for event streams, `answer` for one JSON body,
 `replay` for a cache hit). `api_pipeline.ApiPipeline` drives a route through the stages.
@@ -20,8 +20,8 @@ from fleetgate.core.errors import FleetGateError
 from fleetgate.core.types import Usage
 from fleetgate.gateway.api_events import ApiEvents
 from fleetgate.gateway.errors import error_body
+from fleetgate.gateway.flow import ReserveShape
 from fleetgate.gateway.parsing import Kind, ParsedRequest, load_body
-from fleetgate.gateway.pipeline import ReserveShape
 from fleetgate.gateway.stages import Tenant
 from fleetgate.gateway.validation import check_depth
 

@@ -35,6 +35,7 @@ from fleetgate.gateway.pipeline import Pipeline
 from fleetgate.gateway.routes import JSON, install_routes
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.stages import Accountant, Authenticator, Limiter
+from fleetgate.gateway.stageset import start_stages, stop_stages
 from fleetgate.gateway.upstream import make_session
 from fleetgate.gateway.wiring import build_routers, build_stages
 from fleetgate.router.tiers.types import TierResolver
@@ -127,23 +128,13 @@ def create_app(
         try:
             if listener is not None:
                 listener.start()
-            for stage in stages.unique():
-                start = getattr(stage, "start", None)
-                if start is not None:
-                    await start()
-                started.append(stage)
+            await start_stages(stages, started)
             runtime.ready = True
             yield
         finally:
             runtime.ready = False
             await pipeline.drain()
-            for stage in reversed(started):
-                close = getattr(stage, "aclose", None)
-                if close is not None:
-                    try:
-                        await close()
-                    except Exception:
-                        log.exception("stopping stage %s failed", type(stage).__name__)
+            await stop_stages(started, log=log)
             await runtime.session.close()
             runtime.session = None
             await store.close()

@@ -23,12 +23,15 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
-from fleetgate.core.errors import FleetGateError, UpstreamUnavailableError
+from fleetgate.core.adapters import AdapterSpec
+from fleetgate.core.errors import FleetGateError, FleetSaturatedError, UpstreamUnavailableError
 from fleetgate.core.types import Endpoint
 from fleetgate.gateway.adapter_loading import AdapterLoader, AdapterLoadFailed
 from fleetgate.gateway.context import Attempt, RequestContext
@@ -38,7 +41,7 @@ from fleetgate.gateway.settings import ServerSettings
 from fleetgate.gateway.upstream import ConnectFailed, send
 from fleetgate.gateway.wake import Waker
 from fleetgate.router.fleet_state import FleetState
-from fleetgate.router.types import RoutingRequest, Scheduler
+from fleetgate.router.types import Decision, RoutingRequest, Scheduler
 
 log = logging.getLogger("fleetgate.gateway.upstream")
 
@@ -74,6 +77,37 @@ def upstream_body(body: dict[str, Any], *, served_name: str, stream: bool, raw: 
         out["stream"] = True
         out["stream_options"] = FORCED_STREAM_OPTIONS
     return orjson.dumps(out)
+
+
+def address_of(endpoint: Endpoint) -> str:
+    """`host:port` of an endpoint's base URL: how a proxy names it (`x-gateway-destination-endpoint`)."""
+    parts = urlsplit(endpoint.url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _Problems:
+    """Why targets were passed over: for the log (names endpoints and addresses) and for the client (models)."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.public: list[str] = []
+        self.saturated: FleetSaturatedError | None = None
+
+    def add(self, logged: str, public: str | None = None) -> None:
+        self.log.append(logged)
+        self.public.append(logged if public is None else public)
+
+
+@dataclass(slots=True)
+class Choice:
+    """Where the Endpoint Picker sends a request: the attempt (model, tier, first endpoint) and every endpoint
+    the proxy may try, in order, all serving `attempt.model`."""
+
+    attempt: Attempt
+    endpoints: list[Endpoint]
+    served_name: str | None  # the model name the engine is asked for when not the endpoint's (an adapter)
 
 
 class Forwarder:
@@ -123,40 +157,14 @@ class Forwarder:
         path = PATHS.get(parsed.kind) or API_PATHS[parsed.kind]
         timeout = self._server.first_byte_timeout_s if stream else self._server.request_timeout_s
         cap = ctx.reservation.max_tokens if ctx.reservation is not None and parsed.max_tokens is None else None
-        problems: list[str] = []  # for the log: names endpoints and addresses
-        public: list[str] = []  # for the client: names models only
+        attempts = _Problems()
         for index, (model, tier) in enumerate(targets):
             if index:
                 self._metrics.retries.labels(model).inc()
-            spec = adapter_named(self._source, model)
-            try:
-                # holds while a model scaled to zero wakes (for an adapter: its base)
-                endpoints = await self.waker.endpoints(spec.base if spec is not None else model)
-            except UpstreamUnavailableError as exc:
-                problems.append(exc.message)
-                public.append(exc.message)
+            routed = await self._route(ctx, model, attempts)
+            if routed is None:
                 continue
-            if not endpoints:
-                problems.append(f"no endpoint serves model {model!r}")
-                public.append(problems[-1])
-                continue
-            routing = RoutingRequest(
-                request_id=ctx.request_id,
-                model=model,
-                prompt_text=parsed.prompt_text,
-                tenant=ctx.tenant.id,
-                session_key=parsed.session_key,
-                max_tokens=parsed.max_tokens,
-                adapter=spec.name if spec is not None else None,
-                kind=parsed.kind,
-                body=parsed.body,
-            )
-            try:
-                decision = await self._scheduler.pick(routing, endpoints)
-            except UpstreamUnavailableError as exc:  # the scheduler's messages name models, not endpoints
-                problems.append(exc.message)
-                public.append(exc.message)
-                continue
+            spec, routing, decision = routed
             tries: deque[Endpoint] = deque([decision.endpoint, *decision.fallbacks[:1]])
             reloaded: set[str] = set()
             attempt_no = -1
@@ -169,8 +177,7 @@ class Forwarder:
                     try:
                         await self.adapters.ensure(endpoint, spec)
                     except AdapterLoadFailed as exc:
-                        problems.append(str(exc))
-                        public.append(f"adapter {model!r} could not be loaded on an engine of {spec.base!r}")
+                        attempts.add(str(exc), f"adapter {model!r} could not be loaded on an engine of {spec.base!r}")
                         continue
                 served = spec.name if spec is not None else endpoint.model
                 body = (build(served, cap) if build is not None else
@@ -185,8 +192,7 @@ class Forwarder:
                     self._scheduler.on_complete(routing, endpoint, ok=False, usage=None)
                     self._scheduler.on_connect_error(endpoint)
                     self._metrics.upstream_errors.labels(model, endpoint.id, "connect").inc()
-                    problems.append(str(exc))
-                    public.append(f"cannot connect to an engine of model {model!r}")
+                    attempts.add(str(exc), f"cannot connect to an engine of model {model!r}")
                     continue
                 except FleetGateError as exc:
                     kind = "timeout" if exc.status == 504 else "bad_response"
@@ -211,12 +217,96 @@ class Forwarder:
                         reloaded.add(endpoint.id)
                         tries.appendleft(endpoint)
                     else:
-                        problems.append(f"{endpoint.id} answered 404 for adapter {spec.name!r} after loading it")
-                        public.append(f"adapter {model!r} could not be loaded on an engine of {spec.base!r}")
+                        attempts.add(f"{endpoint.id} answered 404 for adapter {spec.name!r} after loading it",
+                                     f"adapter {model!r} could not be loaded on an engine of {spec.base!r}")
                     continue
                 attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)
                 self._attempted(ctx, attempt)
                 return attempt, response
+        raise self._none_reached(ctx, attempts)
+
+    async def choose(
+        self, ctx: RequestContext, targets: list[tuple[str, str | None]], *, allowed: set[str] | None = None
+    ) -> Choice:
+        """Where to send the request, without sending it (the Endpoint Picker's door: the proxy sends it). The
+        same walk as `open`: the first target with a usable endpoint wins; its pick and the scheduler's
+        fallbacks, all of that model, are the ordered list the proxy tries. `allowed`: the only addresses
+        (`ip:port`) that may be picked (the proxy's subset hint). An adapter is loaded on the pick first."""
+        attempts = _Problems()
+        for index, (model, tier) in enumerate(targets):
+            if index:
+                self._metrics.retries.labels(model).inc()
+            routed = await self._route(ctx, model, attempts, allowed=allowed)
+            if routed is None:
+                continue
+            spec, routing, decision = routed
+            ordered = [decision.endpoint, *decision.fallbacks]
+            if spec is not None:
+                ordered = await self._with_adapter(ordered, spec, attempts)
+                if not ordered:
+                    continue
+            attempt = Attempt(model=model, tier=tier, endpoint=ordered[0], routing=routing, decision=decision)
+            self._scheduler.on_start(routing, ordered[0])
+            self._attempted(ctx, attempt)
+            return Choice(attempt=attempt, endpoints=ordered, served_name=spec.name if spec is not None else None)
+        raise self._none_reached(ctx, attempts)
+
+    async def _with_adapter(self, ordered: list[Endpoint], spec: AdapterSpec, attempts: _Problems) -> list[Endpoint]:
+        """`ordered` from the first endpoint that has (or could load) the adapter."""
+        for i, endpoint in enumerate(ordered):
+            try:
+                await self.adapters.ensure(endpoint, spec)
+            except AdapterLoadFailed as exc:
+                attempts.add(str(exc), f"adapter {spec.name!r} could not be loaded on an engine of {spec.base!r}")
+                continue
+            return ordered[i:]
+        return []
+
+    async def _route(
+        self, ctx: RequestContext, model: str, attempts: _Problems, *, allowed: set[str] | None = None
+    ) -> tuple[AdapterSpec | None, RoutingRequest, Decision] | None:
+        """The scheduler's decision for `model` (for an adapter: among its base's endpoints), or None with the
+        reason added to `attempts`."""
+        parsed = ctx.parsed
+        assert parsed is not None
+        spec = adapter_named(self._source, model)
+        try:
+            # holds while a model scaled to zero wakes (for an adapter: its base)
+            endpoints = await self.waker.endpoints(spec.base if spec is not None else model)
+        except UpstreamUnavailableError as exc:
+            attempts.add(exc.message, exc.message)
+            return None
+        if allowed is not None:
+            endpoints = [e for e in endpoints if address_of(e) in allowed]
+        if not endpoints:
+            attempts.add(f"no endpoint serves model {model!r}" + (" in the proxy's subset" if allowed is not None
+                                                                  else ""))
+            return None
+        routing = RoutingRequest(
+            request_id=ctx.request_id,
+            model=model,
+            prompt_text=parsed.prompt_text,
+            tenant=ctx.tenant.id,
+            session_key=parsed.session_key,
+            max_tokens=parsed.max_tokens,
+            adapter=spec.name if spec is not None else None,
+            kind=parsed.kind,
+            body=parsed.body,
+        )
+        try:
+            decision = await self._scheduler.pick(routing, endpoints)
+        except UpstreamUnavailableError as exc:  # the scheduler's messages name models, not endpoints
+            attempts.add(exc.message, exc.message)
+            return None
+        except FleetSaturatedError as exc:  # shed: a fallback model may still have room
+            attempts.saturated = exc
+            attempts.add(exc.message, exc.message)
+            return None
+        return spec, routing, decision
+
+    def _none_reached(self, ctx: RequestContext, attempts: _Problems) -> FleetGateError:
         # The problems name endpoints and addresses: the log keeps them, the client gets none.
-        log.warning("no engine reached", extra={"problems": problems, "request_id": ctx.request_id})
-        raise self.waker.unavailable("no engine could be reached: " + "; ".join(dict.fromkeys(public)))
+        log.warning("no engine reached", extra={"problems": attempts.log, "request_id": ctx.request_id})
+        if attempts.saturated is not None:
+            return attempts.saturated
+        return self.waker.unavailable("no engine could be reached: " + "; ".join(dict.fromkeys(attempts.public)))

@@ -207,10 +207,29 @@ class ModelRoute(_Strict):
 
 
 class DiscoverySettings(_Strict):
-    kind: Literal["static", "kubernetes"] = "static"
-    namespace: str | None = Field(default=None, description="kubernetes: namespace to watch (None: the pod's own)")
+    kind: Literal["static", "kubernetes", "inferencepool"] = Field(
+        default="static", description="static: `models`; kubernetes: InferenceServices and their EndpointSlices; "
+        "inferencepool: Gateway API Inference Extension InferencePools and the pods they select")
+    namespace: str | None = Field(default=None, description="kubernetes, inferencepool: namespace to watch (None: "
+                                  "the pod's own; kubernetes also takes every namespace then, if allowed)")
     label_selector: str = "app.kubernetes.io/managed-by=fleetgate"
+    pool: str | None = Field(default=None, description="inferencepool: the one pool to serve (None: every pool)")
+    pod_label_selector: str = Field(default="", description="inferencepool: watch only pods with these labels")
     resync_s: float = Field(default=30.0, gt=0)
+
+
+class EppSettings(_Strict):
+    """`fleetgate epp`: the same stages served as a Gateway API Inference Extension Endpoint Picker (ext_proc)."""
+
+    host: str = Field(default="127.0.0.1", description="gRPC listen address (0.0.0.0 in a pod)")
+    port: int = Field(default=9002, ge=0, le=65535, description="ext_proc and gRPC health (9002: the GIE default)")
+    max_endpoints: int = Field(
+        default=1, ge=1, le=2, description="endpoints per pick, the proxy's retry order (plain Envoy's ORIGINAL_DST "
+        "cluster reads one; gateways that walk the list can use the scheduler's fallback too)")
+    assemble_non_streaming: bool = Field(
+        default=True, description="stream a non-streaming request from the engine and assemble the answer, as the "
+        "gateway does, so a client that leaves is charged the tokens generated so far; off: one JSON answer from "
+        "the engine (far fewer ext_proc messages per request; a client that leaves is charged the prompt estimate)")
 
 
 class GatewaySettings(_Strict):
@@ -223,6 +242,7 @@ class GatewaySettings(_Strict):
     tiers: TierConfig = Field(default_factory=TierConfig)
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
+    epp: EppSettings = Field(default_factory=EppSettings)
 
     @field_validator("models")
     @classmethod

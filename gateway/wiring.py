@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 def build_endpoint_source(
     settings: GatewaySettings, *, registry: CollectorRegistry, kvstore: KVStore
 ) -> EndpointSource:
-    if settings.discovery.kind == "kubernetes":
-        kubernetes = importlib.import_module("fleetgate.gateway.discovery.kubernetes")
+    if settings.discovery.kind in ("kubernetes", "inferencepool"):
+        module = "kubernetes" if settings.discovery.kind == "kubernetes" else "inferencepool"
+        kubernetes = importlib.import_module(f"fleetgate.gateway.discovery.{module}")
         source: EndpointSource = kubernetes.build_source(settings, registry=registry)
         return source
     return StaticEndpointSource(settings.models)

@@ -21,6 +21,8 @@
   block deletions.)
 - idle scale-down (`fleetgate.operator.idle`): every reconciled service is tracked; a background task
   started at startup scales idle ones with `spec.scaleToZeroAfterSeconds` to zero;
+- InferencePools (`fleetgate.operator.pools`, with `--epp-service`): published after each reconcile pass,
+  withdrawn on the service's DELETED event, swept for missed deletions by a background task;
 - events of the children (Deployment, Service, PDB, HPA): a deleted child re-reconciles its owner at once
   (it is recreated); a child whose owned fields someone edited does too (the fields are put back, one
   DriftCorrected Event); other Deployment and HPA events refresh the owner's status (readiness within a
@@ -46,6 +48,7 @@ from fleetgate.engine.kube_names import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY,
 from fleetgate.operator.adapters import PodAdapterApi
 from fleetgate.operator.idle import IdleWatch
 from fleetgate.operator.kube import KubeApi
+from fleetgate.operator.pools import PoolPublisher
 from fleetgate.operator.reconciler import Reconciler, SpecRejected
 from fleetgate.operator.settings import Capabilities, OperatorSettings
 
@@ -110,14 +113,16 @@ def register(
         )  # fmt: skip
         memo.idle = IdleWatch(api=api, interval_s=effective.idle_check_s, paused=paused)
         memo.idle_task = asyncio.create_task(memo.idle.run())
+        memo.pools = PoolPublisher(api=api, settings=effective)
+        memo.pool_sweep = asyncio.create_task(memo.pools.sweep_forever()) if memo.pools.enabled else None
 
     operator_settings = settings
 
     @kopf.on.cleanup(registry=registry)
     async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
-        idle_task = getattr(memo, "idle_task", None)
-        if idle_task is not None:
-            idle_task.cancel()
+        for task in (getattr(memo, "idle_task", None), getattr(memo, "pool_sweep", None)):
+            if task is not None:
+                task.cancel()
         reconciler = getattr(memo, "reconciler", None)
         if reconciler is not None:
             await reconciler.aclose()
@@ -131,8 +136,17 @@ def register(
     async def _reconcile(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         memo.idle.track(body)
         failed = await _reconcile_and_log(memo=memo, body=_plain(body), logger=logger)
+        pool = await memo.pools.publish(_plain(body))
+        if pool is not None and pool.phase == "Failed":
+            failed += (f"{_CHILDREN_NOT_APPLIED}: {pool.message}",)
         if failed:
             raise kopf.TemporaryError(f"not done: {'; '.join(failed)}", delay=settings.retry_failed_s)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def _withdraw_pool(body: kopf.Body, memo: kopf.Memo, type: str | None = None, **_: Any) -> None:
+        # No ownerReference on a published InferencePool (GIE's shared ownership): it goes when its service goes.
+        if type == "DELETED" and hasattr(memo, "pools"):
+            await memo.pools.withdraw(_plain(body))
 
     for group, version, plural in WATCHED_CHILDREN:
 

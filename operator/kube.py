@@ -27,6 +27,9 @@ from fleetgate.engine.kube_names import (
     LABEL_NAME,
     MANAGED_BY,
     PLURAL,
+    POOL_GROUP,
+    POOL_PLURAL,
+    POOL_VERSION,
     VERSION,
 )
 
@@ -42,6 +45,8 @@ KINDS: Mapping[str, tuple[str, str, str]] = {
     "HorizontalPodAutoscaler": ("autoscaling", "v2", "horizontalpodautoscalers"),
     "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
     "ServiceMonitor": ("monitoring.coreos.com", "v1", "servicemonitors"),
+    # Published, not owned (no ownerReference): `fleetgate.operator.pools`; never a `list_children` kind.
+    "InferencePool": (POOL_GROUP, POOL_VERSION, POOL_PLURAL),
 }
 CHILD_VERBS = ("get", "list", "patch", "delete")
 API_CALLS: frozenset[tuple[str, str, str]] = frozenset(
@@ -324,6 +329,12 @@ class KubeApi:
                 return "forbidden", {}
             raise
         return "created", {}
+
+    async def list_inference_pools(self, *, namespace: str) -> list[dict[str, Any]]:
+        """The InferencePools of one namespace (the sweep finds those the operator published)."""
+        self._check(POOL_GROUP, POOL_PLURAL, "list")
+        pools = self._resource("InferencePool")
+        return [self._plain(obj) async for obj in self._client.list(pools, namespace=namespace)]
 
     async def crd_exists(self, *, name: str) -> bool:
         """Whether an optional API (KEDA, Prometheus Operator) is installed."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetgate.engine.kube_names import GROUP, PLURAL
+from fleetgate.engine.kube_names import GROUP, PLURAL, POOL_GROUP, POOL_PLURAL
 
 _CHILD = ("get", "list", "watch", "create", "patch", "delete")
 _READ = ("get", "list", "watch")
@@ -28,6 +28,8 @@ RULES: tuple[dict[str, tuple[str, ...]], ...] = (
     {"apiGroups": ("autoscaling",), "resources": ("horizontalpodautoscalers",), "verbs": _CHILD},
     {"apiGroups": ("keda.sh",), "resources": ("scaledobjects",), "verbs": _CHILD},
     {"apiGroups": ("monitoring.coreos.com",), "resources": ("servicemonitors",), "verbs": _CHILD},
+    # InferencePools published for InferenceServices (Gateway API Inference Extension), deleted when they go.
+    {"apiGroups": (POOL_GROUP,), "resources": (POOL_PLURAL,), "verbs": _CHILD},
     {"apiGroups": ("",), "resources": ("events",), "verbs": ("create",)},
     # Runtime LoRA adapters: find the ready engine pods (their IPs) to load adapters into. Read only.
     {"apiGroups": ("",), "resources": ("pods",), "verbs": ("list",)},
@@ -44,6 +46,12 @@ GATEWAY_RULES: tuple[dict[str, tuple[str, ...]], ...] = (
     {"apiGroups": ("discovery.k8s.io",), "resources": ("endpointslices",), "verbs": ("get", "list", "watch")},
 )
 
+# The Endpoint Picker's `inferencepool` discovery (`fleetgate.gateway.discovery.inferencepool`): read only.
+EPP_RULES: tuple[dict[str, tuple[str, ...]], ...] = (
+    {"apiGroups": (POOL_GROUP,), "resources": (POOL_PLURAL,), "verbs": ("get", "list", "watch")},
+    {"apiGroups": ("",), "resources": ("pods",), "verbs": ("get", "list", "watch")},
+)
+
 
 def allows(*, group: str, resource: str, verb: str, rules: tuple[dict[str, tuple[str, ...]], ...] = RULES) -> bool:
     return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] for rule in rules)
@@ -53,17 +61,21 @@ def _plain(rules: tuple[dict[str, tuple[str, ...]], ...]) -> list[dict[str, list
     return [{key: list(values) for key, values in rule.items()} for rule in rules]
 
 
-def cluster_role(*, name: str = "fleetgate-operator", gateway: bool = False) -> dict[str, Any]:
-    """A ClusterRole manifest with the operator's (or the gateway's) rules."""
+def _rules(*, gateway: bool, epp: bool) -> tuple[dict[str, tuple[str, ...]], ...]:
+    return EPP_RULES if epp else GATEWAY_RULES if gateway else RULES
+
+
+def cluster_role(*, name: str = "fleetgate-operator", gateway: bool = False, epp: bool = False) -> dict[str, Any]:
+    """A ClusterRole manifest with the operator's (or the gateway's, or the Endpoint Picker's) rules."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "fleetgate"}},
-        "rules": _plain(GATEWAY_RULES if gateway else RULES),
+        "rules": _plain(_rules(gateway=gateway, epp=epp)),
     }
 
 
-def rules_as_yaml(*, gateway: bool = False) -> str:
+def rules_as_yaml(*, gateway: bool = False, epp: bool = False) -> str:
     import yaml
 
-    return yaml.safe_dump(_plain(GATEWAY_RULES if gateway else RULES), sort_keys=False)
+    return yaml.safe_dump(_plain(_rules(gateway=gateway, epp=epp)), sort_keys=False)

@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--liveness-host", default="127.0.0.1", help="address of /healthz (the chart sets 0.0.0.0 for the kubelet)"
     )
+    parser.add_argument(
+        "--epp-service", help="publish an InferencePool per InferenceService, naming this Endpoint Picker Service "
+        "(in each service's namespace); default: publish none"
+    )
+    parser.add_argument("--epp-port", type=int, default=9002, help="the Endpoint Picker Service's port")
+    parser.add_argument("--epp-failure-mode", choices=("FailClose", "FailOpen"), default="FailClose",
+                        help="the pools' failureMode: what a gateway does when the picker does not answer")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
@@ -79,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
         profiles=load_profiles(path=args.profiles, default=args.default_accelerator),
         prometheus_url=args.prometheus_url,
         engine_run_as_user=args.engine_run_as_user,
+        epp_service=args.epp_service,
+        epp_port=args.epp_port,
+        epp_failure_mode=args.epp_failure_mode,
     )
     registry = kopf.OperatorRegistry()
     identity = peering_identity()

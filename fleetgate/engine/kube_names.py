@@ -31,6 +31,8 @@ ENGINE_NAME = "fleetgate-engine"
 
 ANNOTATION_SPEC_HASH = "fleetgate.io/spec-hash"
 ANNOTATION_SERVED_MODEL = "fleetgate.io/served-model"
+# On an InferencePool whose engines publish KV-cache events: their topic (the ports are named on the pods)
+ANNOTATION_KV_EVENTS_TOPIC = "fleetgate.io/kv-events-topic"
 
 # Scale to zero: the gateway writes when a model was last asked for (at most once per
 # `server.scale_from_zero.active_mark_s`); the operator writes the replica count it scaled down from, which
@@ -38,3 +40,11 @@ ANNOTATION_SERVED_MODEL = "fleetgate.io/served-model"
 ANNOTATION_LAST_REQUEST = "fleetgate.io/last-request"
 ANNOTATION_WAKE_REPLICAS = "fleetgate.io/wake-replicas"
 SPEC_SCALE_TO_ZERO_AFTER = "scaleToZeroAfterSeconds"
+
+# The Gateway API Inference Extension's InferencePool (GA, v1): the operator publishes one per InferenceService
+# when its CRD is installed; the Endpoint Picker's `inferencepool` discovery reads them.
+POOL_GROUP = "inference.networking.k8s.io"
+POOL_VERSION = "v1"
+POOL_KIND = "InferencePool"
+POOL_PLURAL = "inferencepools"
+POOL_CRD = f"{POOL_PLURAL}.{POOL_GROUP}"

@@ -45,6 +45,7 @@ class FakeEngineConfig:
     hang_after_chunks: int | None = None  # go silent (connection open) after this many content chunks
     garbage: bool = False  # answer 200 with a body that is not an OpenAI response
     usage_override: Any = None  # when set, sent as `usage` instead of the real one (malformed-usage tests)
+    max_running: int | None = None  # a batch this big: requests beyond it are reported as waiting in /metrics
     prompt_count: str = "words"  # how prompts are tokenized: "words", or "bytes" (the worst tokenizer)
     runaway_tokens: int | None = None  # generate this many tokens whatever max_tokens says (a broken engine)
     # KV-cache events (precise prefix routing): a ZMQ address to publish on (tcp://127.0.0.1:port, ipc://path),
@@ -179,10 +180,12 @@ class FakeEngine:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         m = self.config.model
+        cap = self.config.max_running
+        running = self.stats.running if cap is None else min(cap, self.stats.running)
         cache = self.kv_cache
         lines = [
-            f'vllm:num_requests_running{{model_name="{m}"}} {self.stats.running}',
-            f'vllm:num_requests_waiting{{model_name="{m}"}} 0',
+            f'vllm:num_requests_running{{model_name="{m}"}} {running}',
+            f'vllm:num_requests_waiting{{model_name="{m}"}} {self.stats.running - running}',
             f'vllm:kv_cache_usage_perc{{model_name="{m}"}} 0.0',
             f'vllm:prefix_cache_queries_total{{model_name="{m}"}} {cache.queries if cache else 0}',
             f'vllm:prefix_cache_hits_total{{model_name="{m}"}} {cache.hits if cache else 0}',

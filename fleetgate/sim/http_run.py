@@ -15,7 +15,9 @@ import argparse
 import asyncio
 import math
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -58,6 +60,19 @@ async def engine_counters(session: aiohttp.ClientSession, url: str) -> dict[str,
                 blocks = s.labels.get("num_gpu_blocks") or "0"
                 out["capacity"] += int(blocks if blocks != "None" else 0) * int(s.labels.get("block_size", "16"))
     return out
+
+
+async def at_arrivals(items: list[WorkItem], send: Callable[[WorkItem], Coroutine[Any, Any, Any]],
+                      *, return_exceptions: bool = False) -> list[Any]:
+    """Start `send(item)` for each item at its `arrival_s` (from now), then wait for all; their results."""
+    t0 = time.perf_counter()
+    tasks: list[asyncio.Task[Any]] = []
+    for item in items:
+        delay = item.arrival_s - (time.perf_counter() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(send(item)))
+    return list(await asyncio.gather(*tasks, return_exceptions=return_exceptions))
 
 
 async def _send(
@@ -138,13 +153,7 @@ async def run_http_bench(
                 ttfts: list[float] = []
                 decisions: list[float] = []
                 t0 = time.perf_counter()
-                tasks = []
-                for item in items:
-                    delay = item.arrival_s - (time.perf_counter() - t0)
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    tasks.append(asyncio.create_task(_send(session, sched, endpoints, item, ttfts, decisions)))
-                await asyncio.gather(*tasks)
+                await at_arrivals(items, partial(_send, session, sched, endpoints, ttfts=ttfts, decisions=decisions))
                 wall = time.perf_counter() - t0
                 after = [await engine_counters(session, u) for u in urls]
                 if hasattr(sched, "aclose"):

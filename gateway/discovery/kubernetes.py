@@ -38,7 +38,6 @@ come from `fleetgate.engine.kube_names`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import logging
@@ -67,6 +66,7 @@ from fleetgate.engine.kube_names import (
 )
 from fleetgate.engine.pod_paths import adapter_load_path
 from fleetgate.gateway.discovery import ModelListing, WakeTarget
+from fleetgate.gateway.discovery.watching import WatchedSource
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -192,12 +192,13 @@ def kv_event_ports(slice_: Mapping[str, Any]) -> tuple[int | None, int | None]:
     return (int(pub) if isinstance(pub, int) else None, int(replay) if isinstance(replay, int) else None)
 
 
-def _kv_labels(info: ServiceInfo, host: str, ports: tuple[int | None, int | None]) -> dict[str, str]:
-    """Where the pod at `host` publishes KV events, as the precise prefix scorer reads it from labels."""
+def kv_event_labels(topic: str | None, host: str, ports: tuple[int | None, int | None]) -> dict[str, str]:
+    """Where the pod at `host` publishes KV events, as the precise prefix scorer reads it from labels (also used by
+    InferencePool discovery)."""
     pub, replay = ports
-    if info.kv_events_topic is None or pub is None:
+    if topic is None or pub is None:
         return {}
-    labels = {LABEL_KV_EVENTS: f"tcp://{host}:{pub}", LABEL_KV_EVENTS_TOPIC: info.kv_events_topic}
+    labels = {LABEL_KV_EVENTS: f"tcp://{host}:{pub}", LABEL_KV_EVENTS_TOPIC: topic}
     if replay is not None:
         labels[LABEL_KV_EVENTS_REPLAY] = f"tcp://{host}:{replay}"
     return labels
@@ -220,7 +221,8 @@ def build_index(
     for key, info in sorted(services.items()):
         for ip, port, pod in sorted(set(by_service.get(key, []))):
             host = f"[{ip}]" if ":" in ip else ip
-            labels = {**info.labels, "pod": pod, **_kv_labels(info, host, kv_ports.get((ip, port), (None, None)))}
+            kv = kv_event_labels(info.kv_events_topic, host, kv_ports.get((ip, port), (None, None)))
+            labels = {**info.labels, "pod": pod, **kv}
             index.setdefault(info.served_model, []).append(
                 Endpoint(id=f"{host}:{port}", url=f"http://{host}:{port}", model=info.served_model, labels=labels)
             )
@@ -250,8 +252,11 @@ def adapter_index(
     return out
 
 
-class KubernetesEndpointSource:
+class KubernetesEndpointSource(WatchedSource):
     """An EndpointSource fed by watches on InferenceServices and EndpointSlices."""
+
+    NAME = "kubernetes discovery"
+    KINDS = ("isvc", "slice")
 
     def __init__(
         self,
@@ -263,17 +268,13 @@ class KubernetesEndpointSource:
         registry: CollectorRegistry | None = None,
         retry_s: float = 2.0,
     ) -> None:
-        self._client_factory = client_factory
+        super().__init__(client_factory=client_factory, resync_s=resync_s, retry_s=retry_s)
         self._namespace = namespace
         self._selector: dict[str, Any] = dict(p.split("=", 1) for p in label_selector.split(",") if "=" in p)
-        self._resync_s = resync_s
-        self._retry_s = retry_s
         self._services: dict[tuple[str, str], ServiceInfo] = {}
         self._slices: dict[tuple[str, str], Mapping[str, Any]] = {}
         self._index: dict[str, list[Endpoint]] = {}
         self._adapter_index: dict[str, AdapterSpec] = {}
-        self._tasks: list[asyncio.Task[None]] = []
-        self._client: AsyncClient | None = None
         self._gauge = (
             Gauge("fleetgate_discovered_endpoints", "Ready engine pods per model (Kubernetes discovery).", ["model"],
                   registry=registry)
@@ -375,10 +376,6 @@ class KubernetesEndpointSource:
         )
         return isvc, EndpointSlice
 
-    @staticmethod
-    def _plain(obj: Any) -> dict[str, Any]:
-        return dict(obj) if isinstance(obj, dict) else dict(obj.to_dict())
-
     def _namespace_arg(self) -> str:
         from lightkube import ALL_NS
 
@@ -417,53 +414,13 @@ class KubernetesEndpointSource:
             self._slices[key] = obj
         self._rebuild()
 
-    async def _watch(self, kind: str) -> None:
+    def _watched(self, kind: str) -> tuple[Any, str, dict[str, Any] | None]:
         isvc, slice_cls = self._resources()
-        res = isvc if kind == "isvc" else slice_cls
-        labels = None if kind == "isvc" else self._selector
-        while True:
-            try:
-                assert self._client is not None
-                async for event, obj in self._client.watch(res, namespace=self._namespace_arg(), labels=labels):
-                    self.apply_event(kind, event, self._plain(obj))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a broken watch must never take discovery down: re-list and go on
-                log.warning("kubernetes discovery: %s watch failed (%s); re-listing in %.0fs", kind, exc, self._retry_s)
-                await asyncio.sleep(self._retry_s)
-                with contextlib.suppress(Exception):
-                    await self.relist()
-
-    async def _resync(self) -> None:
-        while True:
-            await asyncio.sleep(self._resync_s)
-            try:
-                await self.relist()
-            except Exception as exc:
-                log.warning("kubernetes discovery: resync failed: %s", exc)
-
-    async def start(self) -> None:
-        self._client = self._client_factory()
-        await self.relist()
-        self._tasks = [
-            asyncio.create_task(self._watch("isvc")),
-            asyncio.create_task(self._watch("slice")),
-            asyncio.create_task(self._resync()),
-        ]
-
-    async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks = []
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        return (isvc, self._namespace_arg(), None) if kind == "isvc" else (slice_cls, self._namespace_arg(),
+                                                                           self._selector)
 
 
-def _own_namespace() -> str | None:
+def own_namespace() -> str | None:
     try:
         return SA_NAMESPACE.read_text().strip() or None
     except OSError:
@@ -481,7 +438,7 @@ def build_source(settings: GatewaySettings, *, registry: CollectorRegistry) -> K
     discovery = settings.discovery
     return KubernetesEndpointSource(
         client_factory=client,
-        namespace=discovery.namespace or _own_namespace(),
+        namespace=discovery.namespace or own_namespace(),
         label_selector=discovery.label_selector,
         resync_s=discovery.resync_s,
         registry=registry,

@@ -17,6 +17,7 @@ from fleetgate.router.plugins.base import PluginContext
 PLUGIN_TYPES: Mapping[str, str] = MappingProxyType(
     {
         "healthy-filter": "fleetgate.router.plugins.healthy_filter:build",
+        "saturation-filter": "fleetgate.router.plugins.saturation_filter:build",
         "serves-model-filter": "fleetgate.router.plugins.model_filter:build",
         "prefix-affinity-scorer": "fleetgate.router.plugins.prefix_scorer:build",
         "precise-prefix-scorer": "fleetgate.router.plugins.precise_prefix_scorer:build",

@@ -267,7 +267,7 @@ def test_values_expose_every_gateway_config_section() -> None:
     new section in the gateway fails here until values.schema.json lets users set it."""
     schema = json.loads((Path(__file__).resolve().parents[2] / "charts/fleetgate/values.schema.json").read_text())
     allowed = set(schema["properties"]["gateway"]["properties"]["config"]["properties"])
-    assert allowed | {"discovery", "redis_url"} == set(GatewaySettings.model_fields)
+    assert allowed | {"discovery", "redis_url", "epp"} == set(GatewaySettings.model_fields)  # epp: from epp.*
 
 
 @pytest.mark.parametrize(("auth", "models_status", "passes"), [

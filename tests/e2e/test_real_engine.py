@@ -249,6 +249,54 @@ def test_tenants_are_charged_what_the_engine_counted_with_clients_leaving_mid_st
         engine_after[0] - engine_before[0], engine_after[1] - engine_before[1])
 
 
+async def test_real_envoy_and_the_endpoint_picker_serve_the_real_engine(stack: Stack) -> None:
+    """The other front door on the same engine: a real Envoy asks `fleetgate epp` (ext_proc), which routes to the
+    real vLLM CPU engine, rewrites the answer as the gateway does and charges the engine's own usage."""
+    import datetime as dt
+    from collections import Counter
+    from urllib.parse import urlsplit
+
+    import aiohttp
+
+    from fleetgate.gateway.tenancy.keys import new_key
+    from fleetgate.gateway.tenancy.stage import TenancyStage
+
+    from .epp_stack import epp_stack, settings_for
+
+    key, key_hash = new_key()
+    engine = urlsplit(stack.engine)
+    settings = settings_for({MODEL: [stack.engine]}, server={"auth": "api_key"},
+                            tenancy={"tenants": [{"id": "acme", "key_hashes": [key_hash]}]})
+    body = {"model": MODEL, "prompt": "The three primary colours are", "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    async with epp_stack(settings, pool=[engine.port or 80]) as front, aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {key}"}) as session:
+        async with session.post(f"{front.url}/v1/completions", json=body) as r:
+            assert r.status == 200 and r.headers["x-gateway-destination-endpoint-served"] == engine.netloc
+            events = [line[6:] for line in (await r.read()).decode().split("\n\n") if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]).strip()
+        (usage,) = [c["usage"] for c in chunks if c.get("usage")]
+        assert usage["completion_tokens"] == 12
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 24, "temperature": 0}
+        async with session.post(f"{front.url}/v1/chat/completions", json=chat) as r:
+            assert r.status == 200
+            answer = await r.json()
+        assert "Paris" in answer["choices"][0]["message"]["content"]
+        await front.drain()
+        assert front.epp is not None and isinstance(front.epp.stages.accountant, TenancyStage)
+        rows = await front.epp.stages.accountant.ledger.read(days=[dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")],
+                                                             tenant="acme")
+        totals: Counter[str] = Counter()
+        for row in rows:
+            totals.update(row.values)
+        # charged exactly what the engine reported, for both requests
+        assert totals["completion_tokens"] == 12 + answer["usage"]["completion_tokens"]
+        assert totals["prompt_tokens"] == usage["prompt_tokens"] + answer["usage"]["prompt_tokens"]
+
+
 @contextmanager
 def fake_engine(model: str) -> Iterator[FakeEngine]:
     """A fake engine (no KV cache, no events) on its own event loop thread: the endpoint that does not hold a prefix."""

@@ -130,12 +130,13 @@ async def real_api(apiserver: str) -> AsyncIterator[KubeApi]:
 
 
 @contextlib.asynccontextmanager
-async def _running_operator(apiserver: str, **peering: Any) -> AsyncIterator[None]:
+async def _running_operator(apiserver: str, settings: OperatorSettings | None = None, **peering: Any
+                            ) -> AsyncIterator[None]:
     """The operator in this event loop, cluster-wide; `peering` as for kopf.operator (standalone by default)."""
     registry = kopf.OperatorRegistry()
     register(
         registry=registry,
-        settings=OperatorSettings(),
+        settings=settings or OperatorSettings(),
         make_api=lambda: KubeApi.from_server(url=apiserver, field_manager="fleetgate-operator", token=TOKEN),
         login=lambda **_: kopf.ConnectionInfo(server=apiserver, token=TOKEN, insecure=True),
     )

@@ -6,8 +6,6 @@ Kubernetes API mock, with objects created, changed and deleted through the API.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from fleetgate.gateway.discovery import EndpointSource, ModelListing, WakeTarget
 from fleetgate.gateway.discovery.kubernetes import KubernetesEndpointSource, build_index, service_info
+
+from .kmock_api import client, eventually
 
 ISVC: dict[str, Any] = {
     "apiVersion": "fleetgate.io/v1alpha1",
@@ -113,20 +113,6 @@ async def api_url() -> AsyncIterator[tuple[Any, str]]:
         yield server, str(server.url).rstrip("/")
 
 
-def _client(url: str) -> Any:
-    from lightkube import AsyncClient, KubeConfig
-    from lightkube.config.models import Cluster, User
-
-    return AsyncClient(config=KubeConfig.from_one(cluster=Cluster(server=url), user=User()))
-
-
-async def _eventually(check: Any, within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.timeout(60)
 async def test_watch_follows_pods_and_services(api_url: tuple[Any, str]) -> None:
     from lightkube.core.resource_registry import resource_registry
@@ -138,13 +124,13 @@ async def test_watch_follows_pods_and_services(api_url: tuple[Any, str]) -> None
     isvc_cls: Any = resource_registry.get("fleetgate.io/v1alpha1", "InferenceService") or create_namespaced_resource(
         "fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices"
     )
-    admin = _client(url)
+    admin = client(url)
     await admin.create(isvc_cls.from_dict(ISVC))
     await admin.create(EndpointSlice.from_dict(_slice("llama-a", "llama", ("10.0.0.1", True, "p1"))))
 
     registry = CollectorRegistry()
     source = KubernetesEndpointSource(
-        client_factory=lambda: _client(url), namespace="ml", label_selector="app.kubernetes.io/managed-by=fleetgate",
+        client_factory=lambda: client(url), namespace="ml", label_selector="app.kubernetes.io/managed-by=fleetgate",
         resync_s=60, registry=registry, retry_s=0.1,
     )  # fmt: skip
     assert isinstance(source, EndpointSource)
@@ -156,14 +142,14 @@ async def test_watch_follows_pods_and_services(api_url: tuple[Any, str]) -> None
 
         grown = _slice("llama-a", "llama", ("10.0.0.1", True, "p1"), ("10.0.0.2", True, "p2"))
         await admin.patch(EndpointSlice, "llama-a", grown, namespace="ml", patch_type=PatchType.MERGE)
-        await _eventually(lambda: len(source.endpoints("llama-8b")) == 2)
+        await eventually(lambda: len(source.endpoints("llama-8b")) == 2)
 
         not_ready = _slice("llama-a", "llama", ("10.0.0.1", False, "p1"), ("10.0.0.2", True, "p2"))
         await admin.patch(EndpointSlice, "llama-a", not_ready, namespace="ml", patch_type=PatchType.MERGE)
-        await _eventually(lambda: [e.url for e in source.endpoints("llama-8b")] == ["http://10.0.0.2:8000"])
+        await eventually(lambda: [e.url for e in source.endpoints("llama-8b")] == ["http://10.0.0.2:8000"])
 
         await admin.delete(isvc_cls, "llama", namespace="ml")
-        await _eventually(lambda: source.models() == [])
+        await eventually(lambda: source.models() == [])
         assert source.endpoints("llama-8b") == []
         # A deleted model is no longer reported (not frozen at its last count).
         assert registry.get_sample_value("fleetgate_discovered_endpoints", {"model": "llama-8b"}) is None
@@ -229,10 +215,10 @@ async def test_scale_and_mark_active_go_through_the_api(api_url: tuple[Any, str]
     isvc_cls: Any = resource_registry.get("fleetgate.io/v1alpha1", "InferenceService") or create_namespaced_resource(
         "fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices"
     )
-    admin = _client(url)
+    admin = client(url)
     await admin.create(isvc_cls.from_dict(_isvc(scaleToZeroAfterSeconds=600, replicas=0)))
     source = KubernetesEndpointSource(
-        client_factory=lambda: _client(url),
+        client_factory=lambda: client(url),
         namespace="ml",
         label_selector="app.kubernetes.io/managed-by=fleetgate",
         resync_s=60,

@@ -122,3 +122,26 @@ def test_session_table_holds_digests_not_client_keys() -> None:
     assert len(s._last) == 50 and stored < 50 * 100  # 16-byte digests, not 50 MB of keys
     again = RoutingRequest(request_id="r", model="m", prompt_text="", session_key=f"7{huge}")
     assert s.score(again, {}, EPS) == [0.0, 1.0, 0.0]  # affinity still works through the digest
+
+
+def test_saturation_filter_drops_saturated_and_sheds_when_all_are() -> None:
+    from fleetgate.core.errors import FleetSaturatedError
+    from fleetgate.router.plugins.saturation_filter import SaturationFilter
+
+    clock = Clock()
+    state = FleetState(clock=clock)
+    flt = SaturationFilter(name="s", state=state, queue_depth=3, kv_usage=0.9, max_stale_s=2.0, retry_after_s=2.5)
+    assert flt.filter(REQ, {}, EPS) == EPS  # never scraped: not known saturated (fails open)
+    state.update("e0", waiting=3, running=1, kv_usage=0.1)  # queue at the threshold
+    state.update("e1", waiting=0, running=1, kv_usage=0.95)  # KV cache nearly full
+    state.update("e2", waiting=2, running=4, kv_usage=0.5)
+    assert flt.filter(REQ, {}, EPS) == [EPS[2]]
+    state.update("e2", waiting=9, running=4, kv_usage=0.5)
+    with pytest.raises(FleetSaturatedError) as refused:
+        flt.filter(REQ, {}, EPS)
+    assert refused.value.status == 429 and refused.value.headers["Retry-After"] == "3"
+    clock.t += 2.5  # every scrape is stale now: nothing is known saturated any more
+    assert flt.filter(REQ, {}, EPS) == EPS
+    assert flt.filter(REQ, {}, []) == []  # no candidates is the scheduler's 503, not a shed
+    with pytest.raises(ValueError, match="queueDepth"):
+        SaturationFilter(name="s", state=state, queue_depth=0, kv_usage=0.9, max_stale_s=1, retry_after_s=1)

@@ -233,6 +233,39 @@ of the mounted key file.
 {{- default "api_key" $server.auth }}
 {{- end }}
 
+{{- define "fleetgate.epp.serviceAccountName" -}}
+{{- if .Values.epp.serviceAccount.create }}
+{{- default (include "fleetgate.componentName" (dict "root" . "component" "epp")) .Values.epp.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.epp.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Endpoint Picker's configuration: the gateway's (the same stages: tenants, keys, limits, cache, tiers,
+routing, Redis), with the picker's own listener and InferencePool discovery in the namespace the engines
+run in. Two front doors, one pipeline: gateway.config and gateway.apiKeys configure both.
+*/}}
+{{- define "fleetgate.epp.config" -}}
+{{- $epp := .Values.epp }}
+{{- $cfg := include "fleetgate.gateway.config" . | fromYaml }}
+{{- $server := $cfg.server }}
+{{- $_ := set $server "metrics_port" (int $epp.metricsPort) }}
+{{- $_ := set $server "log_level" $epp.logLevel }}
+{{- $discovery := dict "kind" "inferencepool" "namespace" (include "fleetgate.gateway.namespace" .) }}
+{{- with $epp.pool }}
+{{- $_ := set $discovery "pool" . }}
+{{- end }}
+{{- $_ := set $cfg "discovery" $discovery }}
+{{- $_ := set $cfg "epp" (dict "host" "0.0.0.0" "port" (int $epp.port) "max_endpoints" (int $epp.maxEndpoints)) }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/* The Endpoint Picker's Service: what every published InferencePool's endpointPickerRef names. */}}
+{{- define "fleetgate.epp.serviceName" -}}
+{{- include "fleetgate.componentName" (dict "root" . "component" "epp") }}
+{{- end }}
+
 {{/* The Kopf peering object's name. */}}
 {{- define "fleetgate.operator.peeringName" -}}
 {{- .Values.operator.peering.name }}

@@ -7,14 +7,26 @@ and how to fix it; values.schema.json catches wrong types and unknown keys befor
 {{- if and $v.redis.enabled $v.redis.externalUrl }}
 {{- fail "redis.enabled=true and redis.externalUrl are both set: use the bundled Redis (clear redis.externalUrl) or an external one (set redis.enabled=false)" }}
 {{- end }}
-{{- if $v.gateway.enabled }}
 {{- $hasRedis := or $v.redis.enabled $v.redis.externalUrl }}
+{{- if $v.epp.enabled }}
+{{- if and (gt (int $v.epp.replicas) 1) (not $hasRedis) }}
+{{- fail (printf "epp.replicas is %d but no Redis is configured: Endpoint Picker replicas must share routing state, limits and budgets; set redis.enabled=true or redis.externalUrl, or run one replica" (int $v.epp.replicas)) }}
+{{- end }}
+{{- $poolNs := include "fleetgate.gateway.namespace" . }}
+{{- if and $v.epp.publishPools (ne $poolNs .Release.Namespace) }}
+{{- fail (printf "epp.publishPools: the InferencePools live in namespace %q but the Endpoint Picker Service in %q, and an InferencePool's endpointPickerRef cannot name a Service in another namespace; install the release in %q, or set epp.publishPools=false and publish pools yourself" $poolNs .Release.Namespace $poolNs) }}
+{{- end }}
+{{- if and $v.epp.publishPools (not $v.operator.enabled) }}
+{{- fail "epp.publishPools=true needs the operator (operator.enabled=true), which publishes the InferencePools; or set epp.publishPools=false and create the pools yourself" }}
+{{- end }}
+{{- end }}
+{{- if or $v.gateway.enabled $v.epp.enabled }}
 {{- $as := $v.gateway.autoscaling }}
 {{- if and $as.enabled (gt (int $as.minReplicas) (int $as.maxReplicas)) }}
 {{- fail (printf "gateway.autoscaling.minReplicas (%d) is greater than gateway.autoscaling.maxReplicas (%d)" (int $as.minReplicas) (int $as.maxReplicas)) }}
 {{- end }}
 {{- $most := ternary (int $as.maxReplicas) (int $v.gateway.replicas) $as.enabled }}
-{{- if and (gt $most 1) (not $hasRedis) }}
+{{- if and $v.gateway.enabled (gt $most 1) (not $hasRedis) }}
 {{- fail (printf "the gateway can run %d replicas but no Redis is configured: replicas must share caches, rate limits and budgets; set redis.enabled=true or redis.externalUrl, or run one replica (gateway.replicas=1, autoscaling off)" $most) }}
 {{- end }}
 {{- $server := $v.gateway.config.server | default dict }}
