@@ -12,9 +12,6 @@ Per input kind, the gateway's prompt bound covers what the engine reads and its 
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,7 +31,7 @@ from fleetgate.local.model_prep import prepare_model
 from fleetgate.local.vllm_command import vllm_specs
 
 from .gateway_thread import gateway_in_thread
-from .http_json import request_json
+from .http_json import request_json, tenant_ledger
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1200)]
 
@@ -67,17 +64,8 @@ def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield fleet.urls[0]
 
 
-def _get(url: str, key: str) -> dict[str, Any]:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
-    with urllib.request.urlopen(req, timeout=30) as response:
-        return dict(json.loads(response.read()))
-
-
 def ledger(url: str) -> tuple[dict[str, int], int]:
-    time.sleep(0.5)  # settle and record run after each response
-    totals = _get(f"{url}/v1/usage", ADMIN)["totals"]
-    used = _get(f"{url}/v1/usage/budgets", KEY)["data"][0]["windows"]["daily_budget"]["used"]
-    return totals, int(used)
+    return tenant_ledger(url, admin=ADMIN, key=KEY)
 
 
 def test_responses_with_the_openai_client_across_two_replicas(engine_url: str, redis_url: str) -> None:

@@ -13,10 +13,7 @@ with a budget gets two such requests served and the third refused, charged exact
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,22 +98,6 @@ def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield fleet.urls[0]
 
 
-def _post(url: str, body: dict[str, Any], key: str = KEY) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
-    try:
-        with urllib.request.urlopen(req, timeout=300) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
-
-
-def _get(url: str, key: str) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
-    with urllib.request.urlopen(req, timeout=30) as response:
-        return response.status, json.loads(response.read())
-
-
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_the_bound_and_the_exact_count_against_what_the_engine_reads(engine_url: str, kind: str) -> None:
     body = {"model": MODEL, "max_tokens": 1, "temperature": 0, **KINDS[kind]}
@@ -141,10 +122,10 @@ def test_a_tenants_budget_holds_for_every_kind_on_the_real_engine(engine_url: st
         one = cost_micros(Usage(prompt_tokens=answer["usage"]["prompt_tokens"],
                                 completion_tokens=answer["usage"]["completion_tokens"]), RATES)
         with gateway_in_thread(tenant_settings(engine_url, budget_micros=int(2.5 * one))) as url:
-            codes = [_post(f"{url}/v1/chat/completions", body)[0] for _ in range(3)]
+            codes = [request_json(f"{url}/v1/chat/completions", body, key=KEY)[0] for _ in range(3)]
             time.sleep(0.5)  # settle and record run after each response
-            status, report = _get(f"{url}/v1/usage", ADMIN)
-            _, budgets = _get(f"{url}/v1/usage/budgets", KEY)
+            status, report = request_json(f"{url}/v1/usage", key=ADMIN)
+            _, budgets = request_json(f"{url}/v1/usage/budgets", key=KEY)
         assert codes == [200, 200, 429], (kind, codes)
         totals = report["totals"]
         assert status == 200 and totals["cost_micros"] == 2 * one, (kind, totals)
@@ -154,9 +135,9 @@ def test_a_tenants_budget_holds_for_every_kind_on_the_real_engine(engine_url: st
 def test_an_image_on_a_text_model_is_refused_by_the_engine_and_not_charged(engine_url: str) -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     with gateway_in_thread(tenant_settings(engine_url, budget_micros=10**9)) as url:
-        status, answer = _post(f"{url}/v1/chat/completions", {"model": MODEL, "max_tokens": 1, "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "what is this"}, image]}]})
+        status, answer = request_json(f"{url}/v1/chat/completions", {"model": MODEL, "max_tokens": 1, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "what is this"}, image]}]}, key=KEY)
         time.sleep(0.5)
-        _, report = _get(f"{url}/v1/usage", ADMIN)
+        _, report = request_json(f"{url}/v1/usage", key=ADMIN)
     assert 400 <= status < 500, answer
     assert report["totals"]["cost_micros"] == 0
