@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,12 +50,14 @@ from fleetgate.cache.answercheck import AnswerChecker, Ask
 from fleetgate.cache.asymmetry import STATE_NEUTRAL
 from fleetgate.cache.config import CacheConfig
 from fleetgate.cache.embedding import Embedder, encoder_of
+from fleetgate.cache.encoder_call import encode
 from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns, owns
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.pairmodel import load_model
 from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.prefilter import StaticPrefilter, Survivors
 from fleetgate.cache.remote_encoder import EncoderUnavailable
+from fleetgate.cache.served import served_response
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
 from fleetgate.cache.textnorm import embedding_text
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
@@ -74,7 +75,6 @@ from fleetgate.core.kvstore import KVStore, MemoryKVStore, StoreUnavailableError
 
 log = logging.getLogger("fleetgate.cache")
 _DOWN = "cache backend unavailable"
-_ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_", "messages": "msg_"}
 
 
 class TwoLayerCache:
@@ -263,16 +263,6 @@ class TwoLayerCache:
             self.metrics.at(self.metrics.lookups, "none", "error").inc()
             return CacheLookup(status=CacheStatus.BYPASS, reason=_DOWN)
 
-    def _served(self, record: Mapping[str, Any], req: CacheRequest) -> dict[str, Any]:
-        """A stored answer as served now: a new id (in the API's own form) and creation time."""
-        response = dict(record["response"])
-        response["id"] = _ID_PREFIX.get(req.kind, "cmpl-") + "fgc" + uuid.uuid4().hex
-        if req.kind in ("chat", "completions"):
-            response["created"] = int(time.time())
-        elif req.kind == "responses":
-            response["created_at"] = int(time.time())
-        return response
-
     async def _exact(self, req: CacheRequest, keys: CacheKeys) -> CacheLookup | None:
         start = time.perf_counter()
         raw = await self.kv.get(self._key(keys.exact))
@@ -282,7 +272,7 @@ class TwoLayerCache:
             self.metrics.at(self.metrics.lookups, "exact", "miss").inc()
             return None
         self.metrics.at(self.metrics.lookups, "exact", "hit").inc()
-        return CacheLookup(status=CacheStatus.HIT_EXACT, response=self._served(record, req))
+        return CacheLookup(status=CacheStatus.HIT_EXACT, response=served_response(record, kind=req.kind))
 
     async def embed(self, text: str, *, scope: str = "") -> np.ndarray:
         """`scope`: the partition, which keeps the batcher's embedding memo per tenant (no timing side channel).
@@ -293,20 +283,8 @@ class TwoLayerCache:
         """The encoder's vector of a text already spelling-corrected (`embedding_text`); `EncoderUnavailable`
         when the encoder fails or does not answer within its bound (an encoder service's `timeout_ms`)."""
         assert self.embedder is not None
-        start = time.perf_counter()
-        aembed = getattr(self.embedder, "aembed", None)  # a BatchingEmbedder batches concurrent lookups
-        try:
-            vector = (await aembed(seen, scope=scope) if aembed is not None
-                      else (await asyncio.to_thread(self.embedder.embed, [seen]))[0])
-        except EncoderUnavailable:
-            raise
-        except TimeoutError as exc:
-            raise EncoderUnavailable("timeout") from exc
-        except Exception as exc:
-            raise EncoderUnavailable("error", f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            self.metrics.at(self.metrics.stage_seconds, "embed").observe(time.perf_counter() - start)
-        return vector
+        return await encode(self.embedder, seen, scope=scope,
+                            observe=self.metrics.at(self.metrics.stage_seconds, "embed").observe)
 
     def _without_encoder(self, result: CacheLookup, start: float, exc: EncoderUnavailable) -> CacheLookup:
         """The lookup goes on without the encoder: what the static prefilter settled before it (vetoes, full
@@ -338,7 +316,7 @@ class TwoLayerCache:
                 self.metrics.at(self.metrics.prefilter, "matched").inc()
                 state["entry"] = matched
                 result = CacheLookup(status=CacheStatus.HIT_SEMANTIC, state=state,
-                                     response=self._served(survivors[matched][0], req))
+                                     response=served_response(survivors[matched][0], kind=req.kind))
                 return self._done(result, start, found=True)
             self.metrics.at(self.metrics.prefilter, "encoded").inc()
         try:
@@ -388,7 +366,7 @@ class TwoLayerCache:
                 result.reason = f"near miss rejected ({verdict.reason}, similarity {score:.3f})"
                 continue
             state["entry"] = key
-            result = CacheLookup(status=CacheStatus.HIT_SEMANTIC, response=self._served(record, req),
+            result = CacheLookup(status=CacheStatus.HIT_SEMANTIC, response=served_response(record, kind=req.kind),
                                  similarity=round(score, 4), state=state, embedding=shared)
             break
         self.metrics.at(self.metrics.stage_seconds, "verify").observe(time.perf_counter() - t)
