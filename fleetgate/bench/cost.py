@@ -40,12 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", default=",".join(c.name for c in CONFIGS),
                         help="comma-separated subset of: " + ", ".join(c.name for c in CONFIGS))
     parser.add_argument("--out", type=Path, default=Path("artifacts/cost-report"), help="output folder")
-    parser.add_argument("--throughput", type=Path, action="append", default=[],
+    parser.add_argument("--throughput", type=Path, action="append", default=None,
                         help="a measured-throughput file (fleetgate.bench.measured_throughput: the GPU tier's or a "
                         "live routing run's throughput.json); repeat it to pool several files' entries. A tier "
                         "whose model shape has an unquantized entry (or the entry --tier-entry picks) runs at the "
                         "measured speed and is priced on its card; the others stay simulated (the report labels each)")
-    parser.add_argument("--tier-entry", action="append", default=[], metavar="TIER=SELECTOR",
+    parser.add_argument("--tier-entry", action="append", default=None, metavar="TIER=SELECTOR",
                         help="with --throughput: price TIER (small, large) from the one entry SELECTOR matches, "
                         "whatever its precision or parallelism: an entry name (e.g. large=llama70b-fp8-tp2) or "
                         "SHAPE/QUANTIZATION/tpN[/compiled|/eager] (e.g. large=llama-3.1-70b/fp8/tp2), optionally "
@@ -123,12 +123,12 @@ def _measured(
     from fleetgate.bench.tier_entry import merge, parse_tier_entries
 
     files = []
-    for path in args.throughput:
+    for path in args.throughput or []:
         try:
             files.append((str(path), load(path)))
         except (OSError, ThroughputFileError) as exc:
             raise ValueError(f"--throughput {path}: {exc}") from None
-    selectors = parse_tier_entries(args.tier_entry, tiers=[d.tier for d in deployments])
+    selectors = parse_tier_entries(args.tier_entry or [], tiers=[d.tier for d in deployments])
     return apply_throughput(deployments, merge(files), tier_entries=selectors, usd_per_gpu_hour=args.usd_per_gpu_hour)
 
 
