@@ -228,10 +228,10 @@ class LocalTokenizer(_CachedTokenizer):
         if tok is None:
             return None
         try:
-            # Off the event loop: the Rust encode of a long prompt takes milliseconds and releases the GIL, so
-            # requests keep flowing while it runs (on the loop, 55 req/s of 2,144-token prompts on an H100 pair
-            # used ~20 ms of gateway CPU per request and tripled TTFT p50).
-            return await asyncio.to_thread(_encode, tok, body)
+            # On the loop: a thread does not help, the encode holds the GIL (4 threads at once took as long per call
+            # as one, `scripts/gpu/tokenizer_probe.py` on the GPU host). It costs ~5.5 ms of CPU per 2,700-token
+            # prompt there, which is why `engine` (the engine's own CPU) is the default.
+            return _encode(tok, body)
         except Exception as exc:  # a template that rejects the messages: the engine will say so to the client
             log.debug("local tokenization failed", extra={"model": req.model, "error": str(exc)})
             return None
@@ -262,8 +262,8 @@ def _encode(tok: Any, body: Mapping[str, Any]) -> list[int]:
 
 
 def _ids(tok: Any, text: str, *, add_special_tokens: bool) -> list[int]:
-    """One sequence through the fast tokenizer's own `encode` (`tok(text)` goes through the batch path, whose
-    Rayon thread pool costs CPU on many-core hosts for a batch of one); the same ids either way."""
+    """One sequence through the fast tokenizer's own `encode` (`tok(text)` goes through transformers' batch
+    encoding for a batch of one: ~10% more CPU here); the same ids either way (tests/e2e/test_real_engine.py)."""
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is not None:
         return list(backend.encode(text, add_special_tokens=add_special_tokens).ids)
