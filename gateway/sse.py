@@ -118,6 +118,8 @@ class SseRewriter:
                 break
             line = buf[pos:end]
             pos = end + 1
+            if not line.startswith(b"data:"):
+                continue  # blank separators (every other line), comments, event names
             event = self._event(line)
             if event is not None:
                 parts.append(event)
@@ -125,9 +127,7 @@ class SseRewriter:
         return b"".join(parts)
 
     def _event(self, line: bytes) -> bytes | None:
-        """One SSE line from the engine -> the bytes for the client, or None to drop it."""
-        if not line.startswith(b"data:"):
-            return None  # blank separators, comments, event names
+        """One SSE `data:` line from the engine -> the bytes for the client, or None to drop it."""
         payload = line[5:].strip()
         if payload == b"[DONE]":
             self.ended = True

@@ -35,10 +35,19 @@ from fleetgate.bench.gateway_stack import MODEL, Pinning, Proc, Stack, _wait_htt
 from fleetgate.core.localredis import free_port
 from fleetgate.gateway.tenancy.keys import new_key
 
+TEXT = ("the gateway relays every token an engine streams while the fleet serves many tenants at once "
+        "with prompts that share long system instructions and differ in their last question")
+PROMPT_WORDS = [200]  # set by --prompt-words
+
 
 def body(tokens: int) -> bytes:
-    return orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story please"}],
-                         "max_tokens": tokens, "temperature": 0.8, "stream": True})
+    """A streaming chat request for `tokens` tokens; its prompt is a system message of `--prompt-words` words
+    (the fake engine counts a token a word) and a short question."""
+    words = TEXT.split()
+    system = " ".join(words[i % len(words)] for i in range(PROMPT_WORDS[0]))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Tell me a long story please"}]
+    return orjson.dumps({"model": MODEL, "messages": messages, "max_tokens": tokens, "temperature": 0.8,
+                         "stream": True})
 
 
 async def one_stream(session: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str]) -> tuple[
@@ -182,14 +191,17 @@ def main() -> int:
     parser.add_argument("--short", type=int, default=8, help="tokens a request, short phase")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds a phase")
     parser.add_argument("--probe-interval-s", type=float, default=0.05)
+    parser.add_argument("--prompt-words", type=int, default=2048, help="the system prompt's words (tokens)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    PROMPT_WORDS[0] = args.prompt_words
     with stack(Pinning.choose(0)) as s:
         results = asyncio.run(measure(args, s))
     report = {name: summary(rows) for name, rows in results.items()}
     names = list(report)
     print(f"\n{os.cpu_count()} CPUs, gateway on CPU 0, load average at the end {os.getloadavg()[0]:.2f}; "
-          f"{args.concurrency} streams, itl {args.itl_ms:g} ms, {args.long}/{args.short} tokens, {args.rounds} rounds")
+          f"{args.concurrency} streams, itl {args.itl_ms:g} ms, {args.long}/{args.short} tokens, "
+          f"prompts of {args.prompt_words} words, {args.rounds} rounds")
     for key in report[names[0]]:
         line = "  ".join(f"{name} {report[name][key]:10.3f}" for name in names)
         ratio = (f"  ratio {names[-1]}/{names[0]} {report[names[-1]][key] / report[names[0]][key]:.3f}"
