@@ -327,6 +327,7 @@ class Pipeline:
             completion_cap=ctx.completion_cap,
             deadline=asyncio.get_running_loop().time() + self._server.stream_deadline_s,
             cancel_drain_s=self._server.cancel_drain_s,
+            cancel_finish_tokens=self._server.cancel_finish_tokens,
             spawn=self.flow.spawn,
         )
         self.activity.opened(relay)

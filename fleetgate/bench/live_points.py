@@ -52,7 +52,8 @@ class PointSpec:
     seed: int
     users: int = 0  # chat only
     cancel_share: float = 0.0
-    tag: str = "routing"  # routing | accounting
+    tag: str = "routing"  # routing | accounting | accounting-finish | overhead
+    server: tuple[tuple[str, Any], ...] = ()  # gateway `server` settings for this point (e.g. cancel_finish_tokens)
 
     @property
     def name(self) -> str:
@@ -188,7 +189,8 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
     idle = await live_engines.wait_idle(session, urls, timeout_s=30)
     reset = await live_engines.reset_prefix_caches(session, urls) if ctx.resets else False
     gateway = await asyncio.to_thread(start_gateway, ctx.profiles[spec.profile], model=ctx.model, urls=urls,
-                                      keys=ctx.keys, workdir=ctx.workdir, kv_events=ctx.kv_events)
+                                      keys=ctx.keys, workdir=ctx.workdir, kv_events=ctx.kv_events,
+                                      server=dict(spec.server))
     try:
         requests = build_requests(ctx, spec, gateway.url)
         usage_before = usage_totals(await read_usage(session, gateway, ctx.keys.admin))

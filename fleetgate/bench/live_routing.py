@@ -63,6 +63,9 @@ class LiveOptions:
     accounting_profile: str = "default"
     accounting_load: float = 1.0
     accounting_cancel_share: float = 0.3
+    # > 0: a second accounting row whose gateway lets the engine finish an answer a client left with at most
+    # this many tokens to come (`server.cancel_finish_tokens`): no abort, so no step in flight is lost
+    accounting_finish_tokens: int = 0
     overhead_profile: str = "default"
     overhead_window_s: float = 12.0
     overhead_idle_pairs: int = 40
@@ -183,6 +186,12 @@ def plan(options: LiveOptions, base_rate: float) -> list[PointSpec]:
                          rate=base_rate * o.accounting_load, window_s=o.window_s, drain_s=o.drain_s,
                          seed=_seed(o.seed, "accounting", o.accounting_load), cancel_share=o.accounting_cancel_share,
                          tag="accounting"))
+    if o.accounting_finish_tokens > 0:
+        out.append(PointSpec(workload="shared-prefix", profile=o.accounting_profile, load=o.accounting_load,
+                             rate=base_rate * o.accounting_load, window_s=o.window_s, drain_s=o.drain_s,
+                             seed=_seed(o.seed, "accounting", o.accounting_load),
+                             cancel_share=o.accounting_cancel_share, tag="accounting-finish",
+                             server=(("cancel_finish_tokens", o.accounting_finish_tokens),)))
     out.append(PointSpec(workload="shared-prefix", profile=o.overhead_profile, load=1.0, rate=base_rate,
                          window_s=o.overhead_window_s, drain_s=o.drain_s, seed=_seed(o.seed, "overhead", 1.0),
                          tag="overhead"))
@@ -219,6 +228,11 @@ def accounting_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"kind": "accounting", "verdict": verdict, "rows": len(comparable),
             "excluded": [f"{r.get('workload', r.get('kind'))} {r.get('profile')} x{r.get('load', 1)}"
                          for r in measured if not r.get("comparable")],
+            "lossy": [f"{r.get('workload', r.get('kind'))} {r.get('profile')} x{r.get('load', 1)} [{r.get('tag')}]: "
+                      f"{r.get('lost_prompt_tokens', 0):.0f} prompt, "
+                      f"{r.get('lost_completion_tokens', 0):.0f} completion over "
+                      f"{r.get('cancelled', 0):.0f} cancellations" for r in comparable
+                      if r.get("lost_prompt_tokens") or r.get("lost_completion_tokens")],
             **sums}
 
 
@@ -229,6 +243,7 @@ def accounting_line(summary: dict[str, Any]) -> str:
             f"tokens (direct probes {s['direct_prompt_tokens']:.0f} + {s['direct_completion_tokens']:.0f}); tenants "
             f"were charged {s['charged_prompt_tokens']:.0f} prompt + {s['charged_completion_tokens']:.0f} completion; "
             f"lost {s['lost_prompt_tokens']:.0f} prompt, {s['lost_completion_tokens']:.0f} completion"
+            + (f"; rows that lost tokens: {s['lossy']}" if s.get("lossy") else "")
             + (f"; not comparable (left before a first chunk, or engines not idle): {s['excluded']}"
                if s["excluded"] else ""))
 

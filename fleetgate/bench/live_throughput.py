@@ -24,7 +24,8 @@ from typing import Any
 from fleetgate.bench.measured_throughput import ThroughputEntry, ThroughputFile, ThroughputPoint
 
 
-def _points_calibration(cal: dict[str, Any], *, reps: int) -> list[ThroughputPoint]:
+def calibration_points(cal: dict[str, Any], *, reps: int) -> list[ThroughputPoint]:
+    """TTFT points from `ttft_by_len` (prompt tokens -> seconds) and decode points from `tpot_by_batch`."""
     out = []
     for length, ttft in sorted((int(k), float(v)) for k, v in cal["ttft_by_len"].items()):
         if ttft > 0:
@@ -55,7 +56,7 @@ def throughput_file(rows: list[dict[str, Any]], info: dict[str, Any]) -> Through
     cal = next((r for r in rows if r.get("kind") == "calibration"), None)
     if cal is not None:
         reps = int(meta.get("options", {}).get("calibration_reps", 3))
-        points = _points_calibration(cal, reps=reps)
+        points = calibration_points(cal, reps=reps)
         if points:
             entries.append(ThroughputEntry(name=f"{shape}-calibration", points=tuple(points), **common))
     cap = next((r for r in rows if r.get("kind") == "capacity"), None)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -43,6 +42,7 @@ from fleetgate.gateway.discovery.kubernetes import build_source
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.operator import run_cli
 from fleetgate.operator.apisim import RESOURCES, VERBS, ApiServerEmulator
+from fleetgate.operator.embedded import running_operator
 from fleetgate.operator.handlers import register
 from fleetgate.operator.kube import KubeApi, resource_class
 from fleetgate.operator.settings import OperatorSettings
@@ -187,38 +187,33 @@ async def test_apply_run_operator_and_delete(
         make_api=lambda: KubeApi.from_server(url=url, field_manager="fleetgate-operator"),
         login=lambda **_: kopf.ConnectionInfo(server=url, insecure=True),
     )
-    stop, ready = asyncio.Event(), asyncio.Event()
     operator_from = len(list(server))
-    task = asyncio.create_task(kopf.operator(
-        registry=registry, clusterwide=not args.namespace, namespaces=args.namespace, standalone=args.standalone,
-        peering_name=args.peering, priority=args.priority, stop_flag=stop, ready_flag=ready, memo=kopf.Memo(),
-    ))
     client = KubeApi.from_server(url=url, field_manager="test", token=TEST_TOKEN)
     example = yaml.safe_load(EXAMPLE.read_text())
     example["metadata"]["namespace"] = NAMESPACE
     name = example["metadata"]["name"]
     try:
-        await asyncio.wait_for(ready.wait(), timeout=30)
-        cls = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
-        await client._client.create(cls.from_dict(example))
-        deadline = time.monotonic() + 30
-        engines: list[str] = []
-        while not engines and time.monotonic() < deadline:
-            engines = [
-                n for (res, ns, n), obj in _live(server).items()
-                if res == "deployments" and ns == NAMESPACE
-                and any(r.get("kind") == "InferenceService" and r.get("name") == name
-                        for r in obj["metadata"].get("ownerReferences", []))
-            ]
-            await asyncio.sleep(0.1)
-        assert engines, f"the operator made no engine Deployment for {name} within 30 s"
-        assert not task.done(), "the operator stopped"
-        peering = _live(server)[("clusterkopfpeerings", None, args.peering)]
-        assert peering.get("status"), "the operator never wrote its heartbeat into the peering object it created"
+        async with running_operator(
+            registry=registry, clusterwide=not args.namespace, namespaces=args.namespace, standalone=args.standalone,
+            peering_name=args.peering, priority=args.priority, memo=kopf.Memo(), ready_within=30, stop_within=10,
+        ) as operator:
+            cls = resource_class("fleetgate.io", "v1alpha1", "InferenceService", "inferenceservices")
+            await client._client.create(cls.from_dict(example))
+            deadline = time.monotonic() + 30
+            engines: list[str] = []
+            while not engines and time.monotonic() < deadline:
+                engines = [
+                    n for (res, ns, n), obj in _live(server).items()
+                    if res == "deployments" and ns == NAMESPACE
+                    and any(r.get("kind") == "InferenceService" and r.get("name") == name
+                            for r in obj["metadata"].get("ownerReferences", []))
+                ]
+                await asyncio.sleep(0.1)
+            assert engines, f"the operator made no engine Deployment for {name} within 30 s"
+            assert not operator.done(), "the operator stopped"
+            peering = _live(server)[("clusterkopfpeerings", None, args.peering)]
+            assert peering.get("status"), "the operator never wrote its heartbeat into the peering object it created"
     finally:
-        stop.set()
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=10)
         await client.aclose()
     operator_calls = _calls(list(server)[operator_from:])
 

@@ -6,7 +6,8 @@ leaves aborts the request at once, and what was counted but not written is never
 while such a token is pending. Hanging up at once (`cancel_drain_s: 0`) charges one token less than the
 engine counted; the shipped drain (read to the next chunk, half-close, read to the engine's close) charges
 exactly what it counted. The same for `/v1/messages` (named events, `event_relay`): a stream that never
-reaches its final usage is charged the output events that reached the gateway.
+reaches its final usage is charged the output events that reached the gateway. With `cancel_finish_tokens`
+covering what is left of the answer, the engine is not aborted: it finishes, and the charge is its count.
 """
 
 from __future__ import annotations
@@ -126,11 +127,11 @@ async def counting_engine() -> AsyncIterator[CountingEngine]:
     await engine.stop()
 
 
-async def leave_while_a_counted_token_is_pending(gateway_url: str, path: str) -> int:
+async def leave_while_a_counted_token_is_pending(gateway_url: str, path: str, *, max_tokens: int = 50) -> int:
     """Read 3 tokens, wait until the 4th is counted but not yet written, leave; returns tokens received."""
     got = 0
-    body: dict[str, Any] = {"model": "m1", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 50,
-                            "stream": True}
+    body: dict[str, Any] = {"model": "m1", "messages": [{"role": "user", "content": "a b c"}],
+                            "max_tokens": max_tokens, "stream": True}
     async with httpx.AsyncClient(base_url=gateway_url) as client, client.stream("POST", path, json=body) as r:
         async for line in r.aiter_lines():
             if line.startswith("data: {") and ('"delta": {"content"' in line.replace('":{', '": {')
@@ -180,3 +181,23 @@ async def test_a_messages_stream_left_mid_answer_is_drained_like_chat(
     charged, counted = await charged_after_leaving(counting_engine, start_gateway, drain_s=drain_s,
                                                    path="/v1/messages")
     assert counted >= 4 and charged == counted - lost
+
+
+@pytest.mark.parametrize(("finish_tokens", "finished"), [(8, True), (4, False)])
+async def test_a_client_leaving_near_the_end_lets_the_engine_finish_and_is_charged_its_count(
+    counting_engine: CountingEngine, start_gateway: Any, finish_tokens: int, finished: bool
+) -> None:
+    """8 tokens reserved, the client leaves after 3 (5 to come): within `cancel_finish_tokens` 8 the engine is
+    not aborted and all 8 are charged; with 4 it is aborted (the drain) and charged what it counted."""
+    ledger = Ledger()
+    gw = await start_gateway(settings_for({"m1": [counting_engine.url]}, cancel_drain_s=2.0,
+                                          cancel_finish_tokens=finish_tokens), accountant=ledger)
+    assert await leave_while_a_counted_token_is_pending(gw.url, "/v1/chat/completions", max_tokens=8) == 3
+    engine = counting_engine
+    assert await eventually(lambda: engine.aborted + engine.finished == 1, timeout_s=5)
+    assert await eventually(lambda: bool(ledger.records))
+    [record] = ledger.records
+    assert record.status == 499
+    assert (engine.finished, engine.aborted) == ((1, 0) if finished else (0, 1))
+    assert record.usage.completion_tokens == engine.counted
+    assert engine.counted == 8 if finished else engine.counted < 8

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from fleetgate.bench.cost_measured import fitted_constants
 from fleetgate.bench.gpu.compare import TOLERANCE_PCT
+from fleetgate.bench.gpu.load import CALIBRATION_BATCHES, CALIBRATION_LENGTHS
 from fleetgate.bench.gpu.sweep import SweepOutcome
 from fleetgate.bench.gpu.tier import gemma_dir, matrix_configs, planned_configs
 from fleetgate.bench.measured_throughput import load
@@ -47,6 +49,11 @@ def test_knob_starts_and_serves(sweep: SweepOutcome, name: str) -> None:
     for level in record.get("bench", []):
         assert level["ok"] == level["requests"] > 0, level
         assert level["output_tokens_per_s"] > 0
+    if CONFIGS[name].calibrate:  # the cost report fits the large tier's step times from these
+        probe = record.get("calibration") or []
+        expected = ["ttft"] * len(CALIBRATION_LENGTHS) + ["decode"] * len(CALIBRATION_BATCHES)
+        assert [lv["probe"] for lv in probe] == expected, probe
+        assert all(lv["ok"] == lv["requests"] > 0 for lv in probe), probe
 
 
 @pytest.mark.parametrize("name", REFUSED)
@@ -89,6 +96,8 @@ def test_throughput_file_holds_every_measured_configuration(sweep: SweepOutcome)
     assert {e.name for e in data.entries} == measured
     for entry in data.entries:
         assert entry.points and all(p.output_tokens_per_s > 0 for p in entry.points)
+        if entry.name in CONFIGS and CONFIGS[entry.name].calibrate and records[entry.name].get("calibration"):
+            assert fitted_constants(entry) is not None, f"{entry.name}: the probe's points give no fit"
 
 
 def test_real_gemma_answers_sensibly(sweep: SweepOutcome) -> None:

@@ -17,6 +17,7 @@ from kmock._internal import apps
 from fleetgate.core.adapters import LoadedAdapter
 from fleetgate.engine.lora_api import AdapterApiError
 from fleetgate.operator.apisim import new_emulator
+from fleetgate.operator.embedded import EmbeddedOperator, running_operator
 from fleetgate.operator.handlers import register
 from fleetgate.operator.kube import KubeApi, resource_class
 from fleetgate.operator.settings import OperatorSettings
@@ -83,7 +84,10 @@ class Cluster:
 
 @dataclass
 class FakePods:
-    """The engine pods' runtime LoRA API, faked: loaded adapters per pod URL and every call made."""
+    """The engine pods' runtime LoRA API, faked: loaded adapters per pod URL and every call made.
+
+    The operator calls it from its own thread while the test reads and edits it: each access is one
+    dict/list/set operation (atomic under the GIL), and `loaded` copies before it builds its answer."""
 
     served: str = "qwen"
     held: dict[str, dict[str, str]] = field(default_factory=dict)  # url -> adapter name -> source
@@ -94,7 +98,7 @@ class FakePods:
     async def loaded(self, *, base_url: str) -> list[LoadedAdapter]:
         if base_url in self.unreachable:
             raise AdapterApiError(f"ClientConnectorError calling {base_url}/v1/models")
-        items = self.held.get(base_url, {}).items()
+        items = list(self.held.get(base_url, {}).items())
         return [LoadedAdapter(name=name, base=self.served, source=source) for name, source in items]
 
     async def load(self, *, base_url: str, name: str, source: str) -> None:
@@ -145,6 +149,21 @@ async def cluster() -> AsyncIterator[Cluster]:
         yield served
 
 
+def operator_registry(
+    cluster: Cluster, *, settings: OperatorSettings | None = None, pods: FakePods | None = None
+) -> kopf.OperatorRegistry:
+    """Our handlers, talking to `cluster` (and to `pods` as the engines' LoRA API, where given)."""
+    registry = kopf.OperatorRegistry()
+    register(
+        registry=registry,
+        settings=settings or OperatorSettings(),
+        make_api=lambda: KubeApi.from_server(url=cluster.url, field_manager="fleetgate-operator"),
+        login=lambda **_: kopf.ConnectionInfo(server=cluster.url, insecure=True),
+        make_adapter_api=None if pods is None else lambda: pods,
+    )
+    return registry
+
+
 @pytest.fixture
 def operator_settings() -> OperatorSettings:
     return OperatorSettings()
@@ -158,37 +177,11 @@ def pods() -> FakePods:
 @pytest.fixture
 async def operator(
     cluster: Cluster, operator_settings: OperatorSettings, pods: FakePods
-) -> AsyncIterator[asyncio.Task[None]]:
-    """The real operator (Kopf + handlers + reconciler) in this event loop, standalone, cluster-wide."""
-    registry = kopf.OperatorRegistry()
-
-    def login(**_: Any) -> Any:
-        return kopf.ConnectionInfo(server=cluster.url, insecure=True)
-
-    register(
-        registry=registry,
-        settings=operator_settings,
-        make_api=lambda: KubeApi.from_server(url=cluster.url, field_manager="fleetgate-operator"),
-        login=login,
-        make_adapter_api=lambda: pods,
-    )
-    stop = asyncio.Event()
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        kopf.operator(
-            registry=registry,
-            clusterwide=True,
-            standalone=True,
-            stop_flag=stop,
-            ready_flag=ready,
-            memo=kopf.Memo(),
-        )
-    )
-    await asyncio.wait_for(ready.wait(), timeout=20)
-    try:
-        yield task
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=10)
-        assert not task.done() or task.cancelled() or task.exception() is None, "the operator crashed"
+) -> AsyncIterator[EmbeddedOperator]:
+    """The real operator (Kopf + handlers + reconciler), standalone, cluster-wide, in a thread and event loop
+    of its own (see fleetgate.operator.embedded: in this loop Kopf would take the test's tasks for its own)."""
+    registry = operator_registry(cluster, settings=operator_settings, pods=pods)
+    async with running_operator(
+        registry=registry, clusterwide=True, standalone=True, memo=kopf.Memo(), ready_within=20, stop_within=10
+    ) as running:
+        yield running

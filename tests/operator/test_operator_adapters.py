@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from fleetgate.engine.kube_names import ANNOTATION_SPEC_HASH
+from fleetgate.operator.embedded import EmbeddedOperator
 from fleetgate.operator.rbac import allows
 from fleetgate.operator.settings import OperatorSettings
 
@@ -63,7 +64,7 @@ async def _serving(cluster: Cluster, name: str) -> None:
 
 
 async def test_add_loads_remove_unloads_and_nothing_rolls(
-    cluster: Cluster, operator: asyncio.Task[None], pods: FakePods
+    cluster: Cluster, operator: EmbeddedOperator, pods: FakePods
 ) -> None:
     await _serving(cluster, "qwen")
     both = {"qwen-a": ["sql"], "qwen-b": ["sql"]}
@@ -104,7 +105,7 @@ async def test_add_loads_remove_unloads_and_nothing_rolls(
 
 
 async def test_a_pod_that_restarted_without_its_adapters_gets_them_back(
-    cluster: Cluster, operator: asyncio.Task[None], pods: FakePods
+    cluster: Cluster, operator: EmbeddedOperator, pods: FakePods
 ) -> None:
     await _serving(cluster, "qwen")
     await wait_for(lambda: pods.held.get(POD_B) == {"sql": "acme/sql-lora"}, what="loaded")
@@ -117,7 +118,7 @@ async def test_a_pod_that_restarted_without_its_adapters_gets_them_back(
 
 
 async def test_a_failed_load_is_a_condition_and_one_event_per_pod(
-    cluster: Cluster, operator: asyncio.Task[None], pods: FakePods
+    cluster: Cluster, operator: EmbeddedOperator, pods: FakePods
 ) -> None:
     pods.fail_load["broken"] = "invalid LoRA: rank 64 > max_lora_rank 32"
     spec = {**LORA, "adapters": [*LORA["adapters"], {"name": "broken", "source": "/adapters/broken"}]}
@@ -152,7 +153,7 @@ async def test_a_failed_load_is_a_condition_and_one_event_per_pod(
 
 
 async def test_an_unreachable_engine_fails_its_adapters_and_the_operator_survives(
-    cluster: Cluster, operator: asyncio.Task[None], pods: FakePods
+    cluster: Cluster, operator: EmbeddedOperator, pods: FakePods
 ) -> None:
     pods.unreachable.add(POD_B)
     await _serving(cluster, "qwen")
@@ -166,7 +167,7 @@ async def test_an_unreachable_engine_fails_its_adapters_and_the_operator_survive
 
 
 async def test_without_lora_no_pod_is_asked_and_status_has_no_adapters(
-    cluster: Cluster, operator: asyncio.Task[None], pods: FakePods
+    cluster: Cluster, operator: EmbeddedOperator, pods: FakePods
 ) -> None:
     spec = {k: v for k, v in LORA.items() if k != "adapters"}
     spec["engine"] = {k: v for k, v in LORA["engine"].items() if k not in ("maxAdapters", "maxLoraRank")}
@@ -185,7 +186,7 @@ FAST_RETRY = pytest.mark.parametrize("operator_settings", [OperatorSettings(adap
 
 @FAST_RETRY
 async def test_a_load_that_failed_after_a_deployment_change_is_retried_until_it_loads(
-    cluster: Cluster, operator: asyncio.Task[None], pods: FakePods, caplog: pytest.LogCaptureFixture
+    cluster: Cluster, operator: EmbeddedOperator, pods: FakePods, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Defect: with no engine listening yet, the adapter went LoadFailed on a Deployment event and stayed so
     until an unrelated edit; retries logged an ERROR each time."""
@@ -211,7 +212,7 @@ async def test_a_load_that_failed_after_a_deployment_change_is_retried_until_it_
 
 @FAST_RETRY
 async def test_no_ready_pod_seen_while_the_deployment_reports_one_is_looked_at_again(
-    cluster: Cluster, operator: asyncio.Task[None], pods: FakePods
+    cluster: Cluster, operator: EmbeddedOperator, pods: FakePods
 ) -> None:
     """Defect: AdaptersReady stayed NoReadyPods with 1/1 ready when the pod's own Ready came after the
     Deployment's event; nothing else changed, so nothing looked again."""

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from fleetgate.operator.apisim import RESOURCES, VERBS, ApiServerEmulator
+from fleetgate.operator.embedded import EmbeddedOperator
 from fleetgate.operator.settings import OperatorSettings
 
 from .conftest import Cluster, serving, wait_for
@@ -46,7 +47,7 @@ def operator_settings() -> OperatorSettings:
     return OperatorSettings(retry_failed_s=300)  # one pass in this test, no retry
 
 
-async def test_a_refused_child_is_reported_not_hidden(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+async def test_a_refused_child_is_reported_not_hidden(cluster: Cluster, operator: EmbeddedOperator) -> None:
     await cluster.create(_cr("refused", SMALL))
     await wait_for(lambda: _status(cluster, "refused").get("phase") == "Degraded", what="Degraded status")
     assert _cond(cluster, "refused", "Degraded") == ("True", "ApplyFailed")

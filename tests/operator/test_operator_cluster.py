@@ -25,6 +25,7 @@ from typing import Any
 import kopf
 import pytest
 
+from fleetgate.operator.embedded import running_operator
 from fleetgate.operator.handlers import register
 from fleetgate.operator.kube import KubeApi, resource_class
 from fleetgate.operator.settings import OperatorSettings
@@ -97,16 +98,11 @@ async def lab(request: pytest.FixtureRequest) -> AsyncIterator[Lab]:
     settings = OperatorSettings(adapter_retry_s=2.0, pod_check_s=2.0)
     register(registry=registry, settings=settings, login=kopf.login_with_kubeconfig, make_adapter_api=lambda: pods,
              make_api=lambda: KubeApi.from_env(field_manager="fleetgate-operator"))  # fmt: skip
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(kopf.operator(registry=registry, clusterwide=False, namespaces=[namespace],
-                                             standalone=True, stop_flag=stop, ready_flag=ready, memo=kopf.Memo()))
     try:
-        await asyncio.wait_for(ready.wait(), timeout=60)
-        yield Lab(api, namespace, pods)
+        async with running_operator(registry=registry, clusterwide=False, namespaces=[namespace], standalone=True,
+                                    memo=kopf.Memo(), ready_within=60, stop_within=15):  # fmt: skip
+            yield Lab(api, namespace, pods)
     finally:
-        stop.set()
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=15)
         with contextlib.suppress(Exception):
             await api._client.delete(Namespace, namespace)
         await api.aclose()

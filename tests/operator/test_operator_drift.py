@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from lightkube.types import PatchType
 
+from fleetgate.operator.embedded import EmbeddedOperator
 from fleetgate.operator.kube import resource_class
 from fleetgate.operator.settings import DEFAULT_ENGINE_IMAGE
 
@@ -42,7 +43,7 @@ def _drift_events(cluster: Cluster) -> list[str]:
 
 
 async def test_scale_set_image_and_patch_svc_are_put_back_within_5_s_with_one_event_each(
-    cluster: Cluster, operator: asyncio.Task[None]
+    cluster: Cluster, operator: EmbeddedOperator
 ) -> None:
     await _serving(cluster, "qwen")
     t0 = time.monotonic()
@@ -70,7 +71,7 @@ async def test_scale_set_image_and_patch_svc_are_put_back_within_5_s_with_one_ev
     assert not operator.done()
 
 
-async def test_an_autoscaler_owns_replicas_and_is_never_fought(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+async def test_an_autoscaler_owns_replicas_and_is_never_fought(cluster: Cluster, operator: EmbeddedOperator) -> None:
     await _serving(cluster, "auto", {**copy.deepcopy(SMALL), "autoscaling": {"minReplicas": 1, "maxReplicas": 4}})
     await _patch(cluster, DEPLOYMENTS, "auto", {"spec": {"replicas": 4}})  # what the HPA does
     await asyncio.sleep(1.5)
@@ -78,7 +79,7 @@ async def test_an_autoscaler_owns_replicas_and_is_never_fought(cluster: Cluster,
     assert not _drift_events(cluster)
 
 
-async def test_status_changes_and_foreign_fields_cause_no_write(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+async def test_status_changes_and_foreign_fields_cause_no_write(cluster: Cluster, operator: EmbeddedOperator) -> None:
     await _serving(cluster, "calm")
     await _patch(cluster, DEPLOYMENTS, "calm", {"metadata": {"annotations": {"deployment.kubernetes.io/revision": "2"}},
                                                 "spec": {"revisionHistoryLimit": 5}})  # fmt: skip

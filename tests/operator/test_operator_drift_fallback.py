@@ -8,7 +8,6 @@ kmock's apply is a merge and never refuses, so `DuplicatePortEmulator` answers a
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +16,7 @@ import kmock
 import pytest
 
 from fleetgate.operator.apisim import RESOURCES, VERBS, ApiServerEmulator
+from fleetgate.operator.embedded import EmbeddedOperator
 
 from .conftest import Cluster, serving, wait_for
 from .test_operator_drift import SERVICES, _drift_events, _patch, _serving
@@ -61,7 +61,7 @@ async def cluster() -> AsyncIterator[Cluster]:
 
 
 async def test_an_edit_apply_cannot_undo_is_put_back_by_a_merge_patch(
-    cluster: Cluster, operator: asyncio.Task[None]
+    cluster: Cluster, operator: EmbeddedOperator
 ) -> None:
     await _serving(cluster, "qwen")
     ports = copy.deepcopy(cluster.objects("services")["qwen"]["spec"]["ports"])

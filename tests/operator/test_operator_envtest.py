@@ -26,6 +26,7 @@ import kopf
 import pytest
 
 from fleetgate.operator.crd import build_crd
+from fleetgate.operator.embedded import running_operator
 from fleetgate.operator.handlers import register
 from fleetgate.operator.kube import KubeApi, resource_class, status_code
 from fleetgate.operator.settings import DEFAULT_ENGINE_IMAGE, OperatorSettings
@@ -132,7 +133,8 @@ async def real_api(apiserver: str) -> AsyncIterator[KubeApi]:
 @contextlib.asynccontextmanager
 async def _running_operator(apiserver: str, settings: OperatorSettings | None = None, **peering: Any
                             ) -> AsyncIterator[None]:
-    """The operator in this event loop, cluster-wide; `peering` as for kopf.operator (standalone by default)."""
+    """The operator in a thread and event loop of its own (fleetgate.operator.embedded), cluster-wide;
+    `peering` as for kopf.operator (standalone by default)."""
     registry = kopf.OperatorRegistry()
     register(
         registry=registry,
@@ -140,19 +142,10 @@ async def _running_operator(apiserver: str, settings: OperatorSettings | None = 
         make_api=lambda: KubeApi.from_server(url=apiserver, field_manager="fleetgate-operator", token=TOKEN),
         login=lambda **_: kopf.ConnectionInfo(server=apiserver, token=TOKEN, insecure=True),
     )
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        kopf.operator(
-            registry=registry, clusterwide=True, stop_flag=stop, ready_flag=ready, **(peering or {"standalone": True})
-        )
-    )
-    await asyncio.wait_for(ready.wait(), timeout=30)
-    try:
+    async with running_operator(
+        registry=registry, clusterwide=True, ready_within=30, stop_within=15, **(peering or {"standalone": True})
+    ):
         yield
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=15)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pytest
 
 from fleetgate.gateway.discovery import ModelListing
 from fleetgate.gateway.discovery.kubernetes import KubernetesEndpointSource
+from fleetgate.operator.embedded import EmbeddedOperator
 from fleetgate.operator.idle import idle_patch
 from fleetgate.operator.rbac import allows
 from fleetgate.operator.settings import OperatorSettings
@@ -65,7 +66,7 @@ def operator_settings() -> OperatorSettings:
     return OperatorSettings(idle_check_s=0.2)
 
 
-async def test_idle_service_is_scaled_to_zero_and_a_wake_sticks(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+async def test_idle_service_is_scaled_to_zero_and_a_wake_sticks(cluster: Cluster, operator: EmbeddedOperator) -> None:
     cr = {"apiVersion": "fleetgate.io/v1alpha1", "kind": "InferenceService",
           "metadata": {"name": "qwen", "namespace": "default", "creationTimestamp": OLD,
                        "annotations": {"fleetgate.io/last-request": OLD}},

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fleetgate.operator.embedded import EmbeddedOperator
 from fleetgate.operator.kube import API_CALLS
 from fleetgate.operator.rbac import allows
 
@@ -51,7 +52,7 @@ def _events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
     return [e for e in cluster.objects("events").values() if e.get("reason") == reason]
 
 
-async def test_create_then_ready_then_update_then_scale(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+async def test_create_then_ready_then_update_then_scale(cluster: Cluster, operator: EmbeddedOperator) -> None:
     await cluster.create(_cr("qwen", SMALL))
     await wait_for(lambda: _status(cluster, "qwen").get("phase") == "Pending", what="Pending status")
     dep = cluster.objects("deployments")["qwen"]
@@ -89,7 +90,7 @@ async def test_create_then_ready_then_update_then_scale(cluster: Cluster, operat
 
 
 async def test_invalid_spec_sets_condition_and_event_and_operator_survives(
-    cluster: Cluster, operator: asyncio.Task[None]
+    cluster: Cluster, operator: EmbeddedOperator
 ) -> None:
     bad = copy.deepcopy(SMALL)
     bad["engine"]["tensorParallelSize"] = 4  # but gpus: 1
@@ -106,7 +107,7 @@ async def test_invalid_spec_sets_condition_and_event_and_operator_survives(
     assert not operator.done()
 
 
-async def test_spec_that_does_not_fit_creates_no_pods(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+async def test_spec_that_does_not_fit_creates_no_pods(cluster: Cluster, operator: EmbeddedOperator) -> None:
     doc = yaml.safe_load((EXAMPLES / "does-not-fit.yaml").read_text())
     doc["metadata"]["namespace"] = "default"  # as `kubectl apply -n default -f` does
     await cluster.create(doc)
@@ -120,7 +121,7 @@ async def test_spec_that_does_not_fit_creates_no_pods(cluster: Cluster, operator
     assert "141.10 GB weights" in _events(cluster, "DoesNotFit")[0]["message"]
 
 
-async def test_autoscaler_added_and_removed(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+async def test_autoscaler_added_and_removed(cluster: Cluster, operator: EmbeddedOperator) -> None:
     spec = {**copy.deepcopy(SMALL), "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}
     await cluster.create(_cr("auto", spec))
     await wait_for(lambda: "auto" in cluster.objects("horizontalpodautoscalers"), what="HPA")
@@ -136,7 +137,7 @@ async def test_autoscaler_added_and_removed(cluster: Cluster, operator: asyncio.
     await wait_for(lambda: "auto" not in cluster.objects("horizontalpodautoscalers"), within=5, what="HPA deleted")
 
 
-async def test_deletion_is_clean(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+async def test_deletion_is_clean(cluster: Cluster, operator: EmbeddedOperator) -> None:
     await cluster.create(_cr("gone", SMALL))
     await wait_for(lambda: "gone" in cluster.objects("deployments"), what="children")
     await cluster.delete("gone")
@@ -150,7 +151,7 @@ async def test_deletion_is_clean(cluster: Cluster, operator: asyncio.Task[None])
 
 
 async def test_every_request_the_operator_made_is_granted_by_rbac(
-    cluster: Cluster, operator: asyncio.Task[None]
+    cluster: Cluster, operator: EmbeddedOperator
 ) -> None:
     await cluster.create(_cr("rbac", SMALL))
     await wait_for(lambda: _status(cluster, "rbac").get("phase") == "Pending", what="reconciled")
@@ -175,7 +176,7 @@ async def test_every_request_the_operator_made_is_granted_by_rbac(
 
 
 async def test_children_carrying_block_owner_deletion_are_allowed_by_rbac(
-    cluster: Cluster, operator: asyncio.Task[None]
+    cluster: Cluster, operator: EmbeddedOperator
 ) -> None:
     """OwnerReferencesPermissionEnforcement: setting blockOwnerDeletion needs `update` on the owner's
     finalizers; without it a real API server refuses every child (kmock does not enforce it)."""
@@ -190,7 +191,7 @@ async def test_children_carrying_block_owner_deletion_are_allowed_by_rbac(
 
 @pytest.mark.parametrize("plural", ["services", "poddisruptionbudgets", "deployments"])
 async def test_a_deleted_child_is_recreated_and_status_does_not_stay_ready(
-    cluster: Cluster, operator: asyncio.Task[None], plural: str
+    cluster: Cluster, operator: EmbeddedOperator, plural: str
 ) -> None:
     from fleetgate.operator.kube import resource_class
 
@@ -214,7 +215,7 @@ async def test_a_deleted_child_is_recreated_and_status_does_not_stay_ready(
 
 @pytest.mark.parametrize("name", ["qwen2.5-7b", "a" * 64])
 async def test_a_name_children_cannot_use_is_invalid_once_not_an_error_loop(
-    cluster: Cluster, operator: asyncio.Task[None], name: str, caplog: pytest.LogCaptureFixture
+    cluster: Cluster, operator: EmbeddedOperator, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     await cluster.create(_cr(name, SMALL))
     await wait_for(lambda: _status(cluster, name).get("phase") == "Invalid", what="Invalid status")
@@ -228,7 +229,7 @@ async def test_a_name_children_cannot_use_is_invalid_once_not_an_error_loop(
 
 
 async def test_one_capacity_event_per_edit_and_waiting_is_not_an_error(
-    cluster: Cluster, operator: asyncio.Task[None], caplog: pytest.LogCaptureFixture
+    cluster: Cluster, operator: EmbeddedOperator, caplog: pytest.LogCaptureFixture
 ) -> None:
     await cluster.create(_cr("once", SMALL))
     await wait_for(lambda: len(_events(cluster, "CapacityPlanned")) == 1, what="first CapacityPlanned")
@@ -251,7 +252,7 @@ async def test_one_capacity_event_per_edit_and_waiting_is_not_an_error(
 )  # fmt: skip
 async def test_specs_vllm_would_refuse_are_invalid_with_no_pods(
     cluster: Cluster,
-    operator: asyncio.Task[None],
+    operator: EmbeddedOperator,
     name: str,
     source: str,
     engine: dict[str, Any],

@@ -24,11 +24,9 @@ import pytest
 
 from fleetgate.operator.apisim import VERBS, new_emulator
 from fleetgate.operator.crd import build_peering_crds
-from fleetgate.operator.handlers import register
-from fleetgate.operator.kube import KubeApi
-from fleetgate.operator.settings import OperatorSettings
+from fleetgate.operator.embedded import running_operator
 
-from .conftest import Cluster, serving, wait_for
+from .conftest import Cluster, operator_registry, serving, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(60)]
 SPEC = {"model": {"source": "hf://Qwen/Qwen2.5-7B-Instruct-AWQ"}, "engine": {"quantization": "awq_marlin"},
@@ -55,27 +53,11 @@ async def _install_peering_crd(cluster: Cluster) -> None:
 @contextlib.asynccontextmanager
 async def _operator(cluster: Cluster, *, priority: int = 0) -> AsyncIterator[None]:
     """The operator with peering `fleetgate` (not standalone), cluster-wide (see the module docstring)."""
-    registry = kopf.OperatorRegistry()
-    register(
-        registry=registry,
-        settings=OperatorSettings(),
-        make_api=lambda: KubeApi.from_server(url=cluster.url, field_manager="fleetgate-operator"),
-        login=lambda **_: kopf.ConnectionInfo(server=cluster.url, insecure=True),
-    )
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        kopf.operator(
-            registry=registry, clusterwide=True, standalone=False, peering_name="fleetgate",
-            priority=priority, stop_flag=stop, ready_flag=ready, memo=kopf.Memo(),
-        )
-    )  # fmt: skip
-    await asyncio.wait_for(ready.wait(), timeout=20)
-    try:
+    async with running_operator(
+        registry=operator_registry(cluster), clusterwide=True, standalone=False, peering_name="fleetgate",
+        priority=priority, memo=kopf.Memo(), ready_within=20, stop_within=10,
+    ):  # fmt: skip
         yield
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=10)
 
 
 def _cr(name: str) -> dict[str, Any]:

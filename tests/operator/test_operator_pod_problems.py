@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fleetgate.operator.embedded import EmbeddedOperator
 from fleetgate.operator.settings import OperatorSettings
 
 from .conftest import Cluster, wait_for
@@ -45,7 +46,7 @@ async def _pending_pod(cluster: Cluster, owner: str, name: str, status: dict[str
 
 @FAST
 async def test_a_replica_set_refused_by_pod_security_is_degraded_with_the_reason(
-    cluster: Cluster, operator: asyncio.Task[None]
+    cluster: Cluster, operator: EmbeddedOperator
 ) -> None:
     await cluster.create(_cr("rooted", SMALL))
     await wait_for(lambda: _status(cluster, "rooted").get("phase") == "Pending", what="Pending")
@@ -62,7 +63,7 @@ async def test_a_replica_set_refused_by_pod_security_is_degraded_with_the_reason
 
 @FAST
 async def test_an_unschedulable_pod_and_a_missing_secret_are_named_without_any_deployment_event(
-    cluster: Cluster, operator: asyncio.Task[None]
+    cluster: Cluster, operator: EmbeddedOperator
 ) -> None:
     await cluster.create(_cr("big", SMALL))
     await wait_for(lambda: _status(cluster, "big").get("phase") == "Pending", what="Pending")
@@ -88,7 +89,7 @@ async def test_an_unschedulable_pod_and_a_missing_secret_are_named_without_any_d
     await wait_for(lambda: len(_events(cluster, "CreateContainerConfigError")) == 1, what="one Event")
 
 
-async def test_two_services_serving_one_model_name_are_flagged(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+async def test_two_services_serving_one_model_name_are_flagged(cluster: Cluster, operator: EmbeddedOperator) -> None:
     def unique(name: str) -> tuple[str, str, str] | None:
         cond = next((c for c in _status(cluster, name).get("conditions") or [] if c["type"] == "ServedModelUnique"),
                     None)  # fmt: skip

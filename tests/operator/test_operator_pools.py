@@ -7,7 +7,6 @@ operator publishes nothing and says so in `status.inferencePool`.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,6 +25,7 @@ from fleetgate.engine.kube_names import (
 )
 from fleetgate.operator.apisim import VERBS, new_emulator
 from fleetgate.operator.builders.inferencepool import ANNOTATION_PUBLISHED_UID
+from fleetgate.operator.embedded import EmbeddedOperator
 from fleetgate.operator.kube import API_CALLS, KubeApi, resource_class
 from fleetgate.operator.pools import PoolPublisher
 from fleetgate.operator.rbac import allows
@@ -86,7 +86,7 @@ def pool_status(cluster: Cluster, name: str) -> dict[str, Any]:
     return (cluster.objects("inferenceservices").get(name, {}).get("status") or {}).get("inferencePool") or {}
 
 
-async def test_pool_is_published_updated_and_withdrawn(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+async def test_pool_is_published_updated_and_withdrawn(cluster: Cluster, operator: EmbeddedOperator) -> None:
     await add_picker_service(cluster)
     await cluster.create(_cr("qwen"))
     await wait_for(lambda: "qwen" in cluster.objects(POOL_PLURAL), what="the pool")
@@ -138,7 +138,7 @@ async def test_pool_is_published_updated_and_withdrawn(cluster: Cluster, operato
     assert {"patch", "get", "delete"} <= made
 
 
-async def test_missing_picker_service_is_said(cluster: Cluster, operator: asyncio.Task[None]) -> None:
+async def test_missing_picker_service_is_said(cluster: Cluster, operator: EmbeddedOperator) -> None:
     await cluster.create(_cr("qwen"))
     await wait_for(lambda: pool_status(cluster, "qwen").get("phase") == "EndpointPickerMissing", what="status")
     assert "no Service 'fleetgate-epp' in namespace 'default'" in pool_status(cluster, "qwen")["message"]
@@ -147,7 +147,7 @@ async def test_missing_picker_service_is_said(cluster: Cluster, operator: asynci
 
 @pytest.mark.parametrize("cluster", [False], indirect=True)
 async def test_without_the_crd_nothing_is_created_and_status_says_so(cluster: Cluster,
-                                                                    operator: asyncio.Task[None]) -> None:
+                                                                    operator: EmbeddedOperator) -> None:
     await add_picker_service(cluster)
     await cluster.create(_cr("qwen"))
     await wait_for(lambda: pool_status(cluster, "qwen").get("phase") == "CRDAbsent", what="CRDAbsent status")

@@ -68,7 +68,7 @@ def test_the_measured_tier_takes_the_card_and_its_price_the_other_stays_simulate
     (small, large), labels = apply_throughput(deployments, data)
     assert small.gpu_type == CARD and small.usd_per_gpu_hour == 4.00 and small.gpus_per_replica == 1
     assert small.profile.prefill_s_per_token == pytest.approx(PREFILL)
-    assert labels["small"].startswith("measured (llama-3.1-8b-calibration: llama-3.1-8b bfloat16 on 1x NVIDIA H100")
+    assert labels["small"].startswith("measured (llama-3.1-8b-calibration: llama-3.1-8b bfloat16, TP1, 1x NVIDIA H100")
     assert "vLLM 0.26.0" in labels["small"] and "$4.00/GPU-hour" in labels["small"]
     assert large == deployments[1]
     assert labels["large"] == "simulated (profile bench-70b-tp4)"

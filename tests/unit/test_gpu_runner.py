@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,7 @@ async def completions(request):
         return web.json_response({"choices": [{"text": "x" * n}], "usage": {"completion_tokens": n}})
     resp = web.StreamResponse()
     await resp.prepare(request)
+    await asyncio.sleep(len(prompt) * 1e-5 if isinstance(prompt, list) else 0)  # prefill: 10 us a token
     for _ in range(n):
         await resp.write(b'data: {"choices": [{"text": "x"}]}\n\n')
         await asyncio.sleep(0.001)
@@ -188,3 +190,24 @@ def test_an_initialised_engine_is_awaited_past_its_own_deadline(setup: RunnerSet
     late = EngineRunner(setup, log=lambda _m: None).run(_config(setup, "cpu-tiny"), slots=("cpu",),
                                                         deadline=time.monotonic() + STOP_RESERVE_S + 3)  # fmt: skip
     assert late["status"] == "timeout"  # without a hard deadline beyond its own, the own deadline holds
+
+
+def test_the_calibration_probe_measures_ttft_by_length_and_tpot_by_batch(setup: RunnerSetup,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`calibrate` (the compiled 70B's): after the load levels, TTFT at three prompt lengths (one output token)
+    and TPOT at three batch sizes, each from fresh prompts; the throughput file turns them into the points
+    `fleetgate bench cost` fits step times from."""
+    monkeypatch.setenv("FAKE_KV", "1")
+    monkeypatch.setenv("FAKE_CONC", "1")
+    config = replace(_config(setup, "cpu-tiny"), calibrate=True)
+    record = EngineRunner(setup, log=lambda _m: None).run(config, slots=("cpu",), deadline=time.monotonic() + 90)
+    assert record["status"] == "served", record.get("failure")
+    cal = record["calibration"]
+    assert [(lv["probe"], lv["concurrency"], lv["prompt_tokens"]) for lv in cal] == [
+        ("ttft", 1, 128), ("ttft", 1, 1024), ("ttft", 1, 4096), ("decode", 1, 64), ("decode", 16, 64),
+        ("decode", 64, 64)]
+    assert all(lv["ok"] == lv["requests"] for lv in cal) and [lv["requests"] for lv in cal] == [3, 3, 3, 3, 48, 192]
+    assert all(lv["tpot_p50_s"] is None and lv["output_tokens"] == 3 for lv in cal[:3])  # one token each
+    assert all(0.001 <= lv["tpot_p50_s"] < 0.5 for lv in cal[3:])  # the fake's 1 ms between tokens, and more
+    assert cal[2]["ttft_p50_s"] > cal[0]["ttft_p50_s"] + 0.02  # the fake prefills 4096 tokens in 41 ms, 128 in 1
+    assert all(lv["output_tokens"] == 32 * lv["requests"] for lv in cal[3:])

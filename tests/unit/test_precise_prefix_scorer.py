@@ -346,3 +346,37 @@ async def test_a_labelled_listing_is_followed_even_after_an_unlabelled_one() -> 
     fleet.ensure([bare, labelled])
     assert fleet.state("e0") is first  # followed once
     await fleet.aclose()
+
+
+async def test_a_slow_local_encode_does_not_stop_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long prompt's encode takes milliseconds; it runs in a thread, so other requests keep being served."""
+    import asyncio
+    import time
+
+    from fleetgate.router import prompt_tokens
+
+    class _Slow(_HfLike):
+        def __call__(self, text: str, add_special_tokens: bool) -> dict[str, list[int]]:
+            time.sleep(0.3)  # holds this thread only, as the Rust encode (which releases the GIL) does
+            return super().__call__(text, add_special_tokens)
+
+    monkeypatch.setattr(prompt_tokens, "_load_tokenizer", lambda path: _Slow())
+    tok = prompt_tokens.LocalTokenizer(paths={"m": "/models/m"})
+    tok.preload()
+    for _ in range(200):
+        if tok.loaded("m"):
+            break
+        await asyncio.sleep(0.01)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    req = RoutingRequest(request_id="r", model="m", prompt_text="", kind="completions", body={"prompt": "ab"})
+    assert await tok.tokens(req, EPS) == [1, 97, 98]
+    task.cancel()
+    assert ticks >= 10  # the loop ran meanwhile (0 if the encode blocked it)

@@ -7,6 +7,8 @@ show that vLLM refuses it too). Start-up dominates the cost of a configuration (
 starting at once: 147-156 s compiled with CUDA graphs, 73-100 s with `enforceEager`, ~55 s of which is
 Python importing vLLM in the API server and then in the engine core), so:
 - throughput figures (1, 16 and 64 streams) come from compiled configurations (what production runs);
+  the compiled 70B also runs the calibration probe (TTFT by prompt length, TPOT by batch: ~20 s), from
+  which `fleetgate bench cost --tier-entry large=llama70b-fp8-tp2` fits the large tier's step times;
 - knobs and architectures that only need to start, serve and report capacity run with `enforceEager`
   (a CRD field the plan models: no CUDA graph reserve), with one short load level;
 - tensor parallelism takes both GPUs, so it runs last (`gpus` = every GPU), and a `group` lists cheaper
@@ -47,6 +49,7 @@ class SweepConfig:
     est_start_s: float = 95.0
     group: str | None = None
     lora_rank: int | None = None  # load a generated adapter of this rank through the runtime API
+    calibrate: bool = False  # before the levels, the calibration probe (`load.calibration`) for the cost report
     raw_argv: tuple[str, ...] = ()
     refused_at: RefusedAt = "config"
     sense_check: bool = False  # real weights: one answer must make sense
@@ -174,7 +177,7 @@ def gpu_matrix(*, path: Callable[[str], str], accelerator: str, gemma_dir: str |
                     spec=spec("llama-3.1-70b", quantization="fp8", tensorParallelSize=2, gpus=2,
                               gpuMemoryUtilization=0.9),
                     knobs=("tensorParallelSize 2", "Llama 70B on two GPUs"), levels=FULL_LEVELS, rounds=2,
-                    est_start_s=260),
+                    est_start_s=260, calibrate=True),
         SweepConfig(name="llama70b-fp8-tp2-eager", shape="llama-3.1-70b", gpus=2, final=True, group="tp2",
                     spec=spec("llama-3.1-70b", quantization="fp8", tensorParallelSize=2, gpus=2,
                               gpuMemoryUtilization=0.9, **eager),

@@ -3,7 +3,10 @@
 `summary_markdown` is one table row per configuration: status, start-up time, and for each figure the
 plan, vLLM and the error (weights, KV-cache tokens, maximum concurrency), then output tokens/s and TTFT
 p50 per load level. `throughput_file` turns the served configurations' load levels into the
-`fleetgate.bench.measured_throughput` schema.
+`fleetgate.bench.measured_throughput` schema; a configuration that ran the calibration probe also gets its
+TTFT points (one stream, one output token: tokens/s = 1 / TTFT p50) and decode points (B streams of
+64-token prompts, 32 output tokens: tokens/s = B / TPOT p50), the points the live routing run's
+calibration entry holds, so the cost report fits step-time constants from them.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from fleetgate.bench.gpu.load import CALIBRATION_REPS
 from fleetgate.bench.gpu.matrix import SweepConfig
 from fleetgate.bench.gpu.models import model_config
+from fleetgate.bench.live_throughput import calibration_points as calibration_points_of
 from fleetgate.bench.measured_throughput import ThroughputEntry, ThroughputFile, ThroughputPoint
 from fleetgate.operator.profiles import Profiles
 from fleetgate.operator.resolve import batch_limits
@@ -29,6 +34,16 @@ def _dtype(config: SweepConfig) -> str:
 def _speculative(engine: dict[str, Any]) -> str | None:
     spec = engine.get("speculative")
     return f"{spec['method']}/{spec.get('numTokens', 4)}" if spec else None
+
+
+def calibration_points(levels: list[dict[str, Any]]) -> tuple[ThroughputPoint, ...]:
+    """The calibration probe's levels (`load.calibration`) as the calibration entry's points; a level with
+    a failed request is left out."""
+    ttft = {lv["prompt_tokens"]: lv["ttft_p50_s"] for lv in levels
+            if lv["probe"] == "ttft" and lv["ok"] == lv["requests"] > 0 and lv["ttft_p50_s"]}
+    tpot = {lv["concurrency"]: lv["tpot_p50_s"] for lv in levels
+            if lv["probe"] == "decode" and lv["ok"] == lv["requests"] > 0 and lv.get("tpot_p50_s")}
+    return tuple(calibration_points_of({"ttft_by_len": ttft, "tpot_by_batch": tpot}, reps=CALIBRATION_REPS))
 
 
 def throughput_file(
@@ -51,7 +66,7 @@ def throughput_file(
                             output_tokens_per_s=lv["output_tokens_per_s"], ttft_p50_s=lv["ttft_p50_s"],
                             ttft_p90_s=lv["ttft_p90_s"])
             for lv in levels if lv.get("ok")
-        )  # fmt: skip
+        ) + calibration_points(result.get("calibration") or [])  # fmt: skip
         entries.append(ThroughputEntry(
             name=config.name, model_shape=config.shape or config.name,
             parameters=round(float(arch.get("parametersBillions", 0)) * 1e9), dtype=_dtype(config),

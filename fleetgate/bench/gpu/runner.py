@@ -7,7 +7,8 @@
   its own port, `CUDA_VISIBLE_DEVICES` = its GPU slots) and logs to `<logs>/<name>.log`. Milestones of its
   start-up are timed as the log shows them. Ready = `/health` answers 200. Then: one short completion
   (it serves), a LoRA adapter loaded through the runtime API when asked (the operator's client), one
-  answer checked for sense with real weights, the load levels, and the plan-vs-log comparison;
+  answer checked for sense with real weights, the calibration probe when asked (`calibration`: TTFT by
+  prompt length, TPOT by batch), the load levels, and the plan-vs-log comparison;
 - every wait is bounded by the configuration's deadline, except that an engine whose log says it is
   initialised (`init engine ... took`: weights, profile and KV cache done, the API server is coming up)
   is waited for up to the sweep's hard deadline: a slow start is not a failure when vLLM did come up
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgate.bench.gpu.compare import compare, within_target
-from fleetgate.bench.gpu.load import LAST_ID, post_json, requests_for, run_level
+from fleetgate.bench.gpu.load import LAST_ID, calibration, post_json, requests_for, run_level
 from fleetgate.bench.gpu.matrix import SweepConfig
 from fleetgate.bench.gpu.render import Rendered, render
 from fleetgate.core.localredis import free_port
@@ -271,6 +272,10 @@ class EngineRunner:
                 out.update(status="failed", failure=f"sense check: {out['sense']['answer']!r}")
         vocab = (config.spec.get("model", {}).get("architecture") or {}).get("vocabSize")
         limit = min(self.setup.vocab_limit, int(vocab)) if vocab else self.setup.vocab_limit
+        if config.calibrate:  # before the levels: the cost report's fit needs it, and it is the shorter (~20 s)
+            out["calibration"] = asyncio.run(calibration(base_url=base_url, model=model, deadline=deadline - 5,
+                                                         vocab_limit=limit))  # fmt: skip
+            self.log(f"{config.name}: calibration: " + ", ".join(_probe_text(lv) for lv in out["calibration"]))
         levels = []
         for concurrency in config.levels:
             if time.monotonic() > deadline - 5:
@@ -308,6 +313,14 @@ class EngineRunner:
         ok = status == 200 and name in listed
         return {"ok": ok, "load_s": load_s, "listed": listed, "http": status,
                 "error": None if ok else str(body)[:300]}  # fmt: skip
+
+
+def _probe_text(level: dict[str, Any]) -> str:
+    if level["probe"] == "ttft":
+        figure = level["ttft_p50_s"]
+        return f"TTFT({level['prompt_tokens']}) " + (f"{figure:.3f}s" if figure is not None else "none")
+    figure = level["tpot_p50_s"]
+    return f"TPOT({level['concurrency']}) " + (f"{figure * 1000:.1f}ms" if figure is not None else "none")
 
 
 async def _sense(*, base_url: str, model: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from fleetgate.bench.gpu.matrix import SweepConfig
 
 OVERRUN = 1.6  # a configuration may run this much past its estimate (cold caches, slow compiles)
 STOP_S = 8.0
+CALIBRATION_S = 25.0  # the calibration probe (`load.calibration`): 9 short TTFT requests, three decode levels
 
 
 class Runner(Protocol):
@@ -49,7 +50,7 @@ def bench_seconds(config: SweepConfig) -> float:
     if config.expect == "invalid":
         return 0.0
     levels = sum(3.0 + 0.12 * c * config.rounds for c in config.levels)
-    return 5.0 + levels + (5.0 if config.lora_rank else 0.0)
+    return 5.0 + levels + (5.0 if config.lora_rank else 0.0) + (CALIBRATION_S if config.calibrate else 0.0)
 
 
 @dataclass
