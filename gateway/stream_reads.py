@@ -34,10 +34,11 @@ class StreamEnd:
 
 class StreamReads:
     """One engine stream's reads. The timeouts are kept by one watchdog timer per stream rather than a timer per
-    read: a timer costs ~5 us to create and cancel on uvloop, a third of what relaying a token costs otherwise,
-    and a stream reads once per token. The watchdog is set for the end of the read under way; when it fires it
-    ends the read still waiting (cancelling its task, as `asyncio.timeout` does), or, when later reads moved
-    the end on, sets itself for the new end. So a read ends exactly when its own timeout says."""
+    read: `asyncio.timeout_at` costs ~3 us of CPU a read on uvloop (it creates and cancels a timer), ~6% of what
+    relaying a token costs in all, and a stream at GPU pace reads once per token. The watchdog is set for the
+    end of the read under way; when it fires it ends the read still waiting (cancelling its task, as
+    `asyncio.timeout` does), or, when later reads moved the end on, sets itself for the new end. So a read
+    ends exactly when its own timeout says."""
 
     def __init__(self, response: aiohttp.ClientResponse, *, endpoint_id: str, first_byte_timeout_s: float,
                  inter_chunk_timeout_s: float, deadline: float | None = None) -> None:
