@@ -34,14 +34,25 @@ def is_malformed(raw: Any) -> bool:
     return raw is not None and parse_usage(raw) is None
 
 
-def parse_usage(raw: Any) -> Usage | None:
-    """The engine's usage, or None when it is missing or malformed."""
+def usage_counts(raw: Any) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of a well-formed usage, None when missing or malformed (what `parse_usage`
+    decides, without building a `Usage`: a stream checks one per token)."""
     if not isinstance(raw, dict):
         return None
-    prompt = _count(raw.get("prompt_tokens", 0))
-    completion = _count(raw.get("completion_tokens", 0))
-    if prompt is None or completion is None:
+    prompt = raw.get("prompt_tokens", 0)
+    completion = raw.get("completion_tokens", 0)
+    if type(prompt) is int and type(completion) is int:  # what engines send, checked at once (not a bool)
+        return (prompt, completion) if 0 <= prompt < MAX_TOKENS and 0 <= completion < MAX_TOKENS else None
+    prompt, completion = _count(prompt), _count(completion)
+    return None if prompt is None or completion is None else (prompt, completion)
+
+
+def parse_usage(raw: Any) -> Usage | None:
+    """The engine's usage, or None when it is missing or malformed."""
+    counts = usage_counts(raw)
+    if counts is None:
         return None
+    prompt, completion = counts
     details = raw.get("prompt_tokens_details")
     cached = _count(details.get("cached_tokens", 0) or 0) if isinstance(details, dict) else 0
     return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=min(cached or 0, prompt))

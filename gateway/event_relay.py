@@ -173,6 +173,7 @@ class EventRelay:
         if self._closed:
             return
         self._closed = True
+        self._reads.close()
         out = self._rw.outcome
         ended = self._rw.ended
         if ended and out.ok:

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from fleetgate.gateway.assembly import StreamAssembler
-from fleetgate.gateway.engine_usage import parse_usage
+from fleetgate.gateway.engine_usage import parse_usage, usage_counts
 from fleetgate.gateway.errors import safe_message
 
 DONE = b"data: [DONE]\n\n"
@@ -118,6 +118,8 @@ class SseRewriter:
                 break
             line = buf[pos:end]
             pos = end + 1
+            if not line.startswith(b"data:"):
+                continue  # blank separators (every other line), comments, event names
             event = self._event(line)
             if event is not None:
                 parts.append(event)
@@ -125,9 +127,7 @@ class SseRewriter:
         return b"".join(parts)
 
     def _event(self, line: bytes) -> bytes | None:
-        """One SSE line from the engine -> the bytes for the client, or None to drop it."""
-        if not line.startswith(b"data:"):
-            return None  # blank separators, comments, event names
+        """One SSE `data:` line from the engine -> the bytes for the client, or None to drop it."""
         payload = line[5:].strip()
         if payload == b"[DONE]":
             self.ended = True
@@ -150,13 +150,9 @@ class SseRewriter:
                                code="engine_error")
         return self._rewrite(chunk)
 
-    def _over_cap(self, usage: dict[str, Any] | None) -> bool:
-        """The engine generated more than the completion tokens reserved for all sequences."""
-        if self._cap is None:
-            return False
-        parsed = parse_usage(usage) if usage is not None else None
-        done = parsed.completion_tokens if parsed is not None else self.outcome.output_chunks
-        return done > self._cap
+    def _over_cap(self, done: int) -> bool:
+        """The engine generated (`done` tokens) more than the completion tokens reserved for all sequences."""
+        return self._cap is not None and done > self._cap
 
     def _overrun(self) -> bytes:
         return self.fail("overrun", f"the engine generated more than the {self._cap} completion tokens requested; "
@@ -166,11 +162,12 @@ class SseRewriter:
         out = self.outcome
         usage = chunk.get("usage")
         if usage is not None and usage != {}:
-            if parse_usage(usage) is None:
+            counts = usage_counts(usage)
+            if counts is None:
                 out.bad_usage = True  # never relayed, never read as numbers: charged by estimate instead
                 usage = None
                 del chunk["usage"]
-            elif self._over_cap(usage):
+            elif self._over_cap(counts[1]):
                 return self._overrun()
             else:
                 out.usage = usage
@@ -183,7 +180,7 @@ class SseRewriter:
             out.chunks += 1
             if has_output(choices):
                 out.output_chunks += 1
-                if out.usage is None and self._over_cap(None):  # no usage to go by: each chunk >= 1 token
+                if out.usage is None and self._over_cap(out.output_chunks):  # no usage: each chunk >= 1 token
                     return self._overrun()
                 if out.first_token_at is None:
                     out.first_token_at = now

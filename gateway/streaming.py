@@ -170,6 +170,7 @@ class RelayStream:
         if self._closed:
             return
         self._closed = True
+        self._reads.close()
         rw = self._rw
         if rw.ended and rw.outcome.ok:
             self._resp.release()

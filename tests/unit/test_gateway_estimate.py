@@ -14,7 +14,7 @@ from fleetgate.core.errors import RateLimitError
 from fleetgate.core.types import Usage
 from fleetgate.gateway.collect import capped
 from fleetgate.gateway.discovery import StaticEndpointSource
-from fleetgate.gateway.engine_usage import fallback_usage, is_malformed, parse_usage
+from fleetgate.gateway.engine_usage import fallback_usage, is_malformed, parse_usage, usage_counts
 from fleetgate.gateway.estimate import (
     RequestEstimate,
     completion_cap,
@@ -211,6 +211,23 @@ def test_upstream_body_sets_the_bounded_max_tokens_and_streams_when_assembling()
                                  {"prompt_tokens": "3"}, {"prompt_tokens": True}, {"prompt_tokens": 1.5}, 7])
 def test_malformed_usage_is_unknown(raw: Any) -> None:
     assert parse_usage(raw) is None and is_malformed(raw)
+
+
+USAGES: list[Any] = [
+    "12", [1, 2], {}, 7, None, {"prompt_tokens": -1}, {"completion_tokens": 2**40}, {"prompt_tokens": "3"},
+    {"prompt_tokens": True}, {"prompt_tokens": 1.5}, {"prompt_tokens": 2**31, "completion_tokens": 1},
+    {"prompt_tokens": 3, "completion_tokens": -2}, {"prompt_tokens": 4, "completion_tokens": True},
+    {"prompt_tokens": 4.0, "completion_tokens": 2}, {"prompt_tokens": 2**31 - 1, "completion_tokens": 0},
+    {"prompt_tokens": 9, "completion_tokens": 5},
+    {"prompt_tokens": 9, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": "x"}},
+]
+
+
+@pytest.mark.parametrize("raw", USAGES)
+def test_the_per_token_usage_check_decides_as_parse_usage_does(raw: Any) -> None:
+    """The stream's cheap check (`usage_counts`, one per token) and `parse_usage` agree on every usage."""
+    parsed = parse_usage(raw)
+    assert usage_counts(raw) == (None if parsed is None else (parsed.prompt_tokens, parsed.completion_tokens))
 
 
 def test_well_formed_usage_and_the_fallback() -> None:
