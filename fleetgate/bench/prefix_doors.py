@@ -100,7 +100,7 @@ async def _door(door: str, settings: GatewaySettings, pool: list[str]) -> AsyncI
         yield f"http://127.0.0.1:{listen}"
     finally:
         await asyncio.to_thread(envoy.__exit__, None, None, None)
-        await epp.stop(grace_s=1)
+        await epp.stop(drain_s=1)
 
 
 async def _send(session: aiohttp.ClientSession, url: str, model: str, item: WorkItem, ttfts: list[float]) -> bool:
