@@ -14,9 +14,10 @@ gateway's. Everything runs in this process except Envoy; both doors see the same
 
 A door's cost is additive: the same few milliseconds on every TTFT (`door cost` in the report: the default
 policy's TTFT p50 through Envoy + EPP minus through the gateway). The TTFT-gain ratio therefore depends on how
-long a prefix-hit TTFT is: at the defaults (vLLM CPU profile, time scale 0.1) a hit takes ~24 ms, as on a
-datacentre GPU (`--gain-profile gpu-8b --gain-time-scale 1`); at the CPU engine's own speed (time scale 1, with
-`--gain-rate` scaled down by 10 for the same load) ~240 ms, where the same door cost is a tenth as large.
+long a prefix-hit TTFT is: at the defaults (vLLM CPU profile, time scale 0.1) a hit takes ~25 ms, close to a
+datacentre GPU's (~34 ms with `--gain-profile gpu-8b --gain-time-scale 1`); at the CPU engine's own speed (time
+scale 1, with `--gain-rate` divided by 10 for the same load) ~220 ms, where the same door cost is a tenth as large
+(docs/reports/epp.md has all three).
 """
 
 from __future__ import annotations
