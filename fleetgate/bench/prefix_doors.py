@@ -3,13 +3,21 @@
 Doors: FleetGate's own gateway, and a real Envoy asking FleetGate's Endpoint Picker over ext_proc (the
 `fleetgate epp --envoy-config` bootstrap). Policies: `least-loaded` (prefix-blind: the baseline) and `default`
 (the shipped profile, prefix affinity blended with load). For every (door, policy) a fresh simulated fleet of
-`--gain-replicas` engines (the sim's vLLM CPU profile with a KV cache of `--gain-kv-blocks` x 16 tokens, time-scaled by
-`--gain-time-scale`) serves the same seeded shared-prefix workload (`sim.workloads.shared_prefix`: `--gain-groups`
-prompt groups sharing a `--gain-prefix-tokens` prefix, Poisson arrivals at `--gain-rate`), streamed through the door
+`--gain-replicas` engines (the sim's `--gain-profile`, by default vLLM CPU, with a KV cache of `--gain-kv-blocks`
+x 16 tokens, time-scaled by `--gain-time-scale`) serves the same seeded shared-prefix workload
+(`sim.workloads.shared_prefix`: `--gain-groups` prompt groups sharing a `--gain-prefix-tokens` prefix, Poisson
+arrivals at `--gain-rate`), streamed through the door
 as /v1/completions. Per run: the engines' own prefix-cache hit rate (deltas of `vllm:prefix_cache_hits` /
 `vllm:prefix_cache_queries`) and TTFT at the client. Gain of a door = default over least-loaded: hit-rate
 ratio and TTFT-p50 ratio (least-loaded / default). Target: the Envoy door's gain within +-10% of the
 gateway's. Everything runs in this process except Envoy; both doors see the same conditions.
+
+A door's cost is additive: the same few milliseconds on every TTFT (`door cost` in the report: the default
+policy's TTFT p50 through Envoy + EPP minus through the gateway). The TTFT-gain ratio therefore depends on how
+long a prefix-hit TTFT is: at the defaults (vLLM CPU profile, time scale 0.1) a hit takes ~25 ms, close to a
+datacentre GPU's (~34 ms with `--gain-profile gpu-8b --gain-time-scale 1`); at the CPU engine's own speed (time
+scale 1, with `--gain-rate` divided by 10 for the same load) ~220 ms, where the same door cost is a tenth as large
+(docs/reports/epp.md has all three).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from fleetgate.gateway.epp.envoyconfig import envoy_config
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.router.config import RoutingConfig, preset
 from fleetgate.sim.http_run import at_arrivals, engine_counters
-from fleetgate.sim.profile import get_profile
+from fleetgate.sim.profile import PROFILES, get_profile
 from fleetgate.sim.report import quantile
 from fleetgate.sim.workloads import WorkItem, shared_prefix
 
@@ -100,7 +108,7 @@ async def _door(door: str, settings: GatewaySettings, pool: list[str]) -> AsyncI
         yield f"http://127.0.0.1:{listen}"
     finally:
         await asyncio.to_thread(envoy.__exit__, None, None, None)
-        await epp.stop(grace_s=1)
+        await epp.stop(drain_s=1)
 
 
 async def _send(session: aiohttp.ClientSession, url: str, model: str, item: WorkItem, ttfts: list[float]) -> bool:
@@ -137,8 +145,7 @@ async def one_run(args: argparse.Namespace, run: Run, seed: int) -> None:
     """One seed of `run`'s door and policy, on a fresh simulated fleet; adds its figures to `run`."""
     from fleetgate.sim.fleet import start_sim_fleet
 
-    profile = get_profile("vllm-cpu-gemma3-270m").with_(time_scale=args.gain_time_scale,
-                                                        num_blocks=args.gain_kv_blocks)
+    profile = get_profile(args.gain_profile).with_(time_scale=args.gain_time_scale, num_blocks=args.gain_kv_blocks)
     per_group = max(2, args.gain_requests // args.gain_groups)
     items = shared_prefix(seed=seed, groups=args.gain_groups, prompts_per_group=per_group,
                           prefix_tokens=args.gain_prefix_tokens, question_tokens=64, max_tokens=8,
@@ -184,7 +191,7 @@ def report(args: argparse.Namespace, runs: list[Run]) -> None:
 
     a = args
     per_group = max(2, a.gain_requests // a.gain_groups)
-    print(f"\nprefix-routing gain through each door  ({a.gain_replicas} simulated engines, KV "
+    print(f"\nprefix-routing gain through each door  ({a.gain_replicas} simulated {a.gain_profile} engines, KV "
           f"{a.gain_kv_blocks * 16} tokens each, {a.gain_groups} groups x {per_group} prompts, "
           f"{a.gain_prefix_tokens}-token prefixes, {a.gain_rate} req/s, time scale {a.gain_time_scale}, "
           f"{a.gain_seeds} seeds pooled; load average {os.getloadavg()[0]:.1f})")
@@ -200,6 +207,9 @@ def report(args: argparse.Namespace, runs: list[Run]) -> None:
     ttft_ratio = g["envoy+epp"]["ttft"] / g["gateway"]["ttft"]
     print(f"  Envoy + EPP gain / gateway gain: hit rate {hit_ratio:.3f}, TTFT p50 {ttft_ratio:.3f} "
           f"(target: within 0.90-1.10)")
+    by = {(r.door, r.policy): r for r in runs}
+    cost = (by[("envoy+epp", "default")].ttft_p50 - by[("gateway", "default")].ttft_p50) * 1e3
+    print(f"  door cost (default policy, TTFT p50 through Envoy + EPP minus through the gateway): {cost:+.1f} ms")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -210,6 +220,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gain-requests", type=int, default=120, help="requests per run")
     group.add_argument("--gain-prefix-tokens", type=int, default=1024, help="tokens of each group's shared prefix")
     group.add_argument("--gain-rate", type=float, default=8.0, help="Poisson arrivals, requests per second")
+    group.add_argument("--gain-profile", default="vllm-cpu-gemma3-270m", choices=sorted(PROFILES),
+                       help="the simulated engines' timing (gpu-8b: a datacentre GPU)")
     group.add_argument("--gain-time-scale", type=float, default=0.1, help="simulated seconds -> wall seconds")
     group.add_argument("--gain-seed", type=int, default=1, help="first workload seed")
     group.add_argument("--gain-seeds", type=int, default=2, help="workloads per (door, policy), figures pooled")

@@ -17,7 +17,8 @@ the picker decides what the client gets. One of four modes, chosen at the respon
   gateway answers it (`errors.from_engine`: safe messages only, Retry-After kept), nothing charged.
 Headers of a buffered answer go out with its body at the end (the proxy holds the client until then), so an
 answer that fails late is still a clean error with the right status. `abandon` ends an answer the client
-left: the engine's work so far is charged and the request recorded as 499.
+left: the engine's work so far is charged and the request recorded as 499; `interrupt` ends one whose time is
+up (`lifetime`): a relayed stream with an error event and `[DONE]`, a buffered answer with the 504 or 503.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from fleetgate.gateway.collect import answer_of, capped
 from fleetgate.gateway.context import Attempt, RequestContext
 from fleetgate.gateway.engine_usage import fallback_usage, parse_usage
 from fleetgate.gateway.epp import messages
+from fleetgate.gateway.epp.lifetime import Ending
 from fleetgate.gateway.errors import from_engine
 from fleetgate.gateway.flow import Flow
 from fleetgate.gateway.parsing import ParsedRequest
@@ -117,6 +119,27 @@ class Answer:
             return
         flow.stages.scheduler.on_complete(attempt.routing, attempt.endpoint, ok=False, usage=None)
         flow.finish(ctx, status=499, usage=ctx.unanswered_usage(), records=flow.rejected_records(ctx, 499))
+
+    def interrupt(self, ending: Ending) -> list[messages.ProcessingResponse]:
+        """The stream's time is up (its deadline, or the picker is shutting down): end the answer now, charged
+        the engine's work so far, as the gateway ends it."""
+        if self.done:
+            return []
+        flow, ctx, attempt, rw = self._flow, self._ctx, self._attempt, self._rw
+        if self.mode == "relay":
+            assert rw is not None
+            out = rw.fail(ending.kind, ending.message, ending.code)
+            self.done = True
+            rw.absorb(rw.take_pending())
+            flow.stream_done(ctx, attempt, rw.close(cancelled=False))
+            return messages.body_pieces(out, response=True)
+        if rw is None:  # a plain or refused answer: the engine's usage is not known before its end
+            return self._fail(ending.error())
+        rw.absorb(rw.take_pending())
+        usage = flow.charged(ctx, attempt, rw.close(cancelled=True))
+        ctx.spent = (ctx.spent or Usage()) + usage
+        self._complete(ok=False, usage=usage)
+        return self._fail(ending.error(), completed=True)
 
     # ---- modes --------------------------------------------------------------------------------
 

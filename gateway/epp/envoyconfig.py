@@ -67,7 +67,11 @@ def _cluster(name: str, endpoints: list[tuple[str, int]], *, http2: bool = False
         # The picker's gRPC health: a picker that is down is known before a request needs it, so a FailOpen
         # pool fails open at once (Envoy fails open only before the first body chunk went to the picker), and
         # no panic mode sends requests to it anyway.
-        cluster["health_checks"] = [{"timeout": "1s", "interval": f"{health_interval_s}s", "unhealthy_threshold": 1,
+        # `no_traffic_interval` too: Envoy checks a cluster that has carried no request yet only every 60 s by
+        # default, so a picker that starts (or restarts after a drain) after Envoy would be unused for a minute.
+        every = f"{health_interval_s}s"
+        cluster["health_checks"] = [{"timeout": "1s", "interval": every, "no_traffic_interval": every,
+                                     "no_traffic_healthy_interval": every, "unhealthy_threshold": 1,
                                      "healthy_threshold": 1, "reuse_connection": True,
                                      "grpc_health_check": {"service_name": EXT_PROC_SERVICE}}]
         cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}}

@@ -28,8 +28,10 @@ import orjson
 from fleetgate.core.errors import FleetGateError, NotFoundError, PayloadTooLargeError
 from fleetgate.core.types import Usage
 from fleetgate.gateway.context import GatewayResponse, RequestContext
+from fleetgate.gateway.drain import Activity
 from fleetgate.gateway.epp import messages
 from fleetgate.gateway.epp.answer import Answer
+from fleetgate.gateway.epp.lifetime import Ending, StreamLife
 from fleetgate.gateway.epp.metrics import EppMetrics
 from fleetgate.gateway.flow import Admitted
 from fleetgate.gateway.forwarding import Choice, address_of, assembled_upstream, upstream_body
@@ -50,12 +52,13 @@ class Door:
     pipeline: Pipeline
     settings: GatewaySettings
     metrics: EppMetrics
-    streams: set[Exchange] = field(default_factory=set)
+    activity: Activity = field(default_factory=Activity)  # open streams: what the drain waits for, then ends
 
 
 class Exchange:
-    def __init__(self, door: Door) -> None:
+    def __init__(self, door: Door, life: StreamLife | None = None) -> None:
         self._door = door
+        self._life = life
         self._flow = door.pipeline.flow
         self._headers: dict[str, str] = {}
         self._kind: Kind | None = None
@@ -150,6 +153,8 @@ class Exchange:
         attempt = choice.attempt
         ctx.served_model, ctx.served_tier = attempt.model, attempt.tier
         parsed = admitted.parsed
+        if not parsed.stream and self._life is not None:  # the gateway's bound on a whole non-streaming call
+            self._life.tighten(door.settings.server.request_timeout_s)
         self._assembled = (door.settings.epp.assemble_non_streaming and not parsed.stream
                            and assembled_upstream(parsed.body))
         cap = ctx.reservation.max_tokens if ctx.reservation is not None and parsed.max_tokens is None else None
@@ -224,6 +229,22 @@ class Exchange:
         if self._counted:
             self._counted = False
             self._flow.metrics.in_flight.dec()
+
+    def expire(self, ending: Ending) -> list[messages.ProcessingResponse]:
+        """The stream's time is up (`lifetime`): the request ends now with the gateway's answer, settled, charged
+        the engine's work so far and recorded."""
+        if self.done:
+            return []
+        if self._answer is not None:
+            out = self._answer.interrupt(ending)
+            self._settled_if(True)
+            return out
+        flow = self._flow
+        ctx = self._ctx if self._ctx is not None else flow.new_context(self._headers)  # still reading the request
+        if self._choice is not None:  # sent upstream, no response headers yet: the proxy resets the engine's request
+            attempt = self._choice.attempt
+            flow.stages.scheduler.on_complete(attempt.routing, attempt.endpoint, ok=False, usage=None)
+        return self._immediate(flow.error(ctx, ending.error()))
 
     def close(self) -> None:
         """The stream is over. Unless the answer was complete, the client left: charge and record it (499)."""

@@ -31,6 +31,7 @@ from fleetgate.core.kvstore import KVStore, make_kvstore
 from fleetgate.gateway.epp import messages
 from fleetgate.gateway.epp.envoyconfig import FailureMode, envoy_yaml
 from fleetgate.gateway.epp.exchange import Door, Exchange
+from fleetgate.gateway.epp.lifetime import StreamLife
 from fleetgate.gateway.epp.metrics import EppMetrics
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.metrics_listener import MetricsListener
@@ -52,19 +53,32 @@ class ExternalProcessor(ext_proc_grpc.ExternalProcessorServicer):
     async def Process(
         self, request_iterator: AsyncIterator[messages.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        exchange = Exchange(self._door)
-        streams = self._door.metrics.streams
+        door = self._door
+        life = StreamLife(door.settings.server.stream_deadline_s)
+        exchange = Exchange(door, life)
+        streams, activity = door.metrics.streams, door.activity
         streams.inc()
+        activity.begin()
         try:
-            while not exchange.done:
-                req = await context.read()
-                if req is grpc.aio.EOF:
-                    break
-                for resp in await exchange.on_message(req):
+            try:
+                async with life:
+                    activity.opened(life)  # from here the drain can end it (at once when it already began)
+                    while not exchange.done:
+                        req = await context.read()
+                        if req is grpc.aio.EOF:
+                            break
+                        for resp in await exchange.on_message(req):
+                            await context.write(resp)
+            except TimeoutError:
+                if not life.expired():
+                    raise
+                for resp in exchange.expire(life.ending):  # the request's last answer; then the stream closes
                     await context.write(resp)
         finally:  # also when the proxy resets the stream (the client left): the handler is cancelled
+            activity.closed(life)
             exchange.close()
             streams.dec()
+            activity.end()
 
 
 class EppServer:
@@ -89,6 +103,7 @@ class EppServer:
                          if metrics_port is not None else None)
         self._server: grpc.aio.Server | None = None
         self._started: list[Any] = []
+        self._stopping = False
         self.port: int = port
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -115,11 +130,29 @@ class EppServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("endpoint picker listening", extra={"address": f"{self._host}:{self.port}"})
 
-    async def stop(self, *, grace_s: float = 5.0) -> None:
+    async def stop(self, *, drain_s: float | None = None) -> None:
+        """The drain, as the gateway's (`serve.GatewayServer`): readiness NOT_SERVING and new streams refused at
+        once (the proxy's health check and its ext_proc calls see it; a FailOpen pool then routes around the
+        picker), the streams in flight get up to `drain_s` (default `server.drain_s`) to finish by themselves, those
+        still open are ended (`lifetime`: an error event and `[DONE]`, or a 503; settled and recorded) and get
+        `server.drain_close_s` to flush; then the stages stop. Idempotent."""
+        if self._stopping:
+            return
+        self._stopping = True
+        server_settings = self.settings.server
+        wait_s = server_settings.drain_s if drain_s is None else drain_s
         for name in READY_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        activity = self.door.activity
         if self._server is not None:
-            await self._server.stop(grace_s)  # open streams get `grace_s` to finish; then they are cancelled
+            # refuses new RPCs now; cancels what is still open once the whole drain is over
+            stopping = asyncio.ensure_future(self._server.stop(wait_s + server_settings.drain_close_s))
+            log.info("draining", extra={"streams": activity.active, "drain_s": wait_s})
+            if not await activity.wait_idle(timeout_s=wait_s):
+                ended = activity.interrupt()
+                log.warning("drain time over: open streams ended", extra={"streams": ended})
+                await activity.wait_idle(timeout_s=server_settings.drain_close_s)
+            await stopping
         await self.pipeline.drain()
         await stop_stages(self._started, log=log)
         if self._session is not None:

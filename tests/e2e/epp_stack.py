@@ -70,4 +70,4 @@ async def epp_stack(
             await asyncio.to_thread(envoy.__exit__, None, None, None)
     finally:
         if epp is not None:
-            await epp.stop(grace_s=1)
+            await epp.stop(drain_s=1)

@@ -361,7 +361,7 @@ async def test_grpc_health_services(engines: Engines) -> None:
             for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
                 answer = await health.Check(health_pb2.HealthCheckRequest(service=service))
                 assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
-            await stack.epp.stop(grace_s=0.1)  # stopping: not ready any more, before the port closes
+            await stack.epp.stop(drain_s=0.1)  # stopping: not ready any more, before the port closes
             with pytest.raises(grpc.aio.AioRpcError):
                 await health.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=2)
 
