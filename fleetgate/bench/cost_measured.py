@@ -83,12 +83,17 @@ def describe(entry: ThroughputEntry) -> str:
             f"{entry.gpus}x {entry.card}")
 
 
+def _decode_points(entry: ThroughputEntry) -> list[tuple[int, float]]:
+    """(batch, TPOT s) of the decode probe: short prompts, several output tokens."""
+    return [(p.concurrency, p.concurrency / p.output_tokens_per_s) for p in entry.points
+            if p.output_tokens > 1 and p.prompt_tokens <= SHORT_PROMPT and p.output_tokens_per_s > 0]
+
+
 def fitted_constants(entry: ThroughputEntry) -> tuple[float, float, float] | None:
     """(prefill s/token, step overhead s, decode s per sequence) from TTFT and decode points, or None."""
     ttft = [(p.prompt_tokens, 1.0 / p.output_tokens_per_s) for p in entry.points
             if p.concurrency == 1 and p.output_tokens == 1 and p.output_tokens_per_s > 0]
-    decode = [(p.concurrency, p.concurrency / p.output_tokens_per_s) for p in entry.points
-              if p.output_tokens > 1 and p.prompt_tokens <= SHORT_PROMPT and p.output_tokens_per_s > 0]
+    decode = _decode_points(entry)
     if len({x for x, _ in ttft}) < 2 or len({x for x, _ in decode}) < 2:
         return None
     prefill, _ = statistics.linear_regression([x for x, _ in ttft], [y for _, y in ttft])
@@ -112,10 +117,15 @@ def measured_profile(entry: ThroughputEntry, base: SimProfile) -> tuple[SimProfi
     seqs = entry.max_num_seqs or base.max_num_seqs
     if fitted is not None:
         prefill, overhead, slope = fitted
+        # Full batches no larger than the largest batch measured: the step overhead shared by 1,024 sequences
+        # (a 70B entry's engine limit) would be an extrapolation 16x past the 64 streams the probe ran.
+        measured_batch = max(b for b, _ in _decode_points(entry))
+        capped = min(seqs, measured_batch)
         profile = base.with_(prefill_s_per_token=prefill, step_overhead_s=overhead, decode_s_per_seq=slope,
-                             max_num_seqs=seqs)
+                             max_num_seqs=capped)
         how = (f"fitted: prefill {1 / prefill:,.0f} tok/s, TPOT {overhead * 1000:.1f} ms + {slope * 1000:.3f} ms x "
-               f"batch")
+               f"batch" + (f", batches of at most {capped} (the largest measured; the engine allows {seqs})"
+                           if capped < seqs else ""))
     else:
         # the highest concurrency; of a tie, the longest requests (a sweep level rather than a decode probe's
         # short ones, whose tokens/s leaves out the prefill)

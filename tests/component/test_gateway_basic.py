@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -81,15 +82,20 @@ async def test_readiness_counts_ejected_endpoints_and_names_them_only_to_the_adm
     who can reach the client port: only the admin key, and the metrics port's ejected gauge, name them."""
     from .test_tenancy_gateway import auth, settings
 
-    dead_port = free_port()
-    gw = await start_gateway(settings(f"http://127.0.0.1:{dead_port}"))
-    async with httpx.AsyncClient(base_url=gw.url) as client:
-        failed = await client.post("/v1/chat/completions", json=CHAT, headers=auth("acme"))
-        anonymous = await client.get("/readyz")
-        tenant = await client.get("/readyz", headers=auth("acme"))
-        wrong = await client.get("/readyz", headers={"Authorization": "Bearer fg-wrong"})
-        admin = (await client.get("/readyz", headers=auth("admin"))).json()
-        gauge = (await client.get(gw.metrics_url)).text
+    # A port held bound but never listening: connections are refused, and no other server on this machine can
+    # take it meanwhile (a port only found free once was taken by another test's server and answered 401).
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", 0))
+    dead_port = holder.getsockname()[1]
+    with holder:
+        gw = await start_gateway(settings(f"http://127.0.0.1:{dead_port}"))
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            failed = await client.post("/v1/chat/completions", json=CHAT, headers=auth("acme"))
+            anonymous = await client.get("/readyz")
+            tenant = await client.get("/readyz", headers=auth("acme"))
+            wrong = await client.get("/readyz", headers={"Authorization": "Bearer fg-wrong"})
+            admin = (await client.get("/readyz", headers=auth("admin"))).json()
+            gauge = (await client.get(gw.metrics_url)).text
     assert failed.status_code >= 500
     for r in (anonymous, tenant, wrong):
         assert r.status_code == 200 and str(dead_port) not in r.text and "127.0.0.1" not in r.text

@@ -77,18 +77,20 @@ def test_the_selected_fp8_tp2_entry_prices_the_large_tier_on_two_gpus_at_its_spe
     assert large.gpus_per_replica == 2 and large.gpu_type == CARD and large.usd_per_gpu_hour == 4.00
     assert (large.profile.prefill_s_per_token, large.profile.step_overhead_s, large.profile.decode_s_per_seq) == (
         pytest.approx(PREFILL), pytest.approx(OVERHEAD), pytest.approx(SLOPE))  # fitted from its calibration probe
-    assert large.profile.max_num_seqs == 256 and large.replicas == deployments[1].replicas
+    # full batches priced no larger than the probe measured (64 streams), not the engine's limit of 256
+    assert large.profile.max_num_seqs == 64 and large.replicas == deployments[1].replicas
     assert small.gpus_per_replica == 1 and small.profile.prefill_s_per_token == pytest.approx(PREFILL)
     label = labels["large"]
     assert label.startswith("measured (llama70b-fp8-tp2: llama-3.1-70b fp8 weights, TP2, 2x NVIDIA H100 80GB HBM3, "
                             "vLLM 0.26.1; chosen by --tier-entry large=llama70b-fp8-tp2; fitted: prefill 10,000 tok/s")
     assert label.endswith("$4.00/GPU-hour)") and "bfloat16" not in label
+    assert "batches of at most 64 (the largest measured; the engine allows 256)" in label
     assert "vLLM 0.26.0" in labels["small"]  # each entry keeps its own file's vLLM version
 
     engine = SimEngine(profile=large.profile)  # the cost model: 2 GPUs x the entry's step times x the H100 price
     engine.counters = EngineCounters(prompt_tokens=50_000, prefix_hits=10_000, generation_tokens=6_000)
     fleet = RunningFleet(deployments=(large,), fleets={"large": SimFleet(urls=[], engines=[engine], model=large.model)})
-    work = 40_000 * PREFILL + 6_000 * (SLOPE + OVERHEAD / 256)
+    work = 40_000 * PREFILL + 6_000 * (SLOPE + OVERHEAD / 64)
     assert fleet.gpu_seconds()["large"] == pytest.approx(2 * work)
     assert fleet.dollars()["large"] == pytest.approx(2 * work * 4.00 / 3600)
 
