@@ -382,7 +382,8 @@ def report(args: argparse.Namespace) -> None:
             row = json.loads(line)
             ce.setdefault(row["split"].split(":")[0] if row["split"].startswith("cv") else row["split"], {})[
                 int(row["id"])] = float(row["p"])
-    cv = {}
+    cv: dict[int, float] = {}
+    folds = sorted(int(k[2:]) for k in ce if k.startswith("cv"))
     for name in [k for k in ce if k.startswith("cv")]:
         cv.update(ce.pop(name))
     if cv:
@@ -397,6 +398,9 @@ def report(args: argparse.Namespace) -> None:
     for name, probs in ce.items():
         if name == "cv":
             rows, pair_prob = p["cv_rows"], p["cv_prob"]
+            if folds != list(range(5)):  # a run cut short: the groups of its folds' candidates only
+                rows = rows & np.isin(p["cv_group"], p["cv_group"][np.isin(p["cv_fold"], folds)])
+                print(f"cv: only folds {folds} in {args.probs.name}")
         else:
             rows, pair_prob = source == name.split(":")[1], p["lso_prob"]
         would = rows & data.candidate & (pair_prob >= PAIR_THRESHOLD)  # the pair model's would-be hits
