@@ -150,6 +150,14 @@ class SseRewriter:
                                code="engine_error")
         return self._rewrite(chunk)
 
+    def to_come(self) -> int | None:
+        """Completion tokens the reservation still allows (negative: the engine went past it); None without a cap.
+        The count is the engine's last usage, else one token per output chunk."""
+        if self._cap is None:
+            return None
+        counts = usage_counts(self.outcome.usage) if self.outcome.usage is not None else None
+        return self._cap - (counts[1] if counts is not None else self.outcome.output_chunks)
+
     def _over_cap(self, done: int) -> bool:
         """The engine generated (`done` tokens) more than the completion tokens reserved for all sequences."""
         return self._cap is not None and done > self._cap

@@ -29,7 +29,6 @@ from typing import Any
 import aiohttp
 
 from fleetgate.gateway.assembly import StreamAssembler
-from fleetgate.gateway.engine_usage import parse_usage
 from fleetgate.gateway.sse import DONE, SseRewriter, StreamOutcome, error_event
 from fleetgate.gateway.stream_reads import StreamEnd, StreamReads
 
@@ -59,8 +58,8 @@ class RelayStream:
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
     ) -> None:
         self._resp = response
-        self._cap = completion_cap
         self._deadline = deadline
+        self._inter_chunk_s = inter_chunk_timeout_s
         self._finish_tokens = cancel_finish_tokens
         self._reads = StreamReads(response, endpoint_id=endpoint_id, first_byte_timeout_s=first_byte_timeout_s,
                                   inter_chunk_timeout_s=inter_chunk_timeout_s, deadline=deadline)
@@ -114,10 +113,11 @@ class RelayStream:
         rw = self._rw
         pending = rw.take_pending()
         content = self._resp.content
-        if self._finish_allowed():
-            await self._finish(pending)
-            return
+        to_come = rw.to_come()
         try:
+            if to_come is not None and 0 <= to_come <= self._finish_tokens:
+                pending = await self._read_to_end(pending)
+                return
             async with asyncio.timeout(self._drain_s):
                 pending = rw.absorb(pending + await self._buffered(), final=False)
                 data = await content.readany()
@@ -138,30 +138,27 @@ class RelayStream:
             self._resp.close()
             self._on_done(rw.close(cancelled=True))
 
-    def _finish_allowed(self) -> bool:
-        """At most `cancel_finish_tokens` completion tokens can still come (the reservation is known)."""
-        if self._finish_tokens <= 0 or self._cap is None:
-            return False
-        usage = parse_usage(self._rw.outcome.usage) if self._rw.outcome.usage is not None else None
-        done = usage.completion_tokens if usage is not None else self._rw.outcome.output_chunks
-        return self._cap - done <= self._finish_tokens
-
-    async def _finish(self, pending: bytes) -> None:
-        """Read the engine's stream to its end (nothing relayed: the client is gone), by the stream's deadline;
-        past it, hang up as `_drain_then_finish` would."""
+    async def _read_to_end(self, pending: bytes) -> bytes:
+        """`cancel_finish_tokens`: read the engine's stream to its natural end, relaying nothing (the client is
+        gone), so the engine is never aborted. Each read waits at most the inter-chunk timeout and all of them end
+        by the stream's deadline (an engine that stalls is dropped, as during a relay); an engine that goes past the
+        reservation is dropped there (it is charged no more than the cap anyway). Returns the unparsed tail."""
         rw, content = self._rw, self._resp.content
         loop = asyncio.get_running_loop()
         deadline = self._deadline if self._deadline is not None else loop.time() + self._drain_s
         try:
             async with asyncio.timeout_at(deadline):
-                while data := await content.readany():
+                while True:
+                    async with asyncio.timeout(self._inter_chunk_s):
+                        data = await content.readany()
+                    if not data:
+                        return pending
                     pending = rw.absorb(pending + data, final=False)
+                    to_come = rw.to_come()
+                    if to_come is not None and to_come < 0:
+                        return pending
         except (TimeoutError, aiohttp.ClientError, OSError):
-            pass  # what was read is counted; the rest is the engine's to drop
-        finally:
-            rw.absorb(pending, final=True)
-            self._resp.close()
-            self._on_done(rw.close(cancelled=True))
+            return pending  # what was read is counted; the rest is the engine's to drop
 
     def close(self, *, cancelled: bool = False) -> None:
         """Release the engine connection and report the outcome; idempotent. A client that left after output

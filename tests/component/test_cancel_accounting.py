@@ -31,11 +31,13 @@ WRITE_LAG_S = 0.15  # counted at the step's end, written this much later
 
 
 class CountingEngine:
-    def __init__(self) -> None:
+    def __init__(self, *, stall_after: int | None = None, extra: int = 0) -> None:
         self.counted = 0
         self.aborted = 0
         self.finished = 0
         self.url = ""
+        self.stall_after = stall_after  # after this many tokens, go silent for a minute (a stalled engine)
+        self.extra = extra  # tokens generated past max_tokens (an engine that ignores it)
         self._runner: web.AppRunner | None = None
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -44,7 +46,9 @@ class CountingEngine:
         await resp.prepare(request)
         generated = 0
         try:
-            while generated < int(body["max_tokens"]):
+            while generated < int(body["max_tokens"]) + self.extra:
+                if generated == self.stall_after:
+                    await asyncio.sleep(60)
                 await asyncio.sleep(STEP_S - WRITE_LAG_S)
                 generated += 1
                 self.counted += 1  # the step's output is counted ...
@@ -201,3 +205,30 @@ async def test_a_client_leaving_near_the_end_lets_the_engine_finish_and_is_charg
     assert (engine.finished, engine.aborted) == ((1, 0) if finished else (0, 1))
     assert record.usage.completion_tokens == engine.counted
     assert engine.counted == 8 if finished else engine.counted < 8
+
+
+@pytest.mark.parametrize("fault", ["stalls", "ignores max_tokens"])
+async def test_an_engine_finishing_for_a_departed_client_is_dropped_when_it_stalls_or_overruns(
+    start_gateway: Any, fault: str
+) -> None:
+    """Finishing an answer nobody reads must not outlive a bad engine: one that goes silent is dropped after the
+    inter-chunk timeout (not the 30-minute stream deadline), one that streams past max_tokens at the reservation;
+    either way the tenant is charged what arrived, never more than the 8 tokens reserved."""
+    engine = await (CountingEngine(stall_after=5) if fault == "stalls" else CountingEngine(extra=40)).start()
+    try:
+        ledger = Ledger()
+        gw = await start_gateway(settings_for({"m1": [engine.url]}, cancel_drain_s=2.0, cancel_finish_tokens=8,
+                                              inter_chunk_timeout_s=1.0), accountant=ledger)
+        started = asyncio.get_running_loop().time()
+        assert await leave_while_a_counted_token_is_pending(gw.url, "/v1/chat/completions", max_tokens=8) == 3
+        assert await eventually(lambda: bool(ledger.records), timeout_s=6)
+        assert asyncio.get_running_loop().time() - started < 6  # dropped, not waited out
+        assert await eventually(lambda: engine.aborted == 1, timeout_s=3)  # the engine saw the gateway hang up
+        [record] = ledger.records
+        assert record.status == 499 and engine.finished == 0
+        if fault == "stalls":
+            assert record.usage.completion_tokens == engine.counted == 5
+        else:
+            assert record.usage.completion_tokens == 8 and engine.counted > 8
+    finally:
+        await engine.stop()
