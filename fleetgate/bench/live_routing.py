@@ -30,7 +30,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -182,16 +182,14 @@ def plan(options: LiveOptions, base_rate: float) -> list[PointSpec]:
                                      window_s=window, drain_s=o.drain_s, seed=_seed(o.seed, "shared-prefix", load)))
 
     shared(o.loads[:2], o.window_s)
-    out.append(PointSpec(workload="shared-prefix", profile=o.accounting_profile, load=o.accounting_load,
-                         rate=base_rate * o.accounting_load, window_s=o.window_s, drain_s=o.drain_s,
-                         seed=_seed(o.seed, "accounting", o.accounting_load), cancel_share=o.accounting_cancel_share,
-                         tag="accounting"))
-    if o.accounting_finish_tokens > 0:
-        out.append(PointSpec(workload="shared-prefix", profile=o.accounting_profile, load=o.accounting_load,
-                             rate=base_rate * o.accounting_load, window_s=o.window_s, drain_s=o.drain_s,
-                             seed=_seed(o.seed, "accounting", o.accounting_load),
-                             cancel_share=o.accounting_cancel_share, tag="accounting-finish",
-                             server=(("cancel_finish_tokens", o.accounting_finish_tokens),)))
+    accounting = PointSpec(workload="shared-prefix", profile=o.accounting_profile, load=o.accounting_load,
+                           rate=base_rate * o.accounting_load, window_s=o.window_s, drain_s=o.drain_s,
+                           seed=_seed(o.seed, "accounting", o.accounting_load),
+                           cancel_share=o.accounting_cancel_share, tag="accounting")
+    out.append(accounting)
+    if o.accounting_finish_tokens > 0:  # the same requests, through a gateway that lets the engine finish
+        out.append(replace(accounting, tag="accounting-finish",
+                           server=(("cancel_finish_tokens", o.accounting_finish_tokens),)))
     out.append(PointSpec(workload="shared-prefix", profile=o.overhead_profile, load=1.0, rate=base_rate,
                          window_s=o.overhead_window_s, drain_s=o.drain_s, seed=_seed(o.seed, "overhead", 1.0),
                          tag="overhead"))

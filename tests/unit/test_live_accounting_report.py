@@ -166,3 +166,14 @@ def test_the_cli_without_run_info_says_the_card_is_unknown(tmp_path: Path, capsy
     assert live_report.main([str(results), str(tmp_path / "out")]) == 0
     assert "no run-info.json" in capsys.readouterr().err
     assert load(tmp_path / "out" / "throughput.json").entries[0].card == "unknown"
+
+
+def test_the_finish_row_replays_the_accounting_rows_requests_through_a_gateway_that_lets_engines_finish() -> None:
+    from fleetgate.bench.live_routing import LiveOptions, plan
+
+    rows = [p for p in plan(LiveOptions(accounting_finish_tokens=4096), 50.0) if p.tag.startswith("accounting")]
+    abort, finish = rows
+    assert (abort.tag, finish.tag) == ("accounting", "accounting-finish")
+    assert finish.seed == abort.seed and finish.rate == abort.rate and finish.cancel_share == abort.cancel_share > 0
+    assert abort.server == () and dict(finish.server) == {"cancel_finish_tokens": 4096}
+    assert [p.tag for p in plan(LiveOptions(), 50.0)].count("accounting-finish") == 0
