@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -49,6 +50,7 @@ class ApiEvents:
         self._endpoint_id = endpoint_id
         self._cut_off = 2 * cap + DELTA_SLACK if cap is not None else None
         self._collect = collect
+        self.on_first_token: Callable[[], None] | None = None  # the router's queued-prefill load (set by the caller)
 
     # ---- hooks ------------------------------------------------------------------------------------------
 
@@ -87,6 +89,8 @@ class ApiEvents:
             now = time.perf_counter()
             if out.first_token_at is None:
                 out.first_token_at = now
+                if self.on_first_token is not None:
+                    self.on_first_token()
             out.last_token_at = now
             if self._cut_off is not None and out.output_chunks > self._cut_off:
                 return self.fail("overrun", "the engine generated more than the completion tokens requested; "

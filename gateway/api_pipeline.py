@@ -134,6 +134,7 @@ class ApiPipeline:
             await p.refused(ctx, attempt, resp)
         rw = route.rewriter(parsed, endpoint_id=ep.id, model_name=attempt.model if ep.model != attempt.model else None,
                             cap=ctx.completion_cap, collect=not parsed.stream)
+        rw.on_first_token = partial(flow.stages.scheduler.on_first_token, attempt.routing, ep)
         store = ctx.lookup is not None and ctx.lookup.status == CacheStatus.MISS
         ended: list[tuple[StreamOutcome, Usage]] = []
 

@@ -49,15 +49,17 @@ def charged_usage(out: StreamOutcome, *, prompt_estimate: int, completion_cap: i
 async def collect_stream(
     response: aiohttp.ClientResponse, *, endpoint_id: str, kind: Kind, server: ServerSettings,
     on_done: Callable[[StreamOutcome], None], completion_cap: int | None = None, streams: Activity | None = None,
+    on_first_token: Callable[[], None] | None = None,
 ) -> bool:
     """Read the engine's stream to its end (True: `server.request_timeout_s` ran out first). `on_done` gets
     the outcome exactly once, also when the caller is cancelled (the client left) or the stream broke.
-    `streams`: where an open stream is registered, so a shutdown can end it."""
+    `streams`: where an open stream is registered, so a shutdown can end it; `on_first_token`: called once, at the
+    first generated token."""
     relay = RelayStream(
         response=response, endpoint_id=endpoint_id, first_byte_timeout_s=server.first_byte_timeout_s,
         inter_chunk_timeout_s=server.inter_chunk_timeout_s, include_usage=False, continuous_usage=False,
         model_name=None, assembler=StreamAssembler(kind), on_done=on_done, collect_only=True,
-        completion_cap=completion_cap,
+        completion_cap=completion_cap, on_first_token=on_first_token,
     )
     if streams is not None:
         streams.opened(relay)

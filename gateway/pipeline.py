@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any, NoReturn, Protocol
 
 import aiohttp
@@ -250,7 +251,8 @@ class Pipeline:
             done.append((out, usage))
 
         timed_out = await collect_stream(resp, endpoint_id=ep.id, kind=ctx.parsed.kind, server=self._server,
-                                         on_done=on_done, completion_cap=ctx.completion_cap, streams=self.activity)
+                                         on_done=on_done, completion_cap=ctx.completion_cap, streams=self.activity,
+                                         on_first_token=partial(self._s.scheduler.on_first_token, attempt.routing, ep))
         [(out, usage)] = done
         self.check_collected(attempt, out, timed_out=timed_out)
         obj = answer_of(out, usage, model=attempt.model if ep.model != attempt.model else ep.model)
@@ -329,6 +331,7 @@ class Pipeline:
             cancel_drain_s=self._server.cancel_drain_s,
             cancel_finish_tokens=self._server.cancel_finish_tokens,
             spawn=self.flow.spawn,
+            on_first_token=partial(self._s.scheduler.on_first_token, attempt.routing, ep),
         )
         self.activity.opened(relay)
         return GatewayResponse(200, self.flow.headers(ctx, attempt), stream=relay, media_type="text/event-stream")

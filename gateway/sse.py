@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,8 +81,10 @@ class SseRewriter:
         assembler: StreamAssembler | None,
         collect_only: bool = False,
         completion_cap: int | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> None:
         self._endpoint_id = endpoint_id
+        self._on_first_token = on_first_token  # the router's queued-prefill load: this request's prefill is over
         self._include_usage = include_usage
         self._continuous = include_usage and continuous_usage
         self._model_name = model_name
@@ -192,6 +195,8 @@ class SseRewriter:
                     return self._overrun()
                 if out.first_token_at is None:
                     out.first_token_at = now
+                    if self._on_first_token is not None:
+                        self._on_first_token()
                 out.last_token_at = now
             if self._assembler is not None:
                 self._assembler.add(chunk)

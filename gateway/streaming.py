@@ -56,6 +56,7 @@ class RelayStream:
         cancel_drain_s: float = 0.0,
         cancel_finish_tokens: int = 0,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> None:
         self._resp = response
         self._deadline = deadline
@@ -65,7 +66,8 @@ class RelayStream:
                                   inter_chunk_timeout_s=inter_chunk_timeout_s, deadline=deadline)
         self._rw = SseRewriter(endpoint_id=endpoint_id, include_usage=include_usage,
                                continuous_usage=continuous_usage, model_name=model_name, assembler=assembler,
-                               collect_only=collect_only, completion_cap=completion_cap)
+                               collect_only=collect_only, completion_cap=completion_cap,
+                               on_first_token=on_first_token)
         self._on_done = on_done
         self._drain_s = cancel_drain_s if spawn is not None else 0.0
         self._spawn = spawn

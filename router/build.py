@@ -18,6 +18,7 @@ from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.plugins.base import (
     Closable,
     Filter,
+    FirstTokenObserver,
     Observer,
     Picker,
     PluginContext,
@@ -71,6 +72,7 @@ def build_scheduler(
     filters: list[Filter] = []
     scorers: list[tuple[Scorer, float]] = []
     observers: list[Observer] = []
+    first_token: list[FirstTokenObserver] = []
     closables: list[Closable] = []
     startables: list[Startable] = []
     for ref in chosen.plugins:
@@ -95,6 +97,8 @@ def build_scheduler(
             roles += 1
         if isinstance(plugin, Observer):
             observers.append(plugin)
+        if isinstance(plugin, FirstTokenObserver):
+            first_token.append(plugin)
         if isinstance(plugin, Closable) and plugin not in closables:
             closables.append(plugin)
         if isinstance(plugin, Startable) and plugin not in startables:
@@ -104,7 +108,8 @@ def build_scheduler(
     if len(pickers) != 1:
         raise ConfigError(f"routing profile {chosen.name!r} needs exactly one picker, found {len(pickers)}")
     profile = Profile(name=chosen.name, picker=pickers[0], producers=producers, filters=filters,
-                      scorers=scorers, observers=observers, closables=closables, startables=startables)
+                      scorers=scorers, observers=observers, first_token=first_token, closables=closables,
+                      startables=startables)
     scraper = None
     if scrape:
         from fleetgate.router.scraping import EndpointScraper

@@ -24,6 +24,9 @@ class RoundRobinScheduler:
     def on_start(self, req: RoutingRequest, endpoint: Endpoint) -> None:
         return None
 
+    def on_first_token(self, req: RoutingRequest, endpoint: Endpoint) -> None:
+        return None
+
     def on_complete(self, req: RoutingRequest, endpoint: Endpoint, *, ok: bool, usage: Usage | None) -> None:
         return None
 

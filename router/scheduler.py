@@ -25,6 +25,7 @@ from fleetgate.router.plugins.base import (
     Closable,
     CycleState,
     Filter,
+    FirstTokenObserver,
     Observer,
     Picker,
     Producer,
@@ -46,6 +47,7 @@ class Profile:
     filters: list[Filter] = field(default_factory=list)
     scorers: list[tuple[Scorer, float]] = field(default_factory=list)
     observers: list[Observer] = field(default_factory=list)
+    first_token: list[FirstTokenObserver] = field(default_factory=list)
     closables: list[Closable] = field(default_factory=list)
     startables: list[Startable] = field(default_factory=list)
 
@@ -126,6 +128,15 @@ class PluginScheduler:
             cycle = self._cycles[req.request_id] = {}
         for obs in self.profile.observers:
             obs.on_start(req, cycle, endpoint)
+
+    def on_first_token(self, req: RoutingRequest, endpoint: Endpoint) -> None:
+        if not self.profile.first_token:
+            return
+        cycle = self._cycles.get(req.request_id)
+        if cycle is None:
+            return  # completed already, or evicted from the open cycles
+        for obs in self.profile.first_token:
+            obs.on_first_token(req, cycle, endpoint)
 
     def on_complete(self, req: RoutingRequest, endpoint: Endpoint, *, ok: bool, usage: Usage | None) -> None:
         self.state.finished(endpoint.id)

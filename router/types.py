@@ -48,6 +48,10 @@ class Scheduler(Protocol):
         """The request was sent to `endpoint` (in-flight accounting, prefix index update)."""
         ...
 
+    def on_first_token(self, req: RoutingRequest, endpoint: Endpoint) -> None:
+        """The engine sent the request's first generated token: its prefill is over (queued-prefill load)."""
+        ...
+
     def on_complete(self, req: RoutingRequest, endpoint: Endpoint, *, ok: bool, usage: Usage | None) -> None:
         """The request finished (successfully or not)."""
         ...

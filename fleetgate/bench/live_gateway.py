@@ -206,7 +206,7 @@ def serve(config: str, *, round_robin: bool) -> None:
         from fleetgate.router.roundrobin import RoundRobinScheduler
 
         overrides["scheduler"] = RoundRobinScheduler()
-    build_server(settings, **overrides).run()
+    build_server(settings, freeze_heap=True, **overrides).run()
 
 
 def main(argv: list[str]) -> int:

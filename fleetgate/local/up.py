@@ -277,7 +277,7 @@ async def _serve(*, config: UpConfig, urls: list[str], served_name: str, check: 
     port = settings.server.port or free_port(host)
     # A free metrics port too when the gateway's own port is picked freely (`--port 0`: tests, several stacks).
     metrics_port = 0 if not settings.server.port and settings.server.metrics_port is not None else None
-    server = build_server(settings, host=host, port=port, metrics_port=metrics_port)
+    server = build_server(settings, host=host, port=port, metrics_port=metrics_port, freeze_heap=not check)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

@@ -2,7 +2,7 @@
 
 Engine time is virtual: the event loop jumps from event to event (arrivals, step ends, metric
 scrapes), so a fleet-minute runs in a second on two cores and results do not depend on machine
-noise. The scheduler is the real one (`pick` awaited, `on_start`/`on_complete` called as the
+noise. The scheduler is the real one (`pick` awaited, `on_start`/`on_first_token`/`on_complete` called as the
 gateway calls them); only its `/metrics` scraper is replaced by a copy of each engine's state every
 `scrape_interval_s` of engine time (the same staleness a real scraper has). Decision latency is
 measured on this machine twice: wall clock (includes preemption by other processes on a shared
@@ -163,6 +163,7 @@ async def run_virtual_fleet(
             for sreq in step.admitted:
                 if sreq.ttft_s is not None:
                     result.ttft_s.append(sreq.ttft_s)
+                    scheduler.on_first_token(inflight[id(sreq)][0], endpoints[i])
             for sreq in finished:
                 req, _, item = inflight.pop(id(sreq))
                 usage = Usage(prompt_tokens=sreq.prompt_tokens, completion_tokens=sreq.generated,

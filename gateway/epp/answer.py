@@ -23,6 +23,7 @@ up (`lifetime`): a relayed stream with an error event and `[DONE]`, a buffered a
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Literal
 
 import orjson
@@ -64,6 +65,7 @@ class Answer:
         self.done = False
         ep = attempt.endpoint
         renamed = attempt.model if ep.model != attempt.model else None
+        first_token = partial(flow.stages.scheduler.on_first_token, attempt.routing, ep)
         self.mode: Mode
         self._rw: SseRewriter | None = None
         if status != 200:
@@ -74,12 +76,12 @@ class Answer:
             self._rw = SseRewriter(endpoint_id=ep.id, include_usage=parsed.include_usage,
                                    continuous_usage=parsed.continuous_usage, model_name=renamed,
                                    assembler=StreamAssembler(parsed.kind) if miss else None,
-                                   completion_cap=ctx.completion_cap)
+                                   completion_cap=ctx.completion_cap, on_first_token=first_token)
         elif assembled_upstream:
             self.mode = "assemble"
             self._rw = SseRewriter(endpoint_id=ep.id, include_usage=False, continuous_usage=False, model_name=None,
                                    assembler=StreamAssembler(parsed.kind), collect_only=True,
-                                   completion_cap=ctx.completion_cap)
+                                   completion_cap=ctx.completion_cap, on_first_token=first_token)
         else:
             self.mode = "plain"
 

@@ -214,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fleetgate.core.config import load_model
     from fleetgate.core.telemetry import configure_logging
+    from fleetgate.gateway.serve import freeze_startup_heap
 
     settings = load_model(GatewaySettings, args.config)
     if args.envoy_config:
@@ -229,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await server.start()
+        freeze_startup_heap()  # the same full-collection stalls as the gateway's (fleetgate.gateway.serve)
         try:
             await stop.wait()
         finally:

@@ -12,6 +12,8 @@ observer (records where the prompt went). Scores are aligned with the endpoint l
 - `Picker.pick(endpoints, totals) -> [index]`: endpoint indices, best first (the first is used, the
   next is the fallback for one connect-failure retry).
 - `Observer.on_start / on_complete`: update plugin state after routing and at completion.
+- `FirstTokenObserver.on_first_token`: the engine sent the request's first generated token (its prefill is
+  over); called at most once per request, never for a request that failed before any output.
 `cycle` is a per-request scratch dict that lives from `pick` until `on_complete`.
 """
 
@@ -30,6 +32,11 @@ from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.types import RoutingRequest
 
 CycleState = dict[str, Any]
+
+# Cycle keys one plugin writes for others: endpoint id -> the share (0..1) of the prompt the prefix scorer in the
+# profile believes that endpoint holds; and the prompt's token count, where a scorer tokenized it.
+CACHED_SHARE = "prefix.cached_share"
+PROMPT_TOKENS = "prompt.tokens"
 
 
 @runtime_checkable
@@ -69,6 +76,13 @@ class Observer(Protocol):
     def on_complete(
         self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint, *, ok: bool, usage: Usage | None
     ) -> None: ...
+
+
+@runtime_checkable
+class FirstTokenObserver(Protocol):
+    name: str
+
+    def on_first_token(self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint) -> None: ...
 
 
 @runtime_checkable

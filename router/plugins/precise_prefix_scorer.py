@@ -40,7 +40,7 @@ from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.hashing import root_seed, token_block_hashes
 from fleetgate.router.kv_fleet import KvEventFleet, KvEventsCollector
 from fleetgate.router.plugins import prefix_scorer
-from fleetgate.router.plugins.base import CycleState, PluginContext, hotspot_guard, param
+from fleetgate.router.plugins.base import CACHED_SHARE, PROMPT_TOKENS, CycleState, PluginContext, hotspot_guard, param
 from fleetgate.router.prompt_tokens import EngineTokenizer, LocalTokenizer, PromptTokenizer
 from fleetgate.router.timing import TimingHistogram
 from fleetgate.router.types import RoutingRequest
@@ -82,6 +82,7 @@ class PrecisePrefixScorer:
         if tokens is None:
             return
         cycle[TOKENS] = tokens
+        cycle[PROMPT_TOKENS] = len(tokens)
         seed = root_seed(req.adapter)
         hashes: dict[int, list[int]] = {}
         for e in endpoints:
@@ -123,6 +124,7 @@ class PrecisePrefixScorer:
         cycle["precise.used"] = precise
         cycle["precise.shares"] = shares
         cycle["precise.ids"] = [e.id for e in endpoints]
+        cycle[CACHED_SHARE] = {e.id: share for e, share in zip(endpoints, shares, strict=True)}
         return scores
 
     def on_start(self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint) -> None:

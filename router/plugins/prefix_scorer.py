@@ -37,7 +37,7 @@ from fleetgate.core.kvstore import MemoryKVStore
 from fleetgate.core.types import Endpoint, Usage
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.hashing import chained_block_hashes
-from fleetgate.router.plugins.base import CycleState, PluginContext, hotspot_guard, param
+from fleetgate.router.plugins.base import CACHED_SHARE, CycleState, PluginContext, hotspot_guard, param
 from fleetgate.router.prefix_index import PrefixIndex
 from fleetgate.router.prefix_sync import PrefixIndexSync
 from fleetgate.router.types import RoutingRequest
@@ -101,6 +101,7 @@ class PrefixAffinityScorer:
         scores = [(m - floor) / n for m in matched]
         hotspot_guard(scores, endpoints, self.state, self.hotspot_margin)
         cycle["prefix.matched_blocks"] = matched
+        cycle[CACHED_SHARE] = {e.id: m / n for e, m in zip(endpoints, matched, strict=True)}
         return scores
 
     def on_start(self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint) -> None:

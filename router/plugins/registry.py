@@ -24,6 +24,7 @@ PLUGIN_TYPES: Mapping[str, str] = MappingProxyType(
         "queue-depth-scorer": "fleetgate.router.plugins.queue_scorer:build",
         "kv-cache-usage-scorer": "fleetgate.router.plugins.kv_usage_scorer:build",
         "inflight-scorer": "fleetgate.router.plugins.inflight_scorer:build",
+        "prefill-queue-scorer": "fleetgate.router.plugins.prefill_queue_scorer:build",
         "session-affinity-scorer": "fleetgate.router.plugins.session_scorer:build",
         "adapter-affinity-scorer": "fleetgate.router.plugins.adapter_scorer:build",
         "max-score-picker": "fleetgate.router.plugins.max_score_picker:build",

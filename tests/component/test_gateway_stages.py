@@ -111,6 +111,9 @@ class FixedScheduler:
     def on_start(self, req: RoutingRequest, endpoint: Endpoint) -> None:
         self.events.append(("start", endpoint.url))
 
+    def on_first_token(self, req: RoutingRequest, endpoint: Endpoint) -> None:
+        self.events.append(("first_token", endpoint.url))
+
     def on_complete(self, req: RoutingRequest, endpoint: Endpoint, *, ok: bool, usage: Usage | None) -> None:
         self.events.append(("ok" if ok else "failed", endpoint.url))
 
@@ -249,8 +252,10 @@ async def test_connect_failure_is_retried_once_on_the_fallback_endpoint(start_ga
     assert r.headers["x-fleetgate-endpoint"] == engine.url.removeprefix("http://")
     assert r.headers["x-fleetgate-route-reasons"] == "fixed=1.000"
     await gw.pipeline.drain()
+    # The first generated token is reported once, streamed or not (the non-streaming answer is read as a stream):
+    # the router's queued-prefill scorer counts the request's prefill as done then.
     assert scheduler.events == [("start", dead), ("failed", dead), ("connect_error", dead),
-                                ("start", engine.url), ("ok", engine.url)]
+                                ("start", engine.url), ("first_token", engine.url), ("ok", engine.url)]
     assert 'fleetgate_upstream_retries_total{model="m1"} 1.0' in metrics
 
 
@@ -264,7 +269,7 @@ async def test_no_retry_after_bytes_reached_the_client(start_engine, start_gatew
     assert '"content":"t0 "' in r.text and '"code":"upstream_error"' in r.text
     assert len(healthy.received) == 0
     assert await eventually(lambda: ("failed", dying.url) in scheduler.events)
-    assert scheduler.events == [("start", dying.url), ("failed", dying.url)]
+    assert scheduler.events == [("start", dying.url), ("first_token", dying.url), ("failed", dying.url)]
 
 
 async def test_a_failing_tier_router_fails_open_for_explicit_models(start_gateway, engine: FakeEngine) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,130 @@
+"""The queued-prefill scorer: what it counts, when an entry leaves, and that the scheduler wires it up."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetgate.core.errors import ConfigError
+from fleetgate.core.types import Endpoint
+from fleetgate.router.build import build_scheduler
+from fleetgate.router.config import RoutingConfig
+from fleetgate.router.fleet_state import FleetState
+from fleetgate.router.plugins.base import CACHED_SHARE, PROMPT_TOKENS
+from fleetgate.router.plugins.prefill_queue_scorer import PrefillQueueScorer
+from fleetgate.router.types import RoutingRequest
+
+EPS = [Endpoint(id=f"e{i}", url=f"http://e{i}", model="m") for i in range(2)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def req(rid: str, chars: int) -> RoutingRequest:
+    return RoutingRequest(request_id=rid, model="m", prompt_text="x" * chars)
+
+
+def scorer(clock: Clock | None = None, **kw: object) -> PrefillQueueScorer:
+    return PrefillQueueScorer(name="prefill", state=FleetState(clock=clock or Clock()), **kw)  # type: ignore[arg-type]
+
+
+def test_a_queued_long_prompt_is_a_full_vote_and_a_short_one_a_small_vote() -> None:
+    s = scorer(include_own=False)
+    assert s.score(req("a", 100), {}, EPS) == [1.0, 1.0]
+    s.on_start(req("long", 8_192 * 4), {}, EPS[0])  # 8,192 tokens at 4 chars per token
+    assert s.score(req("b", 100), {}, EPS) == [0.0, 1.0]
+    s2 = scorer(include_own=False)
+    s2.on_start(req("short", 512 * 4), {}, EPS[0])  # 512 tokens: a quarter of the 2,048-token scale
+    assert s2.score(req("b", 100), {}, EPS) == pytest.approx([0.75, 1.0])
+
+
+def test_the_entry_leaves_at_the_first_token_not_at_completion() -> None:
+    s = scorer(include_own=False)
+    r = req("r", 4_000)
+    s.on_start(r, {}, EPS[1])
+    assert s.queued == {"e1": 1_000.0}
+    s.on_first_token(r, {}, EPS[1])
+    assert s.queued == {}
+    s.on_complete(r, {}, EPS[1], ok=True, usage=None)  # nothing left to drop: no double subtraction
+    assert s.queued == {}
+    assert s.score(req("n", 100), {}, EPS) == [1.0, 1.0]
+
+
+def test_completion_without_a_first_token_and_a_retry_elsewhere_both_clear_the_entry() -> None:
+    s = scorer(include_own=False)
+    r = req("r", 4_000)
+    s.on_start(r, {}, EPS[0])
+    s.on_start(r, {}, EPS[1])  # connect failure, retried on the fallback: the first try never ran
+    assert s.queued == {"e1": 1_000.0}
+    s.on_complete(r, {}, EPS[1], ok=False, usage=None)
+    assert s.queued == {}
+
+
+def test_entries_whose_first_token_never_comes_expire() -> None:
+    clock = Clock()
+    s = scorer(clock, include_own=False, max_pending_s=30.0)
+    s.on_start(req("old", 4_000), {}, EPS[0])
+    clock.t += 20
+    s.on_start(req("new", 4_000), {}, EPS[0])
+    clock.t += 15  # "old" is 35 s old, "new" 15 s
+    assert s.score(req("n", 100), {}, EPS) == pytest.approx([1.0 - 1_000 / 2_048, 1.0])
+    assert s.queued == {"e0": 1_000.0}
+
+
+def test_only_uncached_tokens_are_queued_and_a_counted_prompt_beats_the_estimate() -> None:
+    s = scorer(include_own=False)
+    cycle = {CACHED_SHARE: {"e0": 0.75, "e1": 0.0}, PROMPT_TOKENS: 2_000}
+    s.on_start(req("hit", 40), cycle, EPS[0])  # the text is short, but the tokenizer counted 2,000 tokens
+    assert s.queued == {"e0": 500.0}
+
+
+def test_own_uncached_tokens_make_a_cache_hit_worth_waiting_behind_less_than_its_size() -> None:
+    s = scorer()  # includeOwn on: W_e = queued at e + this request's uncached tokens at e
+    s.on_start(req("other", 4 * 1_500), {}, EPS[0])  # 1,500 tokens of someone else's prefill queued at e0
+    hit_at_e0 = {CACHED_SHARE: {"e0": 0.9, "e1": 0.0}}
+    # 2,000-token prompt: e0 = 1,500 + 200 = 1,700; e1 = 2,000 -> e0 wins
+    assert s.score(req("q", 8_000), dict(hit_at_e0), EPS) == pytest.approx([1.0, 1.0 - 300 / 2_048])
+    s.on_start(req("more", 4 * 1_000), {}, EPS[0])  # e0 = 2,500 + 200 = 2,700 > e1 = 2,000 -> e1 wins
+    assert s.score(req("q", 8_000), dict(hit_at_e0), EPS) == pytest.approx([1.0 - 700 / 2_048, 1.0])
+
+
+def test_a_hot_endpoints_cache_stops_counting_past_the_hotspot_margin() -> None:
+    s = scorer(hotspot_margin=2.0)
+    for _ in range(4):  # e0 carries 4 more requests than e1: its cached share is faded out entirely
+        s.state.started("e0")
+    cycle = {CACHED_SHARE: {"e0": 1.0, "e1": 0.0}}
+    assert s.score(req("q", 8_000), cycle, EPS) == [1.0, 1.0]  # both would prefill the whole prompt
+
+
+def test_bad_parameters_are_config_errors() -> None:
+    cfg = RoutingConfig.model_validate({
+        "plugins": [{"type": "prefill-queue-scorer", "name": "p", "parameters": {"scaleTokens": 0}},
+                    {"type": "max-score-picker", "name": "pick"}],
+        "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "p"}, {"pluginRef": "pick"}]}],
+    })
+    with pytest.raises(ConfigError, match="scaleTokens"):
+        build_scheduler(cfg, scrape=False)
+
+
+async def test_the_scheduler_reports_first_tokens_to_the_scorer() -> None:
+    cfg = RoutingConfig.model_validate({
+        "plugins": [{"type": "prefill-queue-scorer", "name": "prefill"}, {"type": "max-score-picker", "name": "pick"}],
+        "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "prefill"}, {"pluginRef": "pick"}]}],
+    })
+    sched = build_scheduler(cfg, scrape=False, seed=1)
+    [plugin] = sched.profile.first_token
+    assert isinstance(plugin, PrefillQueueScorer)
+    first = req("first", 8_000)
+    decision = await sched.pick(first, EPS)
+    sched.on_start(first, decision.endpoint)
+    second = await sched.pick(req("second", 8_000), EPS)
+    assert second.endpoint != decision.endpoint  # the first's 2,000 prefill tokens are queued there
+    sched.on_first_token(first, decision.endpoint)
+    assert plugin.queued == {}
+    sched.on_complete(first, decision.endpoint, ok=True, usage=None)
+    sched.on_first_token(first, decision.endpoint)  # late or repeated: the cycle is gone, nothing happens
+    assert plugin.queued == {}
