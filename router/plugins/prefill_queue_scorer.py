@@ -20,8 +20,10 @@ than `hotspotMargin` requests over the least loaded, so one hot prefix cannot dr
 score_e = 1 - (W_e - min W) / max(max W - min W, scaleTokens), so a difference of a whole long prompt or more
 is a full vote and a few hundred tokens a small one. In token units, affinity and queued work trade off
 directly: a 2,600-token cache hit is worth waiting behind up to ~2,600 tokens of someone else's prefill.
+`warmShare` (default null: never): when some candidate holds at least this share of the prompt, the scorer
+abstains (every score 1) and prefix affinity decides, so queued prefill only places prompts nobody holds.
 Parameters: scaleTokens (2048), charsPerToken (4), maxPendingS (30), includeOwn (true), hotspotMargin (2; null
-disables the guard).
+disables the guard), warmShare (null).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class PrefillQueueScorer:
     def __init__(
         self, *, name: str, state: FleetState, scale_tokens: float = 2048.0, chars_per_token: float = 4.0,
         max_pending_s: float = 30.0, include_own: bool = True, hotspot_margin: float | None = 2.0,
+        warm_share: float | None = None,
     ) -> None:
         if scale_tokens <= 0 or chars_per_token <= 0 or max_pending_s <= 0:
             raise ValueError("scaleTokens, charsPerToken and maxPendingS must be positive")
@@ -57,6 +60,7 @@ class PrefillQueueScorer:
         self.max_pending_s = max_pending_s
         self.include_own = include_own
         self.hotspot_margin = hotspot_margin
+        self.warm_share = warm_share
         # request id -> (endpoint id, tokens, clock time sent); insertion order is send order (expiry from the front)
         self._pending: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
         self.queued: dict[str, float] = {}  # endpoint id -> prefill tokens sent there and not started
@@ -64,9 +68,11 @@ class PrefillQueueScorer:
     def score(self, req: RoutingRequest, cycle: CycleState, endpoints: Sequence[Endpoint]) -> list[float]:
         self._expire()
         queued = [self.queued.get(e.id, 0.0) for e in endpoints]
+        cached = cycle.get(CACHED_SHARE, {})
+        if self.warm_share is not None and any(cached.get(e.id, 0.0) >= self.warm_share for e in endpoints):
+            return [1.0] * len(endpoints)  # a warm prompt: prefix affinity and its hotspot guard decide
         if self.include_own:
             tokens = self._tokens(req, cycle)
-            cached = cycle.get(CACHED_SHARE, {})
             shares = [min(1.0, max(0.0, cached.get(e.id, 0.0))) for e in endpoints]
             hotspot_guard(shares, endpoints, self.state, self.hotspot_margin)
             queued = [q + tokens * (1.0 - s) for q, s in zip(queued, shares, strict=True)]
@@ -123,4 +129,5 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Prefi
         max_pending_s=param(parameters, "maxPendingS", 30.0, float),
         include_own=param(parameters, "includeOwn", True, bool),
         hotspot_margin=param(parameters, "hotspotMargin", 2.0, float),
+        warm_share=param(parameters, "warmShare", None, float),
     )

@@ -128,3 +128,12 @@ async def test_the_scheduler_reports_first_tokens_to_the_scorer() -> None:
     sched.on_complete(first, decision.endpoint, ok=True, usage=None)
     sched.on_first_token(first, decision.endpoint)  # late or repeated: the cycle is gone, nothing happens
     assert plugin.queued == {}
+
+
+def test_with_warm_share_it_abstains_for_a_prompt_someone_holds_and_places_cold_ones() -> None:
+    s = scorer(warm_share=0.5)
+    s.on_start(req("other", 4 * 3_000), {}, EPS[0])
+    warm = {CACHED_SHARE: {"e0": 0.6, "e1": 0.0}}
+    assert s.score(req("q", 8_000), warm, EPS) == [1.0, 1.0]  # prefix affinity decides
+    cold = {CACHED_SHARE: {"e0": 0.1, "e1": 0.0}}
+    assert s.score(req("q", 8_000), cold, EPS)[0] < s.score(req("q", 8_000), cold, EPS)[1]
