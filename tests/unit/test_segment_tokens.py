@@ -228,3 +228,17 @@ async def test_the_local_tokenizer_uses_it_and_can_turn_it_off(tmp_path: Path) -
             assert want[0] == hf.bos_token_id  # chat: the template's bos_token; completions: the post-processor
     segments = on._loaded["m"].segments
     assert segments is not None and segments.cache.hits >= 6
+
+
+@pytest.mark.parametrize("make,text", [
+    (gemma_style, "a\n\n" * 3000 + "\n\n\n" * 500 + "<bos>\n" * 1000),
+    (llama3_style, "<|eot_id|>" * 3000 + "x<|start_header_id|>" * 1000),
+])
+def test_prompts_dense_with_added_tokens_still_match(make: Any, text: str) -> None:
+    """A hostile prompt of nothing but added tokens: one boundary every few characters, thousands of chunks."""
+    backend = make()
+    encoder = build_segmented_encoder(backend, max_entries=16, max_bytes=1 << 20)
+    assert encoder is not None
+    for _ in range(3):
+        assert encoder.encode(text, add_special_tokens=True) == list(backend.encode(text).ids)
+    assert len(encoder.cache) <= 16
