@@ -218,7 +218,7 @@ def _splitter(backend: Any) -> tuple[Any, int, str | None]:
         return None, 0, "an added token strips whitespace or must be a single word: its matches vary in length"
     if spec.get("normalizer") is not None and any(a.get("normalized") for a in added):
         return None, 0, "an added token is matched after normalization"
-    segment_id = SEGMENT_ID  # the copy numbers its added tokens from 1 (its vocabulary has one entry): far below
+    segment_id = SEGMENT_ID  # the copy renumbers its added tokens from its vocabulary's size (1): never this high
     spec.update(normalizer=None, pre_tokenizer=None, post_processor=None, decoder=None,
                 model={"type": "WordLevel", "vocab": {SEGMENT: segment_id}, "unk_token": SEGMENT})
     splitter = Tokenizer.from_str(json.dumps(spec))

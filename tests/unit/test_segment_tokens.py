@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from fleetgate.router.segment_tokens import BYTES_PER_ID, SegmentCache, build_segmented_encoder
 
@@ -41,7 +41,7 @@ def _train(tok: Tokenizer, specials: list[str]) -> Tokenizer:
 def llama3_style() -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(pattern=_regex(LLAMA3_SPLIT), behavior="isolated"),
+        pre_tokenizers.Split(pattern=Regex(LLAMA3_SPLIT), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     tok = _train(tok, LLAMA3_SPECIAL)
@@ -69,12 +69,6 @@ def metaspace_first() -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
     tok = _train(tok, ["<s>", "<|im_start|>"])
     return tok
-
-
-def _regex(pattern: str) -> Any:
-    from tokenizers import Regex
-
-    return Regex(pattern)
 
 
 def _random_prompt(rng: random.Random, tokens: list[str], long_pieces: list[str]) -> str:
