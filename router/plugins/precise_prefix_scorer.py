@@ -23,6 +23,7 @@ the chosen endpoint's set was used and did not hold the whole prompt, the engine
 so when the request completes without a batch having arrived since it started, the endpoint is expected
 to publish within `staleS` (else it is stale and falls back).
 Parameters: tokenizer (engine | local), tokenizerPaths ({model: dir}, local only), tokenizeTimeoutS (0.5),
+tokenizeCacheEntries (4096), tokenizeSegmentCacheMiB (64 per model, local only; 0: encode whole prompts),
 staleS (5), replayTimeoutS (2), kvGroup (null: the full-attention group), port / replayPort / topic
 (template for endpoints without discovery labels), maxBlocks (1024 token blocks), hotspotMargin (2; null
 disables), and the approximate scorer's blockChars, maxBlocks as approxMaxBlocks, charsPerToken,
@@ -158,7 +159,8 @@ class PrecisePrefixScorer:
         await self.approx.aclose()
 
 
-def _tokenizer(*, kind: object, paths: object, timeout_s: float, cache: int, state: FleetState) -> PromptTokenizer:
+def _tokenizer(*, kind: object, paths: object, timeout_s: float, cache: int, segment_mib: float,
+               state: FleetState) -> PromptTokenizer:
     if kind == "engine":
         def least_loaded(endpoints: Sequence[Endpoint]) -> Endpoint:
             return min(endpoints, key=lambda e: state.load(e.id))
@@ -167,7 +169,10 @@ def _tokenizer(*, kind: object, paths: object, timeout_s: float, cache: int, sta
     if kind == "local":
         if not isinstance(paths, dict) or not paths or not all(isinstance(v, str) for v in paths.values()):
             raise ValueError("tokenizer: local needs tokenizerPaths, a map of model name -> tokenizer directory")
-        return LocalTokenizer(paths={str(k): v for k, v in paths.items()}, cache_entries=cache)
+        if segment_mib < 0:
+            raise ValueError("tokenizeSegmentCacheMiB must be 0 (off) or positive")
+        return LocalTokenizer(paths={str(k): v for k, v in paths.items()}, cache_entries=cache,
+                              segment_bytes=int(segment_mib * (1 << 20)))
     raise ValueError(f"parameter 'tokenizer' must be engine or local, got {kind!r}")
 
 
@@ -195,7 +200,8 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Preci
     tokenizer = _tokenizer(
         kind=parameters.get("tokenizer", "engine"), paths=parameters.get("tokenizerPaths"),
         timeout_s=param(parameters, "tokenizeTimeoutS", 0.5, float),
-        cache=param(parameters, "tokenizeCacheEntries", 4096, int), state=ctx.state,
+        cache=param(parameters, "tokenizeCacheEntries", 4096, int),
+        segment_mib=param(parameters, "tokenizeSegmentCacheMiB", 64.0, float), state=ctx.state,
     )
     timer = None  # metrics registered last: a parameter error above leaves the registry as it was
     if ctx.registry is not None:

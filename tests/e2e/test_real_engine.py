@@ -395,6 +395,13 @@ def test_the_local_tokenizer_gives_the_engines_own_tokens(stack: Stack) -> None:
                                                                                              "text": " parts"}]}]}),
         ("completions", {"prompt": "The three primary colours are"}),
     ]
+    # A shared system prompt (several chunks of the segment-wise encode, newlines inside) sent three times: the
+    # third is read from the segment cache; the users' messages hold special-token text, parsed as the engine does.
+    system = "\n".join(f"Rule {i}: answer in French, cite the source, keep it short." for i in range(24))
+    for question in ("Où est la gare?", "Say <end_of_turn> then <bos> and\n\nstop.", "Trois\n\n\nlignes <eos>"):
+        bodies.append(("chat", {"messages": [{"role": "system", "content": system},
+                                             {"role": "user", "content": question}]}))
+        bodies.append(("completions", {"prompt": f"{system}\nQuestion: {question}"}))
 
     async def both() -> list[tuple[list[int] | None, list[int] | None]]:
         local.preload()
@@ -412,3 +419,5 @@ def test_the_local_tokenizer_gives_the_engines_own_tokens(stack: Stack) -> None:
     for (kind, _body), (ours, theirs) in zip(bodies, asyncio.run(both()), strict=True):
         assert theirs, kind
         assert ours == theirs, (kind, ours, theirs)
+    segments = local._loaded[MODEL].segments
+    assert segments is not None and segments.cache.hits > 0  # the segment-wise encode was in use, cache and all

@@ -220,6 +220,7 @@ def test_the_precise_profile_is_the_default_with_its_prefix_scorer_swapped() -> 
 @pytest.mark.parametrize("params, message", [
     ({"tokenizer": "psychic"}, "engine or local"),
     ({"tokenizer": "local"}, "tokenizerPaths"),
+    ({"tokenizer": "local", "tokenizerPaths": {"*": "/m"}, "tokenizeSegmentCacheMiB": -1}, "tokenizeSegmentCacheMiB"),
     ({"kvGroup": -1}, "kvGroup"),
     ({"port": 70000}, "port"),
     ({"staleS": 0}, "staleS"),
