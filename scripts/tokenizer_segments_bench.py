@@ -50,11 +50,7 @@ def _args() -> argparse.Namespace:
 
 
 async def _ready(tok: LocalTokenizer) -> None:
-    tok.preload()
-    for _ in range(2400):
-        if tok.loaded("m") or not tok.paths:
-            break
-        await asyncio.sleep(0.05)
+    await tok.warm(120.0)
     if not tok.loaded("m"):
         raise SystemExit("the tokenizer did not load")
 

@@ -149,6 +149,9 @@ class _Fixed:
     def preload(self) -> None:
         return None
 
+    async def warm(self, timeout_s: float) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 

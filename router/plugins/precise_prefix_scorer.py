@@ -22,7 +22,10 @@ Observer: on start, the approximate index records the prompt (as the approximate
 the chosen endpoint's set was used and did not hold the whole prompt, the engine must store blocks,
 so when the request completes without a batch having arrived since it started, the endpoint is expected
 to publish within `staleS` (else it is stale and falls back).
+Start-up (`start`) loads a local tokenizer before the gateway reports ready, at most `tokenizerLoadTimeoutS` (120 s;
+then requests route on the approximate index until it has loaded): loading holds the GIL for seconds.
 Parameters: tokenizer (engine | local), tokenizerPaths ({model: dir}, local only), tokenizeTimeoutS (0.5),
+tokenizerLoadTimeoutS (120),
 tokenizeCacheEntries (4096), tokenizeSegmentCacheMiB (64 per model, local only; 0: encode whole prompts),
 staleS (5), replayTimeoutS (2), kvGroup (null: the full-attention group), port / replayPort / topic
 (template for endpoints without discovery labels), maxBlocks (1024 token blocks), hotspotMargin (2; null
@@ -55,7 +58,7 @@ class PrecisePrefixScorer:
     def __init__(
         self, *, name: str, state: FleetState, fleet: KvEventFleet, tokenizer: PromptTokenizer,
         approx: prefix_scorer.PrefixAffinityScorer, max_blocks: int = 1024, hotspot_margin: float | None = 2.0,
-        tokenize_timer: Any = None,
+        tokenize_timer: Any = None, tokenizer_load_s: float = 120.0,
     ) -> None:
         if max_blocks <= 0:
             raise ValueError("maxBlocks must be positive")
@@ -69,6 +72,7 @@ class PrecisePrefixScorer:
         self.max_blocks = max_blocks
         self.hotspot_margin = hotspot_margin
         self.tokenize_timer = tokenize_timer
+        self.tokenizer_load_s = tokenizer_load_s  # start-up waits this long for a local tokenizer
 
     async def produce(self, req: RoutingRequest, cycle: CycleState, endpoints: Sequence[Endpoint]) -> None:
         self.fleet.ensure(endpoints)
@@ -150,7 +154,7 @@ class PrecisePrefixScorer:
             st.expect_blocks(batches_at_start=batches_at_start)
 
     async def start(self, source: Any) -> None:
-        self.tokenizer.preload()
+        await self.tokenizer.warm(self.tokenizer_load_s)
         await self.fleet.start(source)
 
     async def aclose(self) -> None:
@@ -215,4 +219,5 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Preci
         name=name, state=ctx.state, fleet=fleet, tokenizer=tokenizer, approx=approx,
         max_blocks=param(parameters, "maxBlocks", 1024, int),
         hotspot_margin=param(parameters, "hotspotMargin", 2.0, float), tokenize_timer=timer,
+        tokenizer_load_s=param(parameters, "tokenizerLoadTimeoutS", 120.0, float),
     )

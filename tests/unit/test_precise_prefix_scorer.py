@@ -46,6 +46,9 @@ class FakeTokenizer:
     def preload(self) -> None:
         return None
 
+    async def warm(self, timeout_s: float) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 
@@ -282,6 +285,29 @@ async def test_the_local_tokenizer_never_makes_a_request_wait_for_it_to_load(mon
             break
         await asyncio.sleep(0.01)
     assert await anyone.tokens(other, EPS) == [1, ord("x")]
+
+
+async def test_warm_waits_for_the_tokenizer_and_gives_up_at_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from fleetgate.router import prompt_tokens
+
+    release = threading.Event()
+
+    def slow_load(path: str) -> _HfLike:
+        release.wait(5)
+        return _HfLike()
+
+    monkeypatch.setattr(prompt_tokens, "_load_tokenizer", slow_load)
+    req = RoutingRequest(request_id="r", model="m", prompt_text="", kind="completions", body={"prompt": "ab"})
+    late = prompt_tokens.LocalTokenizer(paths={"m": "/models/m"})
+    await late.warm(0.05)  # start-up does not hang on a tokenizer that takes too long
+    assert not late.loaded("m") and await late.tokens(req, EPS) is None
+    release.set()
+    ready = prompt_tokens.LocalTokenizer(paths={"m": "/models/m"})
+    await ready.warm(5.0)  # the gateway reports ready only after this: no load while traffic flows
+    assert ready.loaded("m") and await ready.tokens(req, EPS) == [1, 97, 98]
+    await late.aclose()
 
 
 async def test_a_tokenizer_that_cannot_load_is_not_retried_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
