@@ -203,9 +203,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def preflight(workdir: Path, profiles: list[str], configs: dict[str, Path]) -> None:
+def preflight(workdir: Path, profiles: list[str], configs: dict[str, Path], *, epp_profile: str | None = None,
+              epp_site: str = "") -> None:
     """Before any engine starts: a gateway of every profile this build has boots (imports, config, server),
-    so a missing package or a bad routing file costs seconds, not an engine start-up."""
+    so a missing package or a bad routing file costs seconds, not an engine start-up; with `epp_profile`, a
+    picker of it too (its gRPC packages from `epp_site`), and Envoy's binary is there."""
     from fleetgate.bench.live_gateway import Keys, resolve_profile, start_gateway
     from fleetgate.core.errors import ConfigError
 
@@ -220,6 +222,11 @@ def preflight(workdir: Path, profiles: list[str], configs: dict[str, Path]) -> N
                                 timeout_s=60)
         gateway.stop()
         stamp(f"preflight: the {name} gateway starts ({gateway.started_s:.1f}s)")
+        if name == epp_profile:
+            from fleetgate.bench.live_epp import picker_preflight
+
+            took = picker_preflight(workdir, profile, epp_site=epp_site)
+            stamp(f"preflight: the {name} Endpoint Picker starts ({took:.1f}s); Envoy is installed")
 
 
 async def _run(urls: list[str], options: Any, out: Path, workdir: Path) -> list[dict[str, Any]]:
@@ -262,10 +269,18 @@ def main(argv: list[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="gpu-routing-"))
     fleet: EngineFleet | None = None
     rows: list[dict[str, Any]] = []
-    every_profile = list(dict.fromkeys([*options.profiles, *options.unique_profiles, *options.chat_profiles]))
+    every_profile = list(dict.fromkeys([*options.profiles, *options.unique_profiles, *options.chat_profiles,
+                                        *(options.epp_profiles if options.epp_loads else [])]))
+    if options.epp_site:
+        # the picker's gRPC packages: first on this process's path (the doors' Envoy bootstrap imports the xds
+        # protos), not on the engines' (their environment keeps the machine's own packages)
+        options.epp_site = str(Path(options.epp_site).resolve())
+        sys.path.insert(0, options.epp_site)
+    epp_profile = options.epp_latency_profile if options.epp_loads else None
     try:
         if args.engine == "sim":
-            preflight(workdir, every_profile, options.profile_configs)
+            preflight(workdir, every_profile, options.profile_configs, epp_profile=epp_profile,
+                      epp_site=options.epp_site)
             info.update(engine_desc="simulated engines (gpu-8b profile)", card="simulated", enforce_eager=True)
             options.budget_s = min(options.budget_s, deadline - time.time() - args.tail_s)
             with sim_engines(replicas=args.replicas, kv_blocks=args.kv_blocks, time_scale=1.0,
@@ -301,7 +316,9 @@ def main(argv: list[str]) -> int:
             fleet = EngineFleet(specs=specs, startup_timeout_s=timeout, progress=stamp, poll_s=1.0)
             stamp(f"starting {len(specs)} engines (timeout {timeout:.0f}s): {' '.join(specs[0].argv[1:])}")
             fleet.launch()
-            preflight(workdir, every_profile, options.profile_configs)  # while the engines start; a failure stops them
+            # while the engines start; a failure stops them
+            preflight(workdir, every_profile, options.profile_configs, epp_profile=epp_profile,
+                      epp_site=options.epp_site)
             waited = fleet.wait_healthy()
             info["engine_startup_s"] = waited
             stamp(f"engines ready after {waited:.0f}s; {deadline - time.time():.0f}s to the deadline")
