@@ -15,7 +15,8 @@ row per measurement to `results.jsonl` as soon as it is known (a run cut short k
    loads for every profile, the accounting point (the default profile at `accounting_load` with
    `accounting_cancel_share` of the requests leaving mid-stream), the gateway-overhead phase
    (`fleetgate.bench.live_overhead`), unique prompts, shared-prefix at the other loads, chat. Every
-   profile of one (workload, load) gets the same seed, so the same requests;
+   profile of one (workload, load) gets the same seed, so the same requests; last, with `epp_loads`, issue 27's
+   door points and door-latency phase (`fleetgate.bench.live_epp`);
 5. `accounting`: the sum over every comparable row of the engines' prompt and generation token counters
    against what the gateway charged the tenants; `PASS` when nothing is lost either way.
 A point that would not end before the budget is skipped (a `skipped` row says so).
