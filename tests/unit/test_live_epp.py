@@ -202,6 +202,7 @@ def test_the_gain_of_each_door_and_their_ratio() -> None:
     assert g["envoy+epp"] == {"ttft": pytest.approx(4.0), "hit": pytest.approx(1.9)}
     assert g["ttft_ratio"] == pytest.approx(0.8) and g["hit_ratio"] == pytest.approx(0.95)
     assert g["door_cost_ms"] == pytest.approx(50.0)
+    assert g["shipped_hit_ratio"] == pytest.approx(0.95)  # 57% / 60%
 
 
 def test_the_targets_of_issue_27() -> None:
@@ -225,6 +226,7 @@ def test_the_report_has_an_issue_27_section_and_keeps_door_rows_out_of_the_routi
     assert "## Envoy + EPP against the gateway (issue 27)" in text
     assert "### shared-prefix x1 through both doors" in text and "| envoy+epp | default | 600 |" in text
     assert "Envoy + EPP's gain / the gateway's: TTFT p50 0.800, hit rate 0.950" in text
+    assert "default's hit rate through Envoy + EPP / through the gateway 0.950" in text
     assert "| envoy+epp - envoy alone | +1.50 | +2.50 | +1.50 (+1.30..+1.70) | +0.40 | +9.00 |" in text
     assert "MISSED: shared-prefix x1: prefix-routing gain" in text
     assert points(rows()) == {}  # the routing tables and their targets see none of them
