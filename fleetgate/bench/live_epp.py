@@ -62,8 +62,12 @@ class EppDoor:
         return self.envoy.cpu_s() + self.picker.cpu_s()
 
     def stop(self) -> None:
+        # Envoy's log lives in its own temporary folder: its tail goes beside the picker's log (a GPU run's
+        # `gateways.log` collects both)
+        tail = self.envoy.log_tail()
         self.envoy.__exit__(None, None, None)
         self.picker.stop()
+        self.picker.log_path.with_name(self.picker.log_path.stem + "-envoy.log").write_text(tail or "(empty)\n")
 
 
 def picker_env(epp_site: str) -> dict[str, str]:
