@@ -102,6 +102,9 @@ def picker_settings(spec: PickerSpec, profile: Profile, *, grpc_port: int, metri
     settings = gateway_settings(port=free_port(), metrics_port=metrics_port, model=spec.model, urls=spec.urls,
                                 keys=spec.keys, routing=profile.routing, kv_events=spec.kv_events)
     settings["epp"] = {"host": "127.0.0.1", "port": grpc_port}
+    # `fleetgate epp` configures logging at `server.log_level` (info: a JSON usage line per request); the benchmark's
+    # gateway child configures none, so it logs warnings alone: the picker does the same, for the same work
+    settings["server"]["log_level"] = "warning"
     return settings
 
 
