@@ -22,6 +22,11 @@ On the GPU machine (fleetgate not installed; vLLM from the kit on PYTHONPATH), f
 Every step prints a stamped line (also kept in `progress.log`). Nothing runs past `--deadline-s` seconds
 after `--started-at` but the final writing and the engines' stop (about 20 s).
 
+With `--epp-loads` (issue 27, `fleetgate.bench.live_epp`) the run ends with the shared-prefix workload through the
+gateway and through a real Envoy asking `fleetgate epp`, and the door-latency phase; on the GPU machine source
+`scripts/gpu/epp_site.sh` first and pass `--epp-site "$EPP_SITE"` (the picker's gRPC packages, first on the path of
+the picker and of this process, not of the engines). A picker that cannot start drops those points, not the run.
+
 `--engine vllm-cpu` runs the same on the local vLLM CPU engine serving the prepared Gemma 3 270M (a dry
 run of the mechanics); `--engine sim` on simulated engines.
 """
@@ -222,6 +227,27 @@ def preflight(workdir: Path, profiles: list[str], configs: dict[str, Path]) -> N
         stamp(f"preflight: the {name} gateway starts ({gateway.started_s:.1f}s)")
 
 
+def epp_preflight(workdir: Path, options: Any) -> None:
+    """With door points (`--epp-loads`): Envoy's binary is there and a picker of the latency profile starts (its
+    gRPC packages from `--epp-site`). When not, the door points are dropped with the reason, and the rest of the
+    run goes on."""
+    if not options.epp_loads:
+        return
+    name = options.epp_latency_profile
+    try:
+        from fleetgate.bench.live_epp import picker_preflight  # the xds protos: from --epp-site on the GPU machine
+        from fleetgate.bench.live_gateway import resolve_profile
+
+        variables = {"ENGINE_URLS": "[]", "KV_EVENTS_ENDPOINTS": "[]", "MODEL_DIR": "", "BLOCK_SIZE": "16"}
+        took = picker_preflight(workdir, resolve_profile(name, configs=options.profile_configs, variables=variables),
+                                epp_site=options.epp_site)
+    except Exception as exc:  # the gateway's points must not depend on the picker's packages
+        stamp(f"preflight: NO Envoy + EPP door points: {exc}")
+        options.epp_loads = []
+        return
+    stamp(f"preflight: the {name} Endpoint Picker starts ({took:.1f}s); Envoy is installed")
+
+
 async def _run(urls: list[str], options: Any, out: Path, workdir: Path) -> list[dict[str, Any]]:
     from fleetgate.bench.live_routing import run_live
 
@@ -262,10 +288,17 @@ def main(argv: list[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="gpu-routing-"))
     fleet: EngineFleet | None = None
     rows: list[dict[str, Any]] = []
-    every_profile = list(dict.fromkeys([*options.profiles, *options.unique_profiles, *options.chat_profiles]))
+    every_profile = list(dict.fromkeys([*options.profiles, *options.unique_profiles, *options.chat_profiles,
+                                        *(options.epp_profiles if options.epp_loads else [])]))
+    if options.epp_site:
+        # the picker's gRPC packages: first on this process's path (the doors' Envoy bootstrap imports the xds
+        # protos), not on the engines' (their environment keeps the machine's own packages)
+        options.epp_site = str(Path(options.epp_site).resolve())
+        sys.path.insert(0, options.epp_site)
     try:
         if args.engine == "sim":
             preflight(workdir, every_profile, options.profile_configs)
+            epp_preflight(workdir, options)
             info.update(engine_desc="simulated engines (gpu-8b profile)", card="simulated", enforce_eager=True)
             options.budget_s = min(options.budget_s, deadline - time.time() - args.tail_s)
             with sim_engines(replicas=args.replicas, kv_blocks=args.kv_blocks, time_scale=1.0,
@@ -302,6 +335,7 @@ def main(argv: list[str]) -> int:
             stamp(f"starting {len(specs)} engines (timeout {timeout:.0f}s): {' '.join(specs[0].argv[1:])}")
             fleet.launch()
             preflight(workdir, every_profile, options.profile_configs)  # while the engines start; a failure stops them
+            epp_preflight(workdir, options)
             waited = fleet.wait_healthy()
             info["engine_startup_s"] = waited
             stamp(f"engines ready after {waited:.0f}s; {deadline - time.time():.0f}s to the deadline")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,22 +32,37 @@ from fleetgate.bench.loadgen import PATH, Bodies, sequential
 from fleetgate.core.localredis import free_port
 from fleetgate.gateway.epp.envoyconfig import envoy_config
 
+PIN_HEADER = "x-fleetgate-bench-engine"  # Envoy alone: "k" sends the request to the k-th upstream alone
 
-def plain_proxy_config(*, listen: int, upstream: tuple[str, int]) -> dict[str, Any]:
-    """Envoy routing every request to one upstream: no filter but the router."""
+
+def plain_proxy_config(*, listen: int, upstream: tuple[str, int], more: Sequence[tuple[str, int]] = ()
+                       ) -> dict[str, Any]:
+    """Envoy routing every request to its upstreams (`upstream`, then `more`) round-robin: no filter but the
+    router. With several, a request carrying `PIN_HEADER: k` goes to the k-th alone (a paired probe names its
+    engine)."""
     t = "type.googleapis.com/envoy.extensions"
+    upstreams = [upstream, *more]
+    pinned = [{"match": {"prefix": "/", "headers": [{"name": PIN_HEADER, "string_match": {"exact": str(k)}}]},
+               "route": {"cluster": f"engine-{k}", "timeout": "0s"}} for k in range(len(upstreams))] if more else []
     hcm = {"@type": f"{t}.filters.network.http_connection_manager.v3.HttpConnectionManager", "stat_prefix": "plain",
            "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
-               {"match": {"prefix": "/"}, "route": {"cluster": "engine", "timeout": "0s"}}]}]},
+               *pinned, {"match": {"prefix": "/"}, "route": {"cluster": "engine", "timeout": "0s"}}]}]},
            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
                "@type": f"{t}.filters.http.router.v3.Router", "suppress_envoy_headers": True}}]}
+
+    def cluster(name: str, hosts: list[tuple[str, int]]) -> dict[str, Any]:
+        return {"name": name, "type": "STATIC", "connect_timeout": "2s", "load_assignment": {
+            "cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                "address": h, "port_value": p}}}} for h, p in hosts]}]}}
+
+    clusters = [cluster("engine", upstreams)]
+    if more:
+        clusters += [cluster(f"engine-{k}", [u]) for k, u in enumerate(upstreams)]
     return {"static_resources": {
         "listeners": [{"name": "plain", "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
                        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                                        "typed_config": hcm}]}]}],
-        "clusters": [{"name": "engine", "type": "STATIC", "connect_timeout": "2s", "load_assignment": {
-            "cluster_name": "engine", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
-                "address": upstream[0], "port_value": upstream[1]}}}}]}]}}]}}
+        "clusters": clusters}}
 
 
 @dataclass

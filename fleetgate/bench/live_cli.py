@@ -74,6 +74,16 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-replays", default="", help="their replay addresses (comma-separated, engine order)")
     g.add_argument("--kv-topic", default="kv-events", help="the topic they publish on")
     g.add_argument("--model-dir", default="", help="the engines' model directory (for ${MODEL_DIR})")
+    g.add_argument("--epp-loads", default="", help="issue 27, after every other point: shared-prefix loads run "
+                   "through the gateway and through Envoy + `fleetgate epp` for each --epp-profiles (default: none)")
+    g.add_argument("--epp-profiles", default="least-loaded,default", help="profiles of those points (the gain is "
+                   "the last over the first)")
+    g.add_argument("--epp-window", type=float, default=None, help="seconds per door point (default --short-window)")
+    g.add_argument("--epp-latency-window", type=float, default=10.0, help="the door-latency phase's loaded window "
+                   "(0: no such phase)")
+    g.add_argument("--epp-idle-rounds", type=int, default=24, help="its probe rounds on idle engines")
+    g.add_argument("--epp-site", default="", help="a site directory first on the picker's path (the GPU "
+                   "machine's gRPC packages, scripts/gpu/pack_epp.py)")
     g.add_argument("--out", type=Path, default=Path("artifacts/live-routing"), help="output folder")
     g.add_argument("--sim-replicas", type=int, default=2, help="without --urls: simulated engines to start")
     g.add_argument("--sim-kv-blocks", type=int, default=1024)
@@ -102,7 +112,10 @@ def options_from_args(args: argparse.Namespace) -> LiveOptions:
         calibration_reps=args.calibration_reps, budget_s=args.budget,
         seed=args.live_seed, sizes=sizes, kv_tokens=args.kv_tokens, kv_events=_names(args.kv_events),
         kv_replays=_names(args.kv_replays), kv_topic=args.kv_topic,
-        model_dir=args.model_dir,
+        model_dir=args.model_dir, epp_loads=_floats(args.epp_loads), epp_profiles=_names(args.epp_profiles),
+        epp_window_s=args.epp_window, epp_latency_window_s=args.epp_latency_window,
+        epp_idle_rounds=args.epp_idle_rounds, epp_latency_profile=_names(args.epp_profiles)[-1] if
+        _names(args.epp_profiles) else "default", epp_site=args.epp_site,
     )
 
 

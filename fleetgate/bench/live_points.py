@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -52,12 +52,25 @@ class PointSpec:
     seed: int
     users: int = 0  # chat only
     cancel_share: float = 0.0
-    tag: str = "routing"  # routing | accounting | accounting-finish | overhead
+    tag: str = "routing"  # routing | accounting | accounting-finish | overhead | door | door-latency
     server: tuple[tuple[str, Any], ...] = ()  # gateway `server` settings for this point (e.g. cancel_finish_tokens)
+    door: str = "gateway"  # gateway | envoy+epp (`fleetgate.bench.live_epp`)
 
     @property
     def name(self) -> str:
-        return f"{self.workload} x{self.load:g} {self.profile}" + ("" if self.tag == "routing" else f" [{self.tag}]")
+        return (f"{self.workload} x{self.load:g} {self.profile}" + ("" if self.tag == "routing" else f" [{self.tag}]")
+                + ("" if self.door == "gateway" else f" via {self.door}"))
+
+
+class Door(Protocol):
+    """What a point needs of its front door: the gateway's process, or Envoy + `fleetgate epp`."""
+
+    url: str
+    started_s: float
+
+    def cpu_s(self) -> float: ...
+
+    def stop(self) -> None: ...
 
 
 @dataclass
@@ -75,6 +88,18 @@ class LiveContext:
     kv_events: list[dict[str, Any]] = field(default_factory=list)  # the route's kv_events entries
     log: Any = print
     gateways_started: list[float] = field(default_factory=list)
+    epp_site: str = ""  # a site directory put first on the picker's path (the GPU machine's gRPC packages)
+
+
+async def start_door(ctx: LiveContext, spec: PointSpec) -> Door:
+    """The point's front door for its profile, started and answering."""
+    profile = ctx.profiles[spec.profile]
+    if spec.door == "gateway":
+        return await asyncio.to_thread(start_gateway, profile, model=ctx.model, urls=ctx.urls, keys=ctx.keys,
+                                       workdir=ctx.workdir, kv_events=ctx.kv_events, server=dict(spec.server))
+    from fleetgate.bench.live_epp import start_epp_door
+
+    return await start_epp_door(ctx, profile)
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -188,12 +213,12 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
     started = time.perf_counter()
     idle = await live_engines.wait_idle(session, urls, timeout_s=30)
     reset = await live_engines.reset_prefix_caches(session, urls) if ctx.resets else False
-    gateway = await asyncio.to_thread(start_gateway, ctx.profiles[spec.profile], model=ctx.model, urls=urls,
-                                      keys=ctx.keys, workdir=ctx.workdir, kv_events=ctx.kv_events,
-                                      server=dict(spec.server))
+    gateway = await start_door(ctx, spec)
+    # the picker serves no usage API: its points are kept out of the accounting check
+    charging = gateway if isinstance(gateway, GatewayProcess) else None
     try:
         requests = build_requests(ctx, spec, gateway.url)
-        usage_before = usage_totals(await read_usage(session, gateway, ctx.keys.admin))
+        usage_before = usage_totals(await read_usage(session, charging, ctx.keys.admin)) if charging else {}
         cpu_before = gateway.cpu_s()
         before = await live_engines.counters(session, urls)
         lag = LoopLag()
@@ -206,30 +231,32 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
         await lag.stop()
         quiet = await live_engines.wait_idle(session, urls, timeout_s=30)
         after = await live_engines.counters(session, urls)
-        usage = await settled_usage(session, gateway, ctx.keys.admin)
+        usage = await settled_usage(session, charging, ctx.keys.admin) if charging else {}
         cpu = gateway.cpu_s() - cpu_before
     finally:
         await asyncio.to_thread(gateway.stop)
-    charged = usage_totals(usage)
-    charged = {k: charged[k] - usage_before[k] for k in charged}
     whole = deltas(before, after)
     window = deltas(before, in_window)
     row: dict[str, Any] = {
-        "kind": "point", "tag": spec.tag, "workload": spec.workload, "profile": spec.profile, "load": spec.load,
+        "kind": "point", "tag": spec.tag, "door": spec.door, "workload": spec.workload, "profile": spec.profile,
+        "load": spec.load,
         "rate": spec.rate, "users": spec.users, "window_s": spec.window_s, "seed": spec.seed,
         "cancel_share": spec.cancel_share, "reset": reset, "idle_before": idle, "idle_after": quiet,
         **summarize(results, window_s=spec.window_s),
         **engine_figures(window, whole, window_s=spec.window_s),
-        "charged_prompt_tokens": charged["prompt_tokens"],
-        "charged_completion_tokens": charged["completion_tokens"],
-        "charged_requests": charged["requests"],
         "gateway_cpu_s": cpu,
         "gateway_started_s": gateway.started_s,
         "client_loop_lag_p99_s": lag.p99(),
         "elapsed_s": time.perf_counter() - started,
     }
+    row["gateway_cpu_ms_per_request"] = 1000 * cpu / max(1, row["requests"])
+    if charging is None:
+        return row
+    charged = usage_totals(usage)
+    charged = {k: charged[k] - usage_before[k] for k in charged}
+    row.update(charged_prompt_tokens=charged["prompt_tokens"], charged_completion_tokens=charged["completion_tokens"],
+               charged_requests=charged["requests"])
     row["lost_prompt_tokens"] = row["engine_prompt_tokens"] - row["charged_prompt_tokens"]
     row["lost_completion_tokens"] = row["engine_generation_tokens"] - row["charged_completion_tokens"]
     row["comparable"] = bool(row["left_before_first_chunk"] == 0 and quiet)
-    row["gateway_cpu_ms_per_request"] = 1000 * cpu / max(1, row["requests"])
     return row

@@ -15,7 +15,8 @@ row per measurement to `results.jsonl` as soon as it is known (a run cut short k
    loads for every profile, the accounting point (the default profile at `accounting_load` with
    `accounting_cancel_share` of the requests leaving mid-stream), the gateway-overhead phase
    (`fleetgate.bench.live_overhead`), unique prompts, shared-prefix at the other loads, chat. Every
-   profile of one (workload, load) gets the same seed, so the same requests;
+   profile of one (workload, load) gets the same seed, so the same requests; last, with `epp_loads`, issue 27's
+   door points and door-latency phase (`fleetgate.bench.live_epp`);
 5. `accounting`: the sum over every comparable row of the engines' prompt and generation token counters
    against what the gateway charged the tenants; `PASS` when nothing is lost either way.
 A point that would not end before the budget is skipped (a `skipped` row says so).
@@ -85,6 +86,16 @@ class LiveOptions:
     kv_topic: str = "kv-events"
     model_dir: str = ""
     block_size: int = 16
+    # Issue 27 (`fleetgate.bench.live_epp`), after every other point: the shared-prefix workload at each of
+    # `epp_loads` through the gateway and through Envoy + `fleetgate epp`, for each of `epp_profiles` (the same
+    # requests for all four), then the door-latency phase at the first of them (`epp_latency_window_s` > 0)
+    epp_loads: list[float] = field(default_factory=list)
+    epp_profiles: list[str] = field(default_factory=lambda: ["least-loaded", "default"])
+    epp_window_s: float | None = None  # None: short_window_s
+    epp_latency_window_s: float = 10.0
+    epp_idle_rounds: int = 24
+    epp_latency_profile: str = "default"
+    epp_site: str = ""  # a site directory first on the picker's path (the GPU machine's gRPC packages)
 
 
 class Recorder:
@@ -204,13 +215,40 @@ def plan(options: LiveOptions, base_rate: float) -> list[PointSpec]:
             out.append(PointSpec(workload="chat", profile=profile, load=load, rate=users / (o.short_window_s / 2),
                                  window_s=o.short_window_s, drain_s=o.drain_s, seed=_seed(o.seed, "chat", load),
                                  users=users))
+    out += door_plan(o, base_rate)
     return out
+
+
+def door_plan(o: LiveOptions, base_rate: float) -> list[PointSpec]:
+    """Issue 27's points (`LiveOptions.epp_loads`): per load, each profile through both doors with one seed, the
+    doors' order alternating between profiles (gateway, Envoy + EPP, Envoy + EPP, gateway, ...) so that a drift
+    of the machine over the group favours neither; the door-latency phase after the first load."""
+    out: list[PointSpec] = []
+    window = o.epp_window_s or o.short_window_s
+    for n, load in enumerate(o.epp_loads):
+        for i, profile in enumerate(o.epp_profiles):
+            doors = ("gateway", "envoy+epp") if i % 2 == 0 else ("envoy+epp", "gateway")
+            out += [PointSpec(workload="shared-prefix", profile=profile, load=load, rate=base_rate * load,
+                              window_s=window, drain_s=o.drain_s, seed=_seed(o.seed, "door", load), tag="door",
+                              door=door) for door in doors]
+        if n == 0 and o.epp_latency_window_s > 0:
+            out.append(PointSpec(workload="shared-prefix", profile=o.epp_latency_profile, load=load,
+                                 rate=base_rate * load, window_s=o.epp_latency_window_s, drain_s=o.drain_s,
+                                 seed=_seed(o.seed, "door-latency", load), tag="door-latency", door="envoy+epp"))
+    return out
+
+
+DOOR_START_S = 4.0  # Envoy and the picker starting, and Envoy's first health check of the picker
+LATENCY_FIXED_S = 20.0  # the door-latency phase: three doors starting, the idle rounds, the drain
 
 
 def estimate_s(spec: PointSpec) -> float:
     """A point's expected duration: its window, the backlog it leaves past saturation, the fixed costs."""
     backlog = spec.window_s * max(0.0, spec.load - 1.0)
-    return spec.window_s + min(spec.drain_s, backlog + 3.0) + 5.0
+    base = spec.window_s + min(spec.drain_s, backlog + 3.0) + 5.0
+    if spec.tag == "door-latency":
+        return spec.window_s + LATENCY_FIXED_S
+    return base + (DOOR_START_S if spec.door != "gateway" else 0.0)
 
 
 def accounting_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -250,11 +288,14 @@ def _point_line(row: dict[str, Any]) -> str:
     def f(v: Any, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
-    return (f"{row['workload']} x{row['load']:g} {row['profile']} [{row['tag']}]: {row['requests']} req "
+    lost = (f"lost {row['lost_prompt_tokens']:.0f}/{row['lost_completion_tokens']:.0f}" if "lost_prompt_tokens" in row
+            else "charges not read")
+    door = "" if row.get("door", "gateway") == "gateway" else f" via {row['door']}"
+    return (f"{row['workload']} x{row['load']:g} {row['profile']} [{row['tag']}]{door}: {row['requests']} req "
             f"({row['errors']} err, {row['cancelled']} cancelled, {row['forced']} forced), TTFT p50 "
             f"{f(row['ttft_p50_s'], '.3f')}s p90 {f(row['ttft_p90_s'], '.3f')}s, {row['output_tps']:.0f} tok/s, "
-            f"hit {row['hit_rate']:.1%}, lost {row['lost_prompt_tokens']:.0f}/{row['lost_completion_tokens']:.0f}, "
-            f"gw CPU {row['gateway_cpu_ms_per_request']:.2f} ms/req, {row['elapsed_s']:.1f}s")
+            f"hit {row['hit_rate']:.1%}, {lost}, door CPU {row['gateway_cpu_ms_per_request']:.2f} ms/req, "
+            f"{row['elapsed_s']:.1f}s")
 
 
 async def _context(session: aiohttp.ClientSession, urls: list[str], options: LiveOptions, workdir: Path
@@ -265,8 +306,9 @@ async def _context(session: aiohttp.ClientSession, urls: list[str], options: Liv
     capacity = options.kv_tokens or min(s.kv_capacity_tokens for s in snaps) or 16_384
     variables = template_vars(urls=urls, kv_events=options.kv_events, model_dir=options.model_dir,
                               block_size=options.block_size)
+    doors = [*options.epp_profiles, options.epp_latency_profile] if options.epp_loads else []
     wanted = dict.fromkeys([*options.profiles, *options.unique_profiles, *options.chat_profiles,
-                            options.accounting_profile, options.overhead_profile])
+                            options.accounting_profile, options.overhead_profile, *doors])
     profiles: dict[str, Profile] = {}
     unknown: dict[str, str] = {}
     for name in wanted:
@@ -276,7 +318,7 @@ async def _context(session: aiohttp.ClientSession, urls: list[str], options: Liv
             unknown[name] = str(exc)
     ctx = LiveContext(session=session, urls=urls, model=model, keys=Keys.make(options.sizes.tenants),
                       sizes=options.sizes, chars_per_token=cpt, capacity_tokens=capacity, workdir=workdir,
-                      profiles=profiles)
+                      profiles=profiles, epp_site=options.epp_site)
     ctx.resets = await live_engines.reset_prefix_caches(session, urls)
     ctx.kv_events = kv_event_routes(urls=urls, publishers=options.kv_events, replays=options.kv_replays,
                                     topic=options.kv_topic)
@@ -324,7 +366,12 @@ async def run_live(urls: list[str], options: LiveOptions, *, out_dir: Path, work
                 f"hit {cap['hit_rate']:.1%}, {cap['errors']} errors")
             if base <= 0:
                 raise RuntimeError(f"the capacity probe completed nothing: {cap.get('error_sample')}")
-        for spec in plan(options, base):
+        specs = plan(options, base)
+        doors = [s for s in specs if s.tag in ("door", "door-latency")]
+        if doors:
+            log(f"issue 27 (Envoy + EPP): {len(doors)} points planned, ~{sum(map(estimate_s, doors)):.0f}s, after "
+                f"~{sum(estimate_s(s) for s in specs if s not in doors):.0f}s of the others; {left():.0f}s left")
+        for spec in specs:
             if spec.profile not in ctx.profiles:
                 rec.add({"kind": "skipped", "point": spec.name, "why": "profile unavailable"})
                 continue
@@ -338,7 +385,13 @@ async def run_live(urls: list[str], options: LiveOptions, *, out_dir: Path, work
             spec = PointSpec(**{**asdict(spec), "drain_s": drain})
             log(f"run {spec.name} at {spec.rate:.2f}/s for {spec.window_s:g}s")
             try:
-                if spec.tag == "overhead":
+                if spec.tag == "door-latency":
+                    from fleetgate.bench.live_epp import door_line, run_door_latency
+
+                    row = await run_door_latency(ctx, spec, idle_rounds=options.epp_idle_rounds)
+                    rec.add(row)
+                    log(door_line(row))
+                elif spec.tag == "overhead":
                     row = await run_overhead(ctx, profile=spec.profile, base_rate=spec.rate, window_s=spec.window_s,
                                              drain_s=spec.drain_s, seed=spec.seed,
                                              idle_pairs=options.overhead_idle_pairs)
