@@ -99,7 +99,7 @@ class RelayStream:
         await asyncio.sleep(0)
         return self._resp.content.read_nowait()
 
-    async def _drain_then_finish(self) -> None:
+    async def _drain_then_finish(self, *, cancelled: bool = True) -> None:
         """The client left mid-stream. vLLM counts a token when its engine step's output is processed, a moment
         before it writes the chunk, and hangs up on an abort without sending what it counted but did not
         write: hanging up at an arbitrary moment loses those tokens to the tenant's charge. So the gateway
@@ -111,13 +111,14 @@ class RelayStream:
         H100 (~8 ms steps) 15 of 629,503 generated tokens over 180 cancellations went uncharged that way.
 
         When few enough tokens are left (`cancel_finish_tokens`), the gateway does not half-close: it reads the
-        stream to its natural end (by the stream's deadline), so nothing is aborted and the charge is exact."""
+        stream to its natural end (by the stream's deadline), so nothing is aborted and the charge is exact.
+        A stream the gateway ended at its deadline (`cancelled` False) is drained the same way, never finished."""
         rw = self._rw
         pending = rw.take_pending()
         content = self._resp.content
         to_come = rw.to_come()
         try:
-            if to_come is not None and 0 <= to_come <= self._finish_tokens:
+            if cancelled and to_come is not None and 0 <= to_come <= self._finish_tokens:
                 pending = await self._read_to_end(pending)
                 return
             async with asyncio.timeout(self._drain_s):
@@ -138,7 +139,7 @@ class RelayStream:
         finally:
             rw.absorb(pending, final=True)
             self._resp.close()
-            self._on_done(rw.close(cancelled=True))
+            self._on_done(rw.close(cancelled=cancelled))
 
     async def _read_to_end(self, pending: bytes) -> bytes:
         """`cancel_finish_tokens`: read the engine's stream to its natural end, relaying nothing (the client is
@@ -164,8 +165,9 @@ class RelayStream:
 
     def close(self, *, cancelled: bool = False) -> None:
         """Release the engine connection and report the outcome; idempotent. A client that left after output
-        began, with `cancel_drain_s` set, is reported once the engine's stream is drained
-        (`_drain_then_finish`, in a task given to `spawn`)."""
+        began, or a stream this gateway ended at its deadline (the engine is still generating: hanging up would
+        leave its step in flight uncharged), with `cancel_drain_s` set, is reported once the engine's stream is
+        drained (`_drain_then_finish`, in a task given to `spawn`)."""
         if self._closed:
             return
         self._closed = True
@@ -173,8 +175,9 @@ class RelayStream:
         rw = self._rw
         if rw.ended and rw.outcome.ok:
             self._resp.release()
-        elif cancelled and not rw.ended and rw.outcome.output_chunks and self._drain_s > 0 and self._spawn is not None:
-            self._spawn(self._drain_then_finish())
+        elif rw.outcome.output_chunks and self._drain_s > 0 and self._spawn is not None and (
+                (cancelled and not rw.ended) or rw.outcome.error_kind == "deadline"):
+            self._spawn(self._drain_then_finish(cancelled=cancelled and not rw.ended))
             return
         else:
             try:

@@ -65,7 +65,7 @@ def _default_plugins() -> list[PluginSpec]:
         PluginSpec(type="healthy-filter", name="healthy"),
         PluginSpec(type="prefix-affinity-scorer", name="prefix"),
         PluginSpec(type="inflight-scorer", name="inflight"),
-        PluginSpec(type="prefill-queue-scorer", name="prefill"),
+        PluginSpec(type="prefill-queue-scorer", name="prefill", parameters={"warmShare": 0.5}),
         PluginSpec(type="queue-depth-scorer", name="queue"),
         PluginSpec(type="kv-cache-usage-scorer", name="kv-usage"),
         PluginSpec(type="session-affinity-scorer", name="session"),
@@ -78,11 +78,12 @@ def _default_profiles() -> list[SchedulingProfile]:
     # adapter: stronger than prefix affinity (a LoRA load or GPU-slot swap costs more than a prefix miss; its
     # hotspot guard hands a hot adapter to the load scorers); neutral for base-model requests. 3 measured
     # best of 2 and 3 in `fleetgate bench cost --lora` (fewer loads and swaps, lower TTFT p90).
-    # prefill: the prefill an engine must do before this request's first token, its own uncached tokens included.
-    # Chosen on the simulator (weights 1-3, with and without the request's own tokens), then judged on 2 H100s in
-    # two runs (docs/reports/gpu-routing.md, runs 4a and 4b): unique prompts' TTFT p90 7.7-26% below least-loaded
-    # (the old default: -14% to +8.5%), shared prefixes at 1.0x round-robin's capacity p90 1.6-1.7x lower than the
-    # old default; at 1.2x once equal, once 1.6x higher (hit rate 40% vs 58%).
+    # prefill: the prefill an engine must do before a cold prompt's first token (its queued prefill plus this
+    # request's own); it abstains for a prompt an engine holds half of or more (warmShare), which prefix affinity
+    # and its hotspot guard place as before. Weight chosen on the simulator (1-3), judged on 2 H100s in three runs
+    # (docs/reports/gpu-routing.md, runs 4a-4c): unique prompts' TTFT p90 7.7-26% below least-loaded's in five
+    # measurements (the old default: -13.6% to +20%); without warmShare it also won at 1.0x in all three runs but
+    # lost 9-18 points of cache hits at 1.2x in two (a warm prompt moved for queued prefill duplicates its prefix).
     refs = [("healthy", 1.0), ("prefix", 2.0), ("inflight", 1.0), ("prefill", 3.0), ("queue", 1.0),
             ("kv-usage", 0.5), ("session", 1.0), ("adapter", 3.0), ("max-score", 1.0)]
     return [SchedulingProfile(name="default", plugins=[PluginRef(plugin_ref=r, weight=w) for r, w in refs])]

@@ -20,8 +20,11 @@ than `hotspotMargin` requests over the least loaded, so one hot prefix cannot dr
 score_e = 1 - (W_e - min W) / max(max W - min W, scaleTokens), so a difference of a whole long prompt or more
 is a full vote and a few hundred tokens a small one. In token units, affinity and queued work trade off
 directly: a 2,600-token cache hit is worth waiting behind up to ~2,600 tokens of someone else's prefill.
-`warmShare` (default null: never): when some candidate holds at least this share of the prompt, the scorer
-abstains (every score 1) and prefix affinity decides, so queued prefill only places prompts nobody holds.
+`warmShare` (default null: never; the shipped default profile sets 0.5): when some candidate holds at least this
+share of the prompt, the scorer abstains (every score 1) and prefix affinity decides, so queued prefill only places
+prompts nobody holds. Why the default sets it: on 2 H100s at 1.2x round-robin's capacity, letting queued prefill
+move warm prompts lost 9-18 points of cache hits in two runs of three (the prefix ends up held twice and, under KV
+pressure, evicts others), while it won at 1.0x in all three (docs/reports/gpu-routing.md, runs 4a-4c).
 Parameters: scaleTokens (2048), charsPerToken (4), maxPendingS (30), includeOwn (true), hotspotMargin (2; null
 disables the guard), warmShare (null).
 """

@@ -232,3 +232,25 @@ async def test_an_engine_finishing_for_a_departed_client_is_dropped_when_it_stal
             assert record.usage.completion_tokens == 8 and engine.counted > 8
     finally:
         await engine.stop()
+
+
+@pytest.mark.parametrize(("drain_s", "lost"), [(2.0, 0), (0.0, 1)])
+async def test_a_stream_ended_at_its_deadline_is_charged_what_the_engine_counted(
+    counting_engine: CountingEngine, start_gateway: Any, drain_s: float, lost: int
+) -> None:
+    """The gateway's own stream deadline ends the stream while the engine's 3rd token is counted but not yet written
+    (tokens counted at 0.05 + 0.2k s, written at 0.2k s; the deadline at 0.5 s). Hanging up there loses that
+    token; the drain (as for a client that leaves) reads it, half-closes and charges exactly the engine's count."""
+    ledger = Ledger()
+    gw = await start_gateway(settings_for({"m1": [counting_engine.url]}, cancel_drain_s=drain_s,
+                                          stream_deadline_s=0.5), accountant=ledger)
+    body = {"model": "m1", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 50, "stream": True}
+    async with httpx.AsyncClient(base_url=gw.url) as client:
+        r = await client.post("/v1/chat/completions", json=body)
+    assert '"code":"stream_deadline"' in r.text.replace(" ", "")
+    assert await eventually(lambda: counting_engine.aborted == 1, timeout_s=5)
+    await gw.pipeline.drain()
+    assert await eventually(lambda: bool(ledger.records))
+    [record] = ledger.records
+    assert counting_engine.finished == 0 and counting_engine.counted >= 3
+    assert record.usage.completion_tokens == counting_engine.counted - lost

@@ -208,6 +208,9 @@ async def test_streams_this_gateway_ends_at_shutdown_are_not_counted_as_engine_e
     gw2 = await start_gateway(two_model_settings(stuck.url, stuck.url, redis_url, stream_deadline_s=0.5))
     status, events = await read_stream(gw2.url, body("m1", 50))
     assert events[-2]["error"]["code"] == "stream_deadline"
+    # A stream ended at its deadline is reported once the engine's stream is drained (`cancel_drain_s`: this engine
+    # hangs, so after 2 s), so that the tokens it had counted are charged.
+    await gw2.pipeline.drain()
     async with httpx.AsyncClient() as c:
         metrics = (await c.get(gw2.metrics_url)).text
     assert 'fleetgate_upstream_errors_total{' in metrics and 'kind="deadline"' in metrics
