@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,6 @@ from pathlib import Path
 
 from fleetgate.bench.live_gateway import http_ok
 from fleetgate.bench.live_routing import LiveOptions, run_live, stamp
-from fleetgate.core.localredis import free_port
 from fleetgate.sim.workloads import Sizes
 
 
@@ -121,22 +121,23 @@ def options_from_args(args: argparse.Namespace) -> LiveOptions:
 
 @contextmanager
 def sim_engines(*, replicas: int, kv_blocks: int, time_scale: float, log_dir: Path) -> Iterator[list[str]]:
-    """`replicas` simulated engines (profile gpu-8b) in a child process, on free loopback ports."""
-    port = free_port()
-    while any(_in_use(port + i) for i in range(replicas)):
-        port = free_port()
-    argv = [sys.executable, "-m", "fleetgate", "sim", "--replicas", str(replicas), "--base-port", str(port),
+    """`replicas` simulated engines (profile gpu-8b) in a child process, on loopback ports the child binds itself
+    (`--base-port 0`) and prints: a port picked here and bound there later can be taken in between (by any
+    outgoing connection's ephemeral port), which made a busy test run fail with "address already in use"."""
+    argv = [sys.executable, "-m", "fleetgate", "sim", "--replicas", str(replicas), "--base-port", "0",
             "--profile", "gpu-8b", "--kv-blocks", str(kv_blocks), "--time-scale", str(time_scale),
             "--model", "llama-3.1-8b"]
-    log = open(log_dir / "sim-engines.log", "wb")  # noqa: SIM115 (closed below, after the child)
+    log_path = log_dir / "sim-engines.log"
+    log = open(log_path, "wb")  # noqa: SIM115 (closed below, after the child)
     proc = subprocess.Popen(argv, env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=log, stderr=subprocess.STDOUT)
-    urls = [f"http://127.0.0.1:{port + i}" for i in range(replicas)]
     try:
         deadline = time.monotonic() + 60
-        while not all(http_ok(u + "/health") for u in urls):
+        urls: list[str] = []
+        while len(urls) < replicas or not all(http_ok(u + "/health") for u in urls):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"simulated engines did not start: {(log_dir / 'sim-engines.log').read_text()}")
+                raise RuntimeError(f"simulated engines did not start: {log_path.read_text()}")
             time.sleep(0.1)
+            urls = SERVING.findall(log_path.read_text())
         yield urls
     finally:
         proc.terminate()
@@ -148,11 +149,7 @@ def sim_engines(*, replicas: int, kv_blocks: int, time_scale: float, log_dir: Pa
         log.close()
 
 
-def _in_use(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+SERVING = re.compile(r"^sim engine serving .* at (http://\S+)/v1 ", re.MULTILINE)  # fleetgate.sim.serve's line
 
 
 def run_live_cli(args: argparse.Namespace) -> int:
