@@ -57,12 +57,9 @@ CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "add_special_
 class PromptTokenizer(Protocol):
     async def tokens(self, req: RoutingRequest, endpoints: Sequence[Endpoint]) -> list[int] | None: ...
 
-    def preload(self) -> None:
-        """Start loading what the first request would otherwise wait for (in the background)."""
-        ...
-
     async def warm(self, timeout_s: float) -> None:
-        """`preload`, then wait for it up to `timeout_s` (at start-up, before the gateway reports ready)."""
+        """Load what the first request would otherwise wait for, up to `timeout_s` (at start-up, before the gateway
+        reports ready)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -147,9 +144,6 @@ class _CachedTokenizer:
                         ) -> list[int] | None:
         raise NotImplementedError
 
-    def preload(self) -> None:
-        return None
-
     async def warm(self, timeout_s: float) -> None:
         return None
 
@@ -208,6 +202,7 @@ class LocalTokenizer(_CachedTokenizer):
         self._loading: dict[str, asyncio.Task[Loaded]] = {}
 
     def preload(self) -> None:
+        """Start loading every configured tokenizer in a thread; requests meanwhile route approximately."""
         for model in list(self.paths):
             self._tokenizer(model)
 

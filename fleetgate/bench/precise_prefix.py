@@ -146,9 +146,6 @@ class _Fixed:
     async def tokens(self, req: RoutingRequest, endpoints: Any) -> list[int]:
         return self.tokens_
 
-    def preload(self) -> None:
-        return None
-
     async def warm(self, timeout_s: float) -> None:
         return None
 
@@ -219,11 +216,7 @@ async def _tokenize_bench(args: argparse.Namespace) -> dict[str, tuple[float, fl
 async def _local_tokenizer_cpu(args: argparse.Namespace, n: int, *, segment_entries: int) -> tuple[float, float]:
     local = LocalTokenizer(paths={"m": args.tokenizer_path}, cache_entries=1, segment_entries=segment_entries)
     warm = RoutingRequest(request_id="w", model="m", prompt_text="", kind="chat", body=_chat_body(16))
-    local.preload()  # loads the tokenizer in a thread (not timed)
-    for _ in range(1200):
-        if local.loaded("m") or not local.paths:
-            break
-        await asyncio.sleep(0.05)
+    await local.warm(60.0)  # loads the tokenizer in a thread (not timed)
     if await local.tokens(warm, _endpoints(1)) is None:
         raise SystemExit(f"the tokenizer in {args.tokenizer_path} did not load")
     samples = []

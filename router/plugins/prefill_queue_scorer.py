@@ -56,6 +56,10 @@ class PrefillQueueScorer:
     ) -> None:
         if scale_tokens <= 0 or chars_per_token <= 0 or max_pending_s <= 0:
             raise ValueError("scaleTokens, charsPerToken and maxPendingS must be positive")
+        if hotspot_margin is not None and hotspot_margin <= 0:  # the guard divides by it
+            raise ValueError("hotspotMargin must be positive (or null to disable the guard)")
+        if warm_share is not None and not 0 < warm_share <= 1:
+            raise ValueError("warmShare must be in (0, 1] (or null: never abstain)")
         self.name = name
         self.state = state
         self.scale_tokens = scale_tokens
@@ -70,10 +74,10 @@ class PrefillQueueScorer:
 
     def score(self, req: RoutingRequest, cycle: CycleState, endpoints: Sequence[Endpoint]) -> list[float]:
         self._expire()
-        queued = [self.queued.get(e.id, 0.0) for e in endpoints]
         cached = cycle.get(CACHED_SHARE, {})
         if self.warm_share is not None and any(cached.get(e.id, 0.0) >= self.warm_share for e in endpoints):
             return [1.0] * len(endpoints)  # a warm prompt: prefix affinity and its hotspot guard decide
+        queued = [self.queued.get(e.id, 0.0) for e in endpoints]
         if self.include_own:
             tokens = self._tokens(req, cycle)
             shares = [min(1.0, max(0.0, cached.get(e.id, 0.0))) for e in endpoints]
@@ -123,6 +127,14 @@ class PrefillQueueScorer:
             self._drop(request_id)
 
 
+def _flag(parameters: dict[str, Any], key: str, default: bool) -> bool:
+    """A boolean parameter, strictly: `param(..., bool)` would read the string "false" as true."""
+    value = parameters.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"parameter {key!r} must be true or false, got {value!r}")
+    return value
+
+
 def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> PrefillQueueScorer:
     return PrefillQueueScorer(
         name=name,
@@ -130,7 +142,7 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Prefi
         scale_tokens=param(parameters, "scaleTokens", 2048.0, float),
         chars_per_token=param(parameters, "charsPerToken", 4.0, float),
         max_pending_s=param(parameters, "maxPendingS", 30.0, float),
-        include_own=param(parameters, "includeOwn", True, bool),
+        include_own=_flag(parameters, "includeOwn", True),
         hotspot_margin=param(parameters, "hotspotMargin", 2.0, float),
         warm_share=param(parameters, "warmShare", None, float),
     )

@@ -404,11 +404,7 @@ def test_the_local_tokenizer_gives_the_engines_own_tokens(stack: Stack) -> None:
         bodies.append(("completions", {"prompt": f"{system}\nQuestion: {question}"}))
 
     async def both() -> list[tuple[list[int] | None, list[int] | None]]:
-        local.preload()
-        for _ in range(600):  # the tokenizer loads in a thread; requests meanwhile get None (approximate routing)
-            if local.loaded(MODEL) or not local.paths:
-                break
-            await asyncio.sleep(0.05)
+        await local.warm(30.0)  # the tokenizer loads in a thread, as at the gateway's start-up
         out = []
         for kind, body in bodies:
             req = RoutingRequest(request_id="t", model=MODEL, prompt_text="", kind=kind, body=body)

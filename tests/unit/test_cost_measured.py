@@ -12,16 +12,12 @@ from fleetgate.bench.measured_throughput import ThroughputEntry, ThroughputFile,
 from fleetgate.sim.engine import EngineCounters, SimEngine
 from fleetgate.sim.fleet import SimFleet
 
+from .calibration_probe import probe_points
+
 CARD = "NVIDIA H100 80GB HBM3"
 # A calibration entry measured on an engine with TTFT = 20 ms + 50 us x prompt tokens and TPOT = 12 ms + 0.2 ms x B
 PREFILL, OVERHEAD, SLOPE = 5e-5, 0.012, 2e-4
-CALIBRATION = tuple(
-    [ThroughputPoint(concurrency=1, requests=3, prompt_tokens=n, output_tokens=1,
-                     output_tokens_per_s=1 / (0.02 + PREFILL * n), ttft_p50_s=0.02 + PREFILL * n, ttft_p90_s=None)
-     for n in (128, 1024, 4096)]
-    + [ThroughputPoint(concurrency=b, requests=3 * b, prompt_tokens=64, output_tokens=32,
-                       output_tokens_per_s=b / (OVERHEAD + SLOPE * b), ttft_p50_s=None, ttft_p90_s=None)
-       for b in (1, 16, 64, 128)])
+CALIBRATION = probe_points(ttft0=0.02, prefill=PREFILL, overhead=OVERHEAD, slope=SLOPE, batches=(1, 16, 64, 128))
 SWEEP = (ThroughputPoint(concurrency=1, requests=3, prompt_tokens=1024, output_tokens=128, output_tokens_per_s=90.0,
                          ttft_p50_s=0.06, ttft_p90_s=0.07),
          ThroughputPoint(concurrency=64, requests=128, prompt_tokens=1024, output_tokens=128,

@@ -17,16 +17,12 @@ from fleetgate.bench.tier_entry import SelectorError, merge, parse_selector, par
 from fleetgate.sim.engine import EngineCounters, SimEngine
 from fleetgate.sim.fleet import SimFleet
 
+from .calibration_probe import probe_points
+
 CARD = "NVIDIA H100 80GB HBM3"
 # The 70B fp8 TP2 calibration probe of an engine with TTFT = 30 ms + 100 us x prompt and TPOT = 25 ms + 0.1 ms x B
 PREFILL, OVERHEAD, SLOPE = 1e-4, 0.025, 1e-4
-PROBE = tuple(
-    [ThroughputPoint(concurrency=1, requests=3, prompt_tokens=n, output_tokens=1,
-                     output_tokens_per_s=1 / (0.03 + PREFILL * n), ttft_p50_s=0.03 + PREFILL * n, ttft_p90_s=None)
-     for n in (128, 1024, 4096)]
-    + [ThroughputPoint(concurrency=b, requests=3 * b, prompt_tokens=64, output_tokens=32,
-                       output_tokens_per_s=b / (OVERHEAD + SLOPE * b), ttft_p50_s=None, ttft_p90_s=None)
-       for b in (1, 16, 64)])  # fmt: skip
+PROBE = probe_points(ttft0=0.03, prefill=PREFILL, overhead=OVERHEAD, slope=SLOPE, batches=(1, 16, 64))
 LEVELS = (ThroughputPoint(concurrency=1, requests=3, prompt_tokens=1024, output_tokens=128, output_tokens_per_s=17.0,
                           ttft_p50_s=0.09, ttft_p90_s=0.12),
           ThroughputPoint(concurrency=16, requests=16, prompt_tokens=1024, output_tokens=128,

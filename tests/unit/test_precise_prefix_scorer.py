@@ -43,9 +43,6 @@ class FakeTokenizer:
         self.calls += 1
         return self.result
 
-    def preload(self) -> None:
-        return None
-
     async def warm(self, timeout_s: float) -> None:
         return None
 

@@ -100,13 +100,16 @@ def test_a_hot_endpoints_cache_stops_counting_past_the_hotspot_margin() -> None:
     assert s.score(req("q", 8_000), cycle, EPS) == [1.0, 1.0]  # both would prefill the whole prompt
 
 
-def test_bad_parameters_are_config_errors() -> None:
+@pytest.mark.parametrize(("parameters", "named"), [
+    ({"scaleTokens": 0}, "scaleTokens"), ({"hotspotMargin": 0}, "hotspotMargin"), ({"warmShare": 1.5}, "warmShare"),
+    ({"warmShare": 0}, "warmShare"), ({"includeOwn": "false"}, "includeOwn")])
+def test_bad_parameters_are_config_errors(parameters: dict[str, object], named: str) -> None:
     cfg = RoutingConfig.model_validate({
-        "plugins": [{"type": "prefill-queue-scorer", "name": "p", "parameters": {"scaleTokens": 0}},
+        "plugins": [{"type": "prefill-queue-scorer", "name": "p", "parameters": parameters},
                     {"type": "max-score-picker", "name": "pick"}],
         "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "p"}, {"pluginRef": "pick"}]}],
     })
-    with pytest.raises(ConfigError, match="scaleTokens"):
+    with pytest.raises(ConfigError, match=named):
         build_scheduler(cfg, scrape=False)
 
 

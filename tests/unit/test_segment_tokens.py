@@ -189,7 +189,6 @@ def test_the_sightings_memory_is_bounded_too() -> None:
 
 
 async def test_the_local_tokenizer_uses_it_and_can_turn_it_off(tmp_path: Path) -> None:
-    import asyncio
 
     from transformers import PreTrainedTokenizerFast
 
@@ -203,11 +202,7 @@ async def test_the_local_tokenizer_uses_it_and_can_turn_it_off(tmp_path: Path) -
     on = LocalTokenizer(paths={"m": str(tmp_path)}, cache_entries=1)
     off = LocalTokenizer(paths={"m": str(tmp_path)}, cache_entries=1, segment_entries=0)
     for tok in (on, off):
-        tok.preload()
-        for _ in range(600):
-            if tok.loaded("m"):
-                break
-            await asyncio.sleep(0.02)
+        await tok.warm(12.0)
     assert on._loaded["m"].segments is not None and off._loaded["m"].segments is None
     eps = [Endpoint(id="e", url="http://127.0.0.1:1", model="m")]
     system = " ".join(CORPUS) * 4
