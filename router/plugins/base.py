@@ -117,6 +117,8 @@ def param(params: dict[str, Any], key: str, default: Any, kind: type) -> Any:
     value = params.get(key, default)
     if value is None:
         return None
+    if kind is bool and not isinstance(value, bool):  # bool("false") is True: take YAML's true/false only
+        raise ValueError(f"parameter {key!r} must be true or false, got {value!r}")
     try:
         return kind(value)
     except (TypeError, ValueError):

@@ -127,14 +127,6 @@ class PrefillQueueScorer:
             self._drop(request_id)
 
 
-def _flag(parameters: dict[str, Any], key: str, default: bool) -> bool:
-    """A boolean parameter, strictly: `param(..., bool)` would read the string "false" as true."""
-    value = parameters.get(key, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"parameter {key!r} must be true or false, got {value!r}")
-    return value
-
-
 def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> PrefillQueueScorer:
     return PrefillQueueScorer(
         name=name,
@@ -142,7 +134,7 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Prefi
         scale_tokens=param(parameters, "scaleTokens", 2048.0, float),
         chars_per_token=param(parameters, "charsPerToken", 4.0, float),
         max_pending_s=param(parameters, "maxPendingS", 30.0, float),
-        include_own=_flag(parameters, "includeOwn", True),
+        include_own=param(parameters, "includeOwn", True, bool),
         hotspot_margin=param(parameters, "hotspotMargin", 2.0, float),
         warm_share=param(parameters, "warmShare", None, float),
     )
