@@ -65,6 +65,10 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--budget", type=float, default=400.0, help="seconds for the whole run (points that would not "
                    "fit are skipped)")
     g.add_argument("--live-seed", type=int, default=24)
+    g.add_argument("--repeat-seeds", default="", help="more seeds for the first load's shared-prefix points (each "
+                   "profile again on other requests, reported as their own group)")
+    g.add_argument("--no-accounting", action="store_true", help="no accounting row (--overhead-window 0: no "
+                   "overhead phase)")
     g.add_argument("--question-tokens", type=int, default=96)
     g.add_argument("--output-tokens", type=int, default=64)
     g.add_argument("--hot-factor", type=float, default=None, help="hot prefixes / one engine's KV (default "
@@ -110,7 +114,8 @@ def options_from_args(args: argparse.Namespace) -> LiveOptions:
         calibration_lengths=tuple(int(x) for x in _floats(args.calibration_lengths)),
         calibration_batches=tuple(int(x) for x in _floats(args.calibration_batches)),
         calibration_reps=args.calibration_reps, budget_s=args.budget,
-        seed=args.live_seed, sizes=sizes, kv_tokens=args.kv_tokens, kv_events=_names(args.kv_events),
+        seed=args.live_seed, repeat_seeds=[int(x) for x in _floats(args.repeat_seeds)],
+        accounting=not args.no_accounting, sizes=sizes, kv_tokens=args.kv_tokens, kv_events=_names(args.kv_events),
         kv_replays=_names(args.kv_replays), kv_topic=args.kv_topic,
         model_dir=args.model_dir, epp_loads=_floats(args.epp_loads), epp_profiles=_names(args.epp_profiles),
         epp_window_s=args.epp_window, epp_latency_window_s=args.epp_latency_window,

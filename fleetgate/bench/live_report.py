@@ -76,32 +76,54 @@ def table(group: list[dict[str, Any]], *, baseline: str) -> list[str]:
     return lines
 
 
-def targets(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None, str]]:
-    """(target, met (None: not measured), figure)."""
+PRECISE = ("precise-prefix", "precise-local")  # the precise-routing profiles' names (shared or local tokenizer)
+
+
+def seed_tags(rows: list[dict[str, Any]]) -> list[str]:
+    """The tags of the repeated-seed groups (`LiveOptions.repeat_seeds`), in run order."""
+    return list(dict.fromkeys(str(r["tag"]) for r in rows
+                              if r.get("kind") == "point" and str(r.get("tag", "")).startswith("seed-")))
+
+
+def near_saturation_targets(rows: list[dict[str, Any]], *, tag: str = "routing"
+                            ) -> list[tuple[str, bool | None, str]]:
+    """The shared-prefix targets against round-robin, per load at or past NEAR, of one group of points."""
     out: list[tuple[str, bool | None, str]] = []
-    groups = points(rows)
-    by = {key: {r["profile"]: r for r in group} for key, group in groups.items()}
-    for (workload, load), profs in by.items():
+    label = "" if tag == "routing" else f" ({tag})"
+    for (workload, load), group in points(rows, tag=tag).items():
+        profs = {r["profile"]: r for r in group}
         if workload != "shared-prefix" or load < NEAR or "round-robin" not in profs:
             continue
         rr = profs["round-robin"]
-        for name in ("default", "precise-prefix"):
+        for name in ("default", *PRECISE):
             r = profs.get(name)
             if r is None:
                 continue
             p90 = _ratio(rr["ttft_p90_s"], r["ttft_p90_s"], lower_is_better=True)
             tps = _ratio(rr["output_tps"], r["output_tps"], lower_is_better=False)
-            out.append((f"shared-prefix x{load:g}: {name} TTFT p90 >= 3x round-robin", None if p90 is None
+            out.append((f"shared-prefix x{load:g}{label}: {name} TTFT p90 >= 3x round-robin", None if p90 is None
                         else p90 >= 3.0, f"{_f(p90, '.2f')}x ({_f(r['ttft_p90_s'], '.3f')}s vs "
                         f"{_f(rr['ttft_p90_s'], '.3f')}s)"))
-            out.append((f"shared-prefix x{load:g}: {name} output tok/s >= 1.3x round-robin", None if tps is None
-                        else tps >= 1.3, f"{_f(tps, '.2f')}x ({r['output_tps']:,.0f} vs {rr['output_tps']:,.0f})"))
+            out.append((f"shared-prefix x{load:g}{label}: {name} output tok/s >= 1.3x round-robin",
+                        None if tps is None else tps >= 1.3,
+                        f"{_f(tps, '.2f')}x ({r['output_tps']:,.0f} vs {rr['output_tps']:,.0f})"))
+    return out
+
+
+def targets(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None, str]]:
+    """(target, met (None: not measured), figure)."""
+    out = near_saturation_targets(rows)
+    for tag in seed_tags(rows):
+        out += near_saturation_targets(rows, tag=tag)
+    groups = points(rows)
+    by = {key: {r["profile"]: r for r in group} for key, group in groups.items()}
     for (workload, load), profs in by.items():
-        if workload != "shared-prefix" or "precise-prefix" not in profs or "default" not in profs:
+        precise = next((name for name in PRECISE if name in profs), None)
+        if workload != "shared-prefix" or precise is None or "default" not in profs:
             continue
-        p, d = profs["precise-prefix"], profs["default"]
+        p, d = profs[precise], profs["default"]
         better = (p["ttft_p90_s"] or 0) <= (d["ttft_p90_s"] or 0) and p["output_tps"] >= d["output_tps"] * 0.99
-        out.append((f"shared-prefix x{load:g}: precise-prefix >= default", better,
+        out.append((f"shared-prefix x{load:g}: {precise} >= default", better,
                     f"TTFT p90 {_f(p['ttft_p90_s'], '.3f')}s vs {_f(d['ttft_p90_s'], '.3f')}s, "
                     f"{p['output_tps']:,.0f} vs {d['output_tps']:,.0f} tok/s"))
     for (workload, load), profs in by.items():
@@ -270,13 +292,14 @@ def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
         md += [f"Round-robin capacity (closed loop, {cap['concurrency']} streams straight to the engines): "
                f"**{cap['base_rate']:.2f} req/s**, {cap['output_tps']:,.0f} output tok/s, hit rate "
                f"{cap['hit_rate']:.1%}. Loads below are multiples of it.", ""]
-    for (workload, load), group in points(rows).items():
-        baseline = "least-loaded" if workload == "unique" else "round-robin"
-        rate = group[0]["rate"]
-        md += [f"## {workload} x{load:g} ({rate:.2f} {'users/s' if workload == 'chat' else 'req/s'}, "
-               f"{group[0]['window_s']:g} s)", ""]
-        md += table(group, baseline=baseline)
-        md.append("")
+    for tag in ["routing", *seed_tags(rows)]:
+        for (workload, load), group in points(rows, tag=tag).items():
+            baseline = "least-loaded" if workload == "unique" else "round-robin"
+            rate = group[0]["rate"]
+            md += [f"## {workload} x{load:g}{'' if tag == 'routing' else ', ' + tag} ({rate:.2f} "
+                   f"{'users/s' if workload == 'chat' else 'req/s'}, {group[0]['window_s']:g} s)", ""]
+            md += table(group, baseline=baseline)
+            md.append("")
     md += ["## Targets", ""]
     for name, met, figure in targets(rows):
         verdict = "met" if met else "not settled" if met is None else "MISSED"

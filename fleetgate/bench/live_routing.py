@@ -79,6 +79,10 @@ class LiveOptions:
     calibration_reps: int = 3
     budget_s: float = 400.0
     seed: int = 24
+    # more seeds for the first load's shared-prefix points (each profile again on other requests, tagged
+    # `seed-N`), right after the main loads: a second sample of the comparison that matters most near saturation
+    repeat_seeds: list[int] = field(default_factory=list)
+    accounting: bool = True  # False: no accounting row (a run that measures something else)
     sizes: Sizes = field(default_factory=Sizes)
     kv_tokens: int | None = None
     kv_events: list[str] = field(default_factory=list)  # engine i's ZMQ publisher
@@ -186,29 +190,34 @@ def plan(options: LiveOptions, base_rate: float) -> list[PointSpec]:
     o = options
     out: list[PointSpec] = []
 
-    def shared(loads: list[float], window: float) -> None:
+    def shared(loads: list[float], window: float, *, seed: int, tag: str = "routing") -> None:
         for load in loads:
             for profile in o.profiles:
                 out.append(PointSpec(workload="shared-prefix", profile=profile, load=load, rate=base_rate * load,
-                                     window_s=window, drain_s=o.drain_s, seed=_seed(o.seed, "shared-prefix", load)))
+                                     window_s=window, drain_s=o.drain_s, seed=_seed(seed, "shared-prefix", load),
+                                     tag=tag))
 
-    shared(o.loads[:2], o.window_s)
-    accounting = PointSpec(workload="shared-prefix", profile=o.accounting_profile, load=o.accounting_load,
-                           rate=base_rate * o.accounting_load, window_s=o.window_s, drain_s=o.drain_s,
-                           seed=_seed(o.seed, "accounting", o.accounting_load),
-                           cancel_share=o.accounting_cancel_share, tag="accounting")
-    out.append(accounting)
-    if o.accounting_finish_tokens > 0:  # the same requests, through a gateway that lets the engine finish
-        out.append(replace(accounting, tag="accounting-finish",
-                           server=(("cancel_finish_tokens", o.accounting_finish_tokens),)))
-    out.append(PointSpec(workload="shared-prefix", profile=o.overhead_profile, load=1.0, rate=base_rate,
-                         window_s=o.overhead_window_s, drain_s=o.drain_s, seed=_seed(o.seed, "overhead", 1.0),
-                         tag="overhead"))
+    shared(o.loads[:2], o.window_s, seed=o.seed)
+    for extra in o.repeat_seeds:
+        shared(o.loads[:1], o.window_s, seed=extra, tag=f"seed-{extra}")
+    if o.accounting:
+        accounting = PointSpec(workload="shared-prefix", profile=o.accounting_profile, load=o.accounting_load,
+                               rate=base_rate * o.accounting_load, window_s=o.window_s, drain_s=o.drain_s,
+                               seed=_seed(o.seed, "accounting", o.accounting_load),
+                               cancel_share=o.accounting_cancel_share, tag="accounting")
+        out.append(accounting)
+        if o.accounting_finish_tokens > 0:  # the same requests, through a gateway that lets the engine finish
+            out.append(replace(accounting, tag="accounting-finish",
+                               server=(("cancel_finish_tokens", o.accounting_finish_tokens),)))
+    if o.overhead_window_s > 0:
+        out.append(PointSpec(workload="shared-prefix", profile=o.overhead_profile, load=1.0, rate=base_rate,
+                             window_s=o.overhead_window_s, drain_s=o.drain_s, seed=_seed(o.seed, "overhead", 1.0),
+                             tag="overhead"))
     for load in o.unique_loads:
         for profile in o.unique_profiles:
             out.append(PointSpec(workload="unique", profile=profile, load=load, rate=base_rate * load,
                                  window_s=o.short_window_s, drain_s=o.drain_s, seed=_seed(o.seed, "unique", load)))
-    shared(o.loads[2:], o.short_window_s)
+    shared(o.loads[2:], o.short_window_s, seed=o.seed)
     for load in o.chat_loads:
         users = max(1, round(o.chat_users * load))
         for profile in o.chat_profiles:

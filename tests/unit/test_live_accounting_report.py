@@ -177,3 +177,33 @@ def test_the_finish_row_replays_the_accounting_rows_requests_through_a_gateway_t
     assert finish.seed == abort.seed and finish.rate == abort.rate and finish.cancel_share == abort.cancel_share > 0
     assert abort.server == () and dict(finish.server) == {"cancel_finish_tokens": 4096}
     assert [p.tag for p in plan(LiveOptions(), 50.0)].count("accounting-finish") == 0
+
+
+def test_repeated_seeds_rerun_the_first_loads_shared_points_on_other_requests_and_optional_phases_can_be_left_out(
+        ) -> None:
+    from fleetgate.bench.live_routing import LiveOptions, plan
+
+    options = LiveOptions(profiles=["round-robin", "default"], loads=[1.2, 1.0], unique_loads=[], chat_loads=[],
+                          repeat_seeds=[73], accounting=False, overhead_window_s=0)
+    specs = plan(options, 50.0)
+    main = [s for s in specs if s.tag == "routing"]
+    again = [s for s in specs if s.tag == "seed-73"]
+    assert [(s.profile, s.load) for s in again] == [("round-robin", 1.2), ("default", 1.2)]
+    first = {s.seed for s in main if s.load == 1.2}
+    assert len(first) == 1 and {s.seed for s in again} != first  # the same load on other requests
+    assert {s.tag for s in specs} == {"routing", "seed-73"}  # no accounting row, no overhead phase
+
+
+def test_a_repeated_seed_group_gets_its_own_table_and_targets_and_precise_local_is_judged_as_precise(
+        tmp_path: Path) -> None:
+    rows = [point("round-robin", 1.2, p90=9.0, tps=1000), point("default", 1.2, p90=2.0, tps=1500),
+            point("precise-local", 1.2, p90=1.5, tps=1600),
+            point("round-robin", 1.2, p90=6.0, tps=1000, tag="seed-73"),
+            point("default", 1.2, p90=3.0, tps=1200, tag="seed-73")]
+    got = {name: met for name, met, _ in targets(rows)}
+    assert got["shared-prefix x1.2: default TTFT p90 >= 3x round-robin"] is True  # 4.5x
+    assert got["shared-prefix x1.2 (seed-73): default TTFT p90 >= 3x round-robin"] is False  # 2x
+    assert got["shared-prefix x1.2 (seed-73): default output tok/s >= 1.3x round-robin"] is False  # 1.2x
+    assert got["shared-prefix x1.2: precise-local >= default"] is True
+    report = write_reports(rows, out_dir=tmp_path)[0].read_text(encoding="utf-8")
+    assert "## shared-prefix x1.2, seed-73 (" in report and "## shared-prefix x1.2 (" in report
