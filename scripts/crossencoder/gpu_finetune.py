@@ -12,24 +12,25 @@ over the split's training rows (every row above the similarity threshold outside
 groups) and writes the held-out rows' probabilities in `experiment.py report`'s format.
 
 Bounded: `--deadline-s` counts from this process's start (imports included). No fit starts that would not end
-before it (estimated from the finished fits of its mode), and a fit still running at the deadline is abandoned
-(its probabilities are not written: an undertrained model's would mislead). Each finished fit's probabilities are
-flushed at once, and `run.json` (device, versions, every fit's rows, seconds and status) is rewritten after each
-fit, so a run killed from outside still leaves what it finished. Exit status 0: every fit done; 3: some were
-skipped, abandoned at the deadline or lost with a worker that died.
+before it (estimated from the finished fits of its mode, before the first from any mode's), and a fit still
+running at the deadline is abandoned (its probabilities are not written: an undertrained model's would mislead).
+Each finished fit's probabilities are flushed at once, and `run.json` (device, versions, every fit's rows,
+seconds and status) is rewritten after each fit, so a run killed from outside still leaves what it finished.
+Exit status 0: every fit done; 3: some were skipped, abandoned at the deadline or lost with a worker that died.
 
 `--workers N` runs the fits in N processes sharing the device, taking the next fit as they get free, split by
-split with the modes of one split together (so a run cut short holds both modes for the same splits). Why: a
-22.7 M-parameter model at batch 32 x <= 96 tokens keeps an H100 busy a few percent of the time; one training
-step is ~1,100 small operations dispatched from Python (~1,500 with adapters), so a single process is bound by
-its CPU thread, and the machine has 16 cores. Each fit seeds itself, so its result does not depend on the
+split with the modes of one split together (so a run cut short holds both modes for the same splits). Why: one
+training step of this 22.7 M-parameter model at batch 32 x <= 96 tokens is ~1,100 small operations dispatched
+from Python (~1,500 with adapters; ~6-8 ms of pure dispatch a step on one core of the development VM), so a
+single process is expected to be bound by its CPU thread with the GPU mostly idle (not measured on a GPU), and
+the GPU machine has 16 cores. Each fit seeds itself, so its result does not depend on the
 worker that ran it.
 
 Here (CPU), then on the device machine, then here again (docs/reports/cache-precision-round5.md):
 
     python scripts/crossencoder/experiment.py prepare && python scripts/gpu/pack_minilm.py
     # device: carry build/xenc/rows.jsonl and .gpu-kit/minilm.tar.xz
-    python3 scripts/crossencoder/gpu_finetune.py --modes full,lora8 --deadline-s 330 --out $OUT/xenc
+    python3 scripts/crossencoder/gpu_finetune.py --modes full,lora8 --workers 6 --deadline-s 330 --out $OUT/xenc
     python scripts/crossencoder/experiment.py report --probs FILES_AT/xenc/probs-gpu-full.jsonl
 """
 
