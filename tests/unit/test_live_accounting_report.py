@@ -207,3 +207,11 @@ def test_a_repeated_seed_group_gets_its_own_table_and_targets_and_precise_local_
     assert got["shared-prefix x1.2: precise-local >= default"] is True
     report = write_reports(rows, out_dir=tmp_path)[0].read_text(encoding="utf-8")
     assert "## shared-prefix x1.2, seed-73 (" in report and "## shared-prefix x1.2 (" in report
+
+
+def test_the_drawn_load_is_the_seeds_arrivals_over_the_nominal_expectation() -> None:
+    from fleetgate.bench.live_report import drawn_load
+
+    assert drawn_load(point("default", 1.2, requests=108)) == pytest.approx(1.2 * 108 / 100)  # rate 10/s for 10 s
+    assert drawn_load(point("default", 1.0, workload="chat")) is None  # closed loop: no nominal arrivals
+    assert drawn_load(point("default", 1.0, rate=0.0)) is None
