@@ -74,20 +74,21 @@ class Exchange:
 
     async def on_message(self, req: messages.ProcessingRequest) -> list[messages.ProcessingResponse]:
         kind = req.WhichOneof("request")
+        if kind == "response_body":  # first: every chunk of every answer comes this way
+            body = req.response_body
+            answer = self._answer
+            if answer is None:  # a body without headers: protocol misuse; pass it through untouched
+                return messages.body_pieces(body.body, response=True, end=body.end_of_stream)
+            out = answer.body(body.body, end=body.end_of_stream)
+            if answer.done:
+                self._settled_if(True)
+            return out
         if kind == "request_headers":
             return await self._request_headers(req)
         if kind == "request_body":
             return await self._request_body(req)
         if kind == "response_headers":
             return self._response_headers(req)
-        if kind == "response_body":
-            answer = self._answer
-            if answer is None:  # a body without headers: protocol misuse; pass it through untouched
-                return messages.body_pieces(req.response_body.body, response=True,
-                                            end=req.response_body.end_of_stream)
-            out = answer.body(req.response_body.body, end=req.response_body.end_of_stream)
-            self._settled_if(answer.done)
-            return out
         if kind == "response_trailers":
             return [messages.trailers()]
         return []  # request trailers: HTTP/1.1 clients send none; nothing to answer in FULL_DUPLEX mode

@@ -98,17 +98,28 @@ def route_to(endpoints: list[str], *, set_headers: Mapping[str, str], remove: tu
     )
 
 
+def body_piece(body: bytes, *, response: bool, end: bool) -> pb.ProcessingResponse:
+    """One streamed body mutation (at most `BODY_PIECE` bytes). Built in place through the nested fields rather
+    than from five constructed messages: this runs for every chunk of every stream (a third of the picker's own
+    work per response chunk)."""
+    out = pb.ProcessingResponse()
+    streamed = (out.response_body if response else out.request_body).response.body_mutation.streamed_response
+    streamed.SetInParent()  # present even when empty and not the end: the proxy requires a streamed_response
+    if body:
+        streamed.body = body
+    if end:
+        streamed.end_of_stream = True
+    return out
+
+
 def body_pieces(body: bytes, *, response: bool, end: bool = True) -> list[pb.ProcessingResponse]:
     """`body` as streamed body mutations of the request (`response=False`) or response body; the last piece
     carries `end_of_stream` when `end`. An empty body is one empty piece."""
-    pieces = [body[i:i + BODY_PIECE] for i in range(0, len(body), BODY_PIECE)] or [b""]
-    out = []
-    for i, piece in enumerate(pieces):
-        streamed = pb.StreamedBodyResponse(body=piece, end_of_stream=end and i == len(pieces) - 1)
-        common = pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(streamed_response=streamed)))
-        out.append(pb.ProcessingResponse(response_body=common) if response
-                   else pb.ProcessingResponse(request_body=common))
-    return out
+    if len(body) <= BODY_PIECE:
+        return [body_piece(body, response=response, end=end)]
+    last = (len(body) - 1) // BODY_PIECE * BODY_PIECE
+    return [body_piece(body[i:i + BODY_PIECE], response=response, end=end and i == last)
+            for i in range(0, len(body), BODY_PIECE)]
 
 
 def response_headers(*, set_headers: Mapping[str, str], remove: tuple[str, ...] = ()) -> pb.ProcessingResponse:
