@@ -65,7 +65,7 @@ class PairVetoConfig(BaseModel):
 
     # On by default since issue 30 (round 6): on the development data it removed 4 of 5 false hits of the set
     # written with `constraint` rows (frozen4, leave-source-out) and added none anywhere, for 0-2.3 points of
-    # recall; it costs ~3.6 ms of CPU per would-be hit only (docs/reports/cache-precision-round6.md).
+    # recall; it costs ~4 ms of CPU per would-be hit only (docs/reports/cache-precision-round6.md).
     enabled: bool = True
     # the cross-encoder's probability under which a would-be hit is refused; 0.2 was fixed on the
     # development splits (0.05-0.3 gave the same decisions there; 0.5 cost more recall)

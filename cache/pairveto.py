@@ -9,7 +9,7 @@ head on the [CLS] and masked-mean states, fine-tuned on the development rows
 `data/pair_veto_lora8.safetensors`, whose metadata holds the recipe and the rows' sha256). At first use the
 adapters are merged into the installed MiniLM and the result is exported and quantised as the cache's int8
 embedder is (`fleetgate.core.minilm_export.ensure_pair_veto`, a child process, once per model folder), then
-run by ONNX Runtime on one thread: ~3.6 ms of CPU per pair (round 5's `onnx_cost.py`).
+run by ONNX Runtime on one thread: 3.8-4.2 ms more CPU per would-be hit at p50 (`scripts/crossencoder/lookup_cost.py`).
 
 `TwoLayerCache` asks it only for a would-be hit (the pair model's acceptance; not a pair settled by the word
 match, not a miss), so misses never pay for it, and loads it on the first would-be hit. A scorer that fails

@@ -177,6 +177,18 @@ async def test_a_serving_cache_answers_miss_while_the_veto_loads_then_uses_it() 
     await cache.aclose()
 
 
+async def test_preload_loads_it_at_start_up() -> None:
+    scorer = Scripted(0.9)
+    cfg = config()
+    cfg = cfg.model_copy(update={"semantic": cfg.semantic.model_copy(update={"preload": True})})
+    cache = TwoLayerCache(config=cfg, kvstore=MemoryKVStore(), embedder=HashingEmbedder(),
+                          metrics=CacheMetrics(CollectorRegistry()), pair_veto=scorer)
+    await cache.start()
+    await cache.warm_up()
+    assert scorer.loads == 1 and scorer.calls == []
+    await cache.aclose()
+
+
 def test_a_minilm_cache_gets_the_shipped_scorer_unloaded_and_the_hashing_embedder_none() -> None:
     from fleetgate.cache.embedding import BatchingEmbedder, OnnxMiniLMEmbedder
     from fleetgate.cache.pairveto import default_scorer
