@@ -9,6 +9,7 @@ evaluation set). The ONNX file is exported on first use into the model folder wh
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,24 @@ def test_it_is_symmetric_and_refuses_constraints_while_passing_paraphrases() -> 
     for a, b in CONSTRAINTS:
         assert scorer.probability(a, b) < threshold, (a, b)
         assert scorer.probability(a, b) == scorer.probability(b, a)
+
+
+def test_a_prompt_past_96_tokens_is_cut_the_cost_stays_bounded_and_an_added_constraint_there_is_unseen() -> None:
+    scorer = default_scorer()
+    body = "Summarise the following text. " + "The quarterly report shows revenue growth in every region. " * 40
+    plain = scorer.probability(body, body + " Answer in French.")  # the addition lies past token 96 on both sides
+    assert 0.0 <= plain <= 1.0
+    # past the cut both inputs read the same: the veto cannot refuse on what it does not see (it can only let
+    # the pair model's decision stand), and the pair is scored as a whole prompt equal to itself
+    assert abs(plain - scorer.probability(body, body)) < 1e-6
+
+
+def test_a_failed_export_is_a_clear_error_and_leaves_no_partial_file(tmp_path: Path) -> None:
+    from fleetgate.core.errors import ConfigError
+    from fleetgate.core.minilm_export import ensure_pair_veto, pair_veto_file
+
+    (tmp_path / "config.json").write_text("{}")  # a model folder without weights: the export must fail
+    with pytest.raises(ConfigError, match=r"exporting the pair veto to ONNX failed"):
+        ensure_pair_veto(model_dir=tmp_path, adapters=ADAPTERS)
+    assert not pair_veto_file(model_dir=tmp_path, adapters=ADAPTERS).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # temporaries cleaned up
