@@ -32,6 +32,10 @@ Here (CPU), then on the device machine, then here again (docs/reports/cache-prec
     # device: carry build/xenc/rows.jsonl and .gpu-kit/minilm.tar.xz
     python3 scripts/crossencoder/gpu_finetune.py --modes full,lora8 --workers 6 --deadline-s 330 --out $OUT/xenc
     python scripts/crossencoder/experiment.py report --probs FILES_AT/xenc/probs-gpu-full.jsonl
+
+`--save-adapters FILE` (with one `loraR` mode) instead fits once on every row above the threshold, every source,
+with the same trainer and recipe, and writes the adapters + head as float16 safetensors (recipe, rows sha256,
+losses and environment in its metadata): how `cache/data/pair_veto_lora8.safetensors` was made (on CPU, ~14 min).
 """
 
 from __future__ import annotations
