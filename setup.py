@@ -38,6 +38,7 @@ def discover() -> list[str]:
 setup(
     packages=discover(),
     package_dir=ROOTS,
-    package_data={"": ["*.html", "*.js", "*.css", "*.json", "*.yaml", "*.yml", "*.jinja", "*.txt", "py.typed"]},
+    package_data={"": ["*.html", "*.js", "*.css", "*.json", "*.yaml", "*.yml", "*.jinja", "*.txt", "data/*.safetensors",
+                       "py.typed"]},
     include_package_data=True,
 )

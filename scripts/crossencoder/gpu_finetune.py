@@ -32,6 +32,10 @@ Here (CPU), then on the device machine, then here again (docs/reports/cache-prec
     # device: carry build/xenc/rows.jsonl and .gpu-kit/minilm.tar.xz
     python3 scripts/crossencoder/gpu_finetune.py --modes full,lora8 --workers 6 --deadline-s 330 --out $OUT/xenc
     python scripts/crossencoder/experiment.py report --probs FILES_AT/xenc/probs-gpu-full.jsonl
+
+`--save-adapters FILE` (with one `loraR` mode) instead fits once on every row above the threshold, every source,
+with the same trainer and recipe, and writes the adapters + head as float16 safetensors (recipe, rows sha256,
+losses and environment in its metadata): how `cache/data/pair_veto_lora8.safetensors` was made (on CPU, ~14 min).
 """
 
 from __future__ import annotations
@@ -137,7 +141,9 @@ def load_minilm(pack: Path, folder: Path) -> tuple[Any, Any]:
     tokenizer.enable_truncation(max_length=MAX_TOKENS)
     tokenizer.no_padding()
     model = BertModel(BertConfig.from_json_file(str(root / "config.json")), add_pooling_layer=False)
-    state = {k: v.float() for k, v in load_file(str(root / "model.fp16.safetensors")).items()}
+    weights = root / "model.fp16.safetensors"  # the GPU kit's; the installed package's folder has float32
+    weights = weights if weights.is_file() else root / "model.safetensors"
+    state = {k: v.float() for k, v in load_file(str(weights)).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or [u for u in unexpected if not u.startswith("pooler.") and "position_ids" not in u]:
         raise SystemExit(f"MiniLM weights do not fit: missing {missing}, unexpected {unexpected}")
@@ -225,10 +231,10 @@ class Settings:
         return time.monotonic() - self.started
 
 
-def run_split(base: Any, tokens: Tokens, y: Any, train: list[int], test: list[int], *, mode: Mode, fit: Fit,
-              settings: Settings, say: Any) -> list[float]:
-    """Fine-tune a copy of `base` + a head on `train`, return the probabilities of `test`; updates `fit` after
-    each epoch. Raises `DeadlineReached` when the deadline passes mid-fit."""
+def train_pair_model(base: Any, tokens: Tokens, y: Any, train: list[int], *, mode: Mode, fit: Fit,
+                     settings: Settings, say: Any) -> tuple[Any, Any, Any]:
+    """Fine-tune a copy of `base` + a head on `train`: (model in eval mode, head, logits(ids) function); updates
+    `fit` after each epoch. Raises `DeadlineReached` when the deadline passes mid-fit."""
     import copy
 
     import torch
@@ -255,19 +261,16 @@ def run_split(base: Any, tokens: Tokens, y: Any, train: list[int], test: list[in
         m = mask[..., None].float()
         return head(torch.cat([h[:, 0], (h * m).sum(1) / m.sum(1)], dim=1)).squeeze(-1)
 
-    def check() -> None:
-        if settings.elapsed() >= settings.deadline:
-            raise DeadlineReached
-
     started = time.monotonic()
     say(f"  {mode.name} {fit.split}: {sum(q.numel() for q in trained)} trained encoder parameters, lr {mode.lr}, "
-        f"{len(train)} training rows, {len(test)} to score")
+        f"{len(train)} training rows, {fit.scored} to score")
     order = list(train)
     for epoch in range(settings.epochs):
         random.shuffle(order)
         total = torch.zeros((), device=device)
         for start in range(0, len(order), settings.batch):
-            check()
+            if settings.elapsed() >= settings.deadline:
+                raise DeadlineReached
             ids = order[start : start + settings.batch]
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logits(ids), y[ids])
             opt.zero_grad()
@@ -280,12 +283,70 @@ def run_split(base: Any, tokens: Tokens, y: Any, train: list[int], test: list[in
         say(f"  {mode.name} {fit.split}: epoch {epoch + 1}/{settings.epochs}, {len(train)} rows, "
             f"loss {fit.losses[-1]:.4f}, {fit.seconds:.1f} s (run {settings.elapsed():.0f} s)")
     model.eval()
+    return model, head, logits
+
+
+def run_split(base: Any, tokens: Tokens, y: Any, train: list[int], test: list[int], *, mode: Mode, fit: Fit,
+              settings: Settings, say: Any) -> list[float]:
+    """Fine-tune a copy of `base` + a head on `train`, return the probabilities of `test`; updates `fit` after
+    each epoch. Raises `DeadlineReached` when the deadline passes mid-fit."""
+    import torch
+
+    _, _, logits = train_pair_model(base, tokens, y, train, mode=mode, fit=fit, settings=settings, say=say)
     out: list[float] = []
     with torch.no_grad():
         for start in range(0, len(test), 256):
-            check()
+            if settings.elapsed() >= settings.deadline:
+                raise DeadlineReached
             out += torch.sigmoid(logits(test[start : start + 256])).tolist()
     return out
+
+
+def adapter_tensors(model: Any, head: Any) -> dict[str, Any]:
+    """The trained numbers of a LoRA model + head, float16: `encoder.layer.{i}.{path}.lora_a` (rank x in) and
+    `.lora_b` (out x rank) for every adapted linear map (`path` as in the BERT state dict, e.g.
+    `attention.self.query`), `head.weight` (1 x 2 hidden) and `head.bias` (1)."""
+    out = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "inner") and hasattr(module, "a") and hasattr(module, "b"):
+            out[f"{name}.lora_a"] = module.a.detach().cpu().half().contiguous()
+            out[f"{name}.lora_b"] = module.b.detach().cpu().half().contiguous()
+    out["head.weight"] = head.weight.detach().cpu().half().contiguous()
+    out["head.bias"] = head.bias.detach().cpu().half().contiguous()
+    return out
+
+
+def fit_all(args: argparse.Namespace, mode: Mode, rows: list[dict[str, Any]], settings: Settings,
+            meta: dict[str, Any]) -> int:
+    """`--save-adapters FILE`: one fit of `mode` (a LoRA mode) on every row above the similarity threshold (every
+    source: what ships), the recipe of the splits' fits; writes the adapters + head as float16 safetensors with
+    the recipe, rows sha256 and environment in its metadata."""
+    import torch
+    from safetensors.torch import save_file
+
+    if not mode.lora:
+        raise SystemExit("--save-adapters needs one lora mode (e.g. --modes lora8)")
+    train = [r["id"] for r in rows if r["above"]][: args.limit or None]
+    tokenizer, base = load_minilm(args.minilm, Path(tempfile.mkdtemp(prefix="minilm-")))
+    tokens = Tokens(tokenizer, rows, settings.device)
+    y = torch.tensor([float(r["y"]) for r in rows], device=settings.device)
+    fit = Fit(mode=mode.name, split="all", train_rows=len(train), scored=0)
+    model, head, _ = train_pair_model(base, tokens, y, train, mode=mode, fit=fit, settings=settings,
+                                      say=lambda line: print(line, flush=True))
+    recipe = {"mode": mode.name, "rank": mode.lora, "lr": mode.lr, "head_lr": settings.head_lr,
+              "epochs": settings.epochs, "batch": settings.batch, "seed": settings.seed, "warmup": "10% linear",
+              "decay": "linear to 0", "weight_decay": 0.01, "max_tokens": MAX_TOKENS,
+              "input": "[CLS] a [SEP] b [SEP], a and b in sorted order",
+              "head": "logistic on concat(CLS state, masked mean state)"}
+    metadata = {"made_by": "scripts/crossencoder/gpu_finetune.py --save-adapters", "rows": str(args.rows),
+                "rows_sha256": meta["rows_sha256"], "train_rows": str(len(train)), "recipe": json.dumps(recipe),
+                "losses": json.dumps(fit.losses), "seconds": str(fit.seconds),
+                "environment": json.dumps(meta["environment"])}
+    args.save_adapters.parent.mkdir(parents=True, exist_ok=True)
+    save_file(adapter_tensors(model, head), str(args.save_adapters), metadata=metadata)
+    print(f"gpu_finetune: {len(train)} rows, losses {fit.losses}, {fit.seconds:.0f} s -> {args.save_adapters} "
+          f"({args.save_adapters.stat().st_size} bytes)", flush=True)
+    return 0
 
 
 def environment(device: str) -> dict[str, str]:
@@ -393,7 +454,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", type=Path, default=Path("build/xenc/rows.jsonl"))
     parser.add_argument("--minilm", type=Path, default=Path(".gpu-kit/minilm.tar.xz"),
                         help="the packed MiniLM (.tar.xz) or a folder holding it unpacked")
-    parser.add_argument("--out", type=Path, required=True, help="folder: probs-gpu-MODE.jsonl, run.json, progress.log")
+    parser.add_argument("--out", type=Path, help="folder: probs-gpu-MODE.jsonl, run.json, progress.log")
+    parser.add_argument("--save-adapters", type=Path,
+                        help="instead of the splits: one fit of the (one, lora) mode on every row, adapters + head "
+                             "written to this .safetensors file (what the cache's pair veto ships)")
     parser.add_argument("--modes", default="full", help="comma-separated: full, loraR (R: adapter rank, e.g. lora8)")
     parser.add_argument("--deadline-s", type=float, default=330.0,
                         help="seconds from this process's start after which no fit starts or goes on")
@@ -411,6 +475,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.workers < 1 or args.epochs < 1 or args.batch < 1 or args.deadline_s <= 0:
         parser.error("--workers, --epochs, --batch and --deadline-s must be positive")
+    if (args.out is None) == (args.save_adapters is None):
+        parser.error("name one of --out (the splits) and --save-adapters (one fit on every row)")
     return args
 
 
@@ -438,13 +504,17 @@ def main(argv: list[str] | None = None, *, started: float = STARTED) -> int:
     rows = [json.loads(line) for line in args.rows.open()]
     if any(r["source"] not in LSO_SOURCES for r in rows) or [r["id"] for r in rows] != list(range(len(rows))):
         raise SystemExit(f"{args.rows}: unexpected rows (sources must be {LSO_SOURCES}, ids 0..n-1)")
-    plan = make_plan(rows, only=args.only, limit=args.limit)
-    args.out.mkdir(parents=True, exist_ok=True)
     settings = Settings(epochs=args.epochs, head_lr=args.head_lr, batch=args.batch, seed=args.seed, device=device,
                         started=started, deadline=args.deadline_s)
     meta: dict[str, Any] = {"environment": environment(device), "args": {k: str(v) for k, v in vars(args).items()},
                             "rows_sha256": hashlib.sha256(args.rows.read_bytes()).hexdigest(),
                             "modes": [asdict(m) for m in modes]}
+    if args.save_adapters is not None:
+        if len(modes) != 1:
+            raise SystemExit("--save-adapters: name one mode")
+        return fit_all(args, modes[0], rows, settings, meta)
+    plan = make_plan(rows, only=args.only, limit=args.limit)
+    args.out.mkdir(parents=True, exist_ok=True)
     print(f"gpu_finetune: {json.dumps(meta['environment'])}; {len(plan)} splits x {len(modes)} modes, "
           f"{args.workers} workers, deadline {args.deadline_s:.0f} s", flush=True)
     fits = [Fit(mode=m.name, split=name, train_rows=len(train), scored=len(test), status="lost")

@@ -168,3 +168,36 @@ def test_modes_are_full_or_a_positive_lora_rank_each_named_once(script: ModuleTy
     for bad in ("lora0", "lora", "half", "full,full", ""):
         with pytest.raises(SystemExit):
             script.parse_modes(bad, full_lr=3e-5, lora_lr=1e-3)
+
+
+def test_save_adapters_fits_every_row_above_the_threshold_and_writes_small_float16_adapters(
+        inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    rows, pack = inputs
+    out = tmp_path / "veto.safetensors"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--rows", str(rows), "--minilm", str(pack), "--modes", "lora2",
+                           "--device", "cpu", "--epochs", "2", "--batch", "8", "--save-adapters", str(out)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONSAFEPATH": "1", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    with safe_open(str(out), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+    assert meta["rows_sha256"] == hashlib.sha256(rows.read_bytes()).hexdigest()
+    assert int(meta["train_rows"]) == sum(r["above"] for r in _rows())
+    assert json.loads(meta["recipe"])["lr"] == 1e-3 and len(json.loads(meta["losses"])) == 2
+    # 2 layers x 6 linear maps x (A, B) + the head's weight and bias, all float16
+    assert len(tensors) == 2 * 6 * 2 + 2 and all(t.dtype == torch.float16 for t in tensors.values())
+    a, b = tensors["encoder.layer.0.intermediate.dense.lora_a"], tensors["encoder.layer.0.intermediate.dense.lora_b"]
+    assert tuple(a.shape) == (2, 16) and tuple(b.shape) == (32, 2)
+    assert float(b.abs().sum()) > 0  # B starts at zero: trained
+    assert tuple(tensors["head.weight"].shape) == (1, 32)
+
+
+def test_save_adapters_needs_one_lora_mode(inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    rows, pack = inputs
+    for modes in ("full", "lora2,lora4"):
+        done = subprocess.run([sys.executable, str(SCRIPT), "--rows", str(rows), "--minilm", str(pack), "--modes",
+                               modes, "--device", "cpu", "--save-adapters", str(tmp_path / "x.safetensors")],
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONSAFEPATH": "1"})
+        assert done.returncode != 0 and not (tmp_path / "x.safetensors").exists()
