@@ -189,12 +189,15 @@ async def test_preload_loads_it_at_start_up() -> None:
     await cache.aclose()
 
 
-def test_a_minilm_cache_gets_the_shipped_scorer_unloaded_and_the_hashing_embedder_none() -> None:
+def test_a_minilm_cache_gets_the_shipped_scorer_unloaded_when_on_and_the_hashing_embedder_none() -> None:
     from fleetgate.cache.embedding import BatchingEmbedder, OnnxMiniLMEmbedder
     from fleetgate.cache.pairveto import default_scorer
 
     minilm = BatchingEmbedder(embedder=OnnxMiniLMEmbedder(variant="int8"), max_batch=4, max_wait_s=0.0)
     cache = TwoLayerCache(config=CacheConfig(), kvstore=MemoryKVStore(), embedder=minilm,
+                          metrics=CacheMetrics(CollectorRegistry()))
+    assert cache.pair_veto is None  # off by default
+    cache = TwoLayerCache(config=config(), kvstore=MemoryKVStore(), embedder=minilm,
                           metrics=CacheMetrics(CollectorRegistry()))
     assert cache.pair_veto is default_scorer(None)  # one per process, loaded on the first would-be hit only
     assert isinstance(cache.pair_veto, OnnxPairScorer) and cache.pair_veto._loaded is None
@@ -205,8 +208,8 @@ def test_a_minilm_cache_gets_the_shipped_scorer_unloaded_and_the_hashing_embedde
 
 def test_the_setting_validates() -> None:
     default = SemanticConfig().pair_veto
-    assert default.enabled is True and default.threshold == 0.2
-    assert SemanticConfig.model_validate({"pair_veto": {"enabled": False}}).pair_veto.enabled is False
+    assert default.enabled is False and default.threshold == 0.2  # opt-in: no gain on the held-out frozen5
+    assert SemanticConfig.model_validate({"pair_veto": {"enabled": True}}).pair_veto.enabled is True
     for bad in ({"threshold": 0}, {"threshold": 1}, {"threshold": 1.5}, {"threshold": "high"}, {"enable": True}):
         with pytest.raises(ValidationError):
             SemanticConfig.model_validate({"pair_veto": bad})
