@@ -156,7 +156,8 @@ class ApiPipeline:
             response=resp, rewriter=rw, endpoint_id=ep.id, first_byte_timeout_s=server.first_byte_timeout_s,
             inter_chunk_timeout_s=server.inter_chunk_timeout_s, on_done=done, on_complete=completed,
             deadline=asyncio.get_running_loop().time() + server.stream_deadline_s if parsed.stream else None,
-            cancel_drain_s=server.cancel_drain_s, spawn=flow.spawn if parsed.stream else None,
+            cancel_drain_s=server.cancel_drain_s, cancel_finish_tokens=server.cancel_finish_tokens,
+            spawn=flow.spawn if parsed.stream else None,
         )
         p.activity.opened(relay)
         if parsed.stream:

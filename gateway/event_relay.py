@@ -11,21 +11,25 @@ the API's own error event. A stream that closes before its terminal event broke 
 
 `on_complete(outcome)` runs before the terminal event is sent: what must be true once the client has its
 answer (a stored conversation a follow-up can name) is true first. `close()` is called exactly once by the
-web layer; when the stream had not ended it first reads what the engine sent but was not relayed yet (its
-output still counts), then drops the connection (vLLM aborts the request), and reports the outcome. A client
-that left after output began, with `cancel_drain_s` and `spawn` given, gets the chat relay's drain
-(`streaming.RelayStream._drain_then_finish`: why): read to the engine's next event, half-close, read to its
-close, at most `cancel_drain_s`; the outcome is reported after it.
+web layer; when the stream did not end well it first counts what the engine sent but was not relayed yet (its
+output still counts), then drops the connection (vLLM aborts the request), and reports the outcome. As for chat
+(`stream_drain.EngineDrain`, shared), with `cancel_drain_s` and `spawn` given, a client that left after output
+began and a stream the gateway ended at its deadline are drained instead (the engine's counted-but-unwritten
+step is charged), and with `cancel_finish_tokens` a client that left with at most that many reserved tokens to
+come (`EventRewriter.to_come`: an estimate from the deltas, vLLM sends these APIs' usage only at the end) lets
+the engine finish (no abort: the charge is the engine's final usage); the outcome is reported after it. Either
+way nothing more is relayed, the events are only counted (`EventRewriter.absorb`), and a drained outcome holds no
+answer to store (the client never had it).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 import aiohttp
 
+from fleetgate.gateway.stream_drain import EngineDrain
 from fleetgate.gateway.stream_reads import StreamEnd, StreamReads
 from fleetgate.gateway.streaming import StreamOutcome
 
@@ -37,6 +41,10 @@ class EventRewriter(Protocol):
     ended: bool  # the terminal event or an error was produced: nothing more is read
 
     def event(self, name: str | None, data: bytes) -> bytes | None: ...
+
+    def absorb(self, name: str | None, data: bytes) -> bool: ...  # count an unrelayed event; True: nothing more
+
+    def to_come(self) -> int | None: ...  # reserved completion tokens still to come (an estimate); None: no cap
 
     def fail(self, kind: str, message: str, code: str) -> bytes: ...
 
@@ -87,10 +95,12 @@ class EventRelay:
         on_complete: Callable[[StreamOutcome], Awaitable[None]] | None = None,
         deadline: float | None = None,
         cancel_drain_s: float = 0.0,
+        cancel_finish_tokens: int = 0,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
     ) -> None:
         self._resp = response
-        self._drain_s = cancel_drain_s if spawn is not None else 0.0
+        self._drain = EngineDrain(drain_s=cancel_drain_s, finish_tokens=cancel_finish_tokens,
+                                  inter_chunk_s=inter_chunk_timeout_s, deadline=deadline)
         self._spawn = spawn
         self._rw = rewriter
         self._reads = StreamReads(response, endpoint_id=endpoint_id, first_byte_timeout_s=first_byte_timeout_s,
@@ -100,6 +110,7 @@ class EventRelay:
         self._parser = SseParser()
         self._started = False
         self._closed = False
+        self._spent = False  # `_count`: the engine's stream has nothing more worth reading
 
     @property
     def outcome(self) -> StreamOutcome:
@@ -128,64 +139,49 @@ class EventRelay:
             if parts or rw.ended:
                 return b"".join(parts)
 
-    def _absorb(self) -> None:
-        """Before hanging up early: the events the engine sent and the gateway received but did not relay yet
-        (their output is charged too). Their bytes go nowhere."""
-        try:
-            data = self._resp.content.read_nowait()
-        except Exception:  # a broken connection has nothing more to give
-            data = b""
-        self._take(data)
-
-    def _take(self, data: bytes) -> None:
+    def _count(self, data: bytes) -> bool:
+        """What arrived once nobody reads the stream: every complete event counted (`absorb`), none relayed. True
+        once nothing more is worth reading (the engine's terminal event or error, or output past the cut-off)."""
         for name, payload in self._parser.feed(data):
-            if self._rw.ended:
-                break
-            self._rw.event(name, payload)
+            self._spent = self._spent or self._rw.absorb(name, payload)
+        return self._spent
 
-    async def _drain_then_finish(self) -> None:
-        """The client left mid-stream: what the engine already sent, its next event, then a half-close and
-        everything up to its close, at most `cancel_drain_s` (see the module doc); then report."""
-        content = self._resp.content
+    async def _drain_then_finish(self, *, cancelled: bool) -> None:
+        """Read what is left of the engine's stream, relaying nothing (`stream_drain.EngineDrain`: drained, or
+        finished for a client that left with few tokens to come), then report the outcome."""
+        drain = self._drain
         try:
-            async with asyncio.timeout(self._drain_s):
-                await asyncio.sleep(0)  # bytes already in the socket reach the reader
-                self._take(content.read_nowait())
-                data = await content.readany()
-                self._take(data)
-                connection = self._resp.connection
-                transport = connection.transport if connection is not None else None
-                if data and transport is not None and transport.can_write_eof():
-                    transport.write_eof()
-                while data and not self._rw.ended:
-                    data = await content.readany()
-                    self._take(data)
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            pass  # what was read is counted; the rest is the engine's to drop
+            await drain.run(self._resp, self._count, finish=cancelled and drain.finishes(self._rw.to_come()))
         finally:
-            self._resp.close()
-            out = self._rw.outcome
-            out.ok, out.cancelled = False, True  # the client left, whatever the engine sent meanwhile
-            self._on_done(out)
+            self._report(cancelled=cancelled)
+
+    def _report(self, *, cancelled: bool) -> None:
+        """The outcome once the stream is over: not ok unless the terminal event was relayed with no error, and
+        then no answer to store (the client never had it)."""
+        out = self._rw.outcome
+        if not (self._rw.ended and out.ok):
+            out.ok, out.cancelled, out.assembled = False, cancelled, None
+        self._on_done(out)
 
     def close(self, *, cancelled: bool = False) -> None:
-        """Release the engine connection and report the outcome; idempotent."""
+        """Release the engine connection and report the outcome; idempotent. A client that left after output
+        began, or a stream this gateway ended at its deadline, with `cancel_drain_s` set, is reported once the
+        engine's stream is drained (`_drain_then_finish`, in a task given to `spawn`)."""
         if self._closed:
             return
         self._closed = True
         self._reads.close()
-        out = self._rw.outcome
-        ended = self._rw.ended
+        out, ended = self._rw.outcome, self._rw.ended
         if ended and out.ok:
             self._resp.release()
-        elif cancelled and not ended and out.output_chunks and self._drain_s > 0 and self._spawn is not None:
-            self._spawn(self._drain_then_finish())
+        elif self._spawn is not None and self._drain.wanted(out, ended=ended, cancelled=cancelled):
+            self._spawn(self._drain_then_finish(cancelled=cancelled and not ended))
             return
         else:
-            if not ended:
-                self._absorb()
+            try:
+                unread = self._resp.content.read_nowait()
+            except Exception:  # a broken connection has nothing more to give
+                unread = b""
+            self._count(unread)  # received but not relayed: its output is charged too
             self._resp.close()  # drop the connection: vLLM aborts the request
-            out.cancelled = cancelled and not ended
-            out.ok = False
-        self._on_done(out)
-
+        self._report(cancelled=cancelled and not ended)

@@ -73,7 +73,8 @@ class ServerSettings(_Strict):
     cancel_finish_tokens: int = Field(
         default=0, ge=0, description="a client that leaves a stream with at most this many of its reserved completion "
         "tokens still to come: let the engine finish (no abort), so the charge is exactly the engine's count "
-        "(0: always abort; an abort can leave the tokens of the engine's step in flight uncharged)"
+        "(0: always abort; an abort can leave the tokens of the engine's step in flight uncharged); chat, "
+        "completions, Responses and Messages streams alike"
     )
     adapter_load_timeout_s: float = Field(
         default=30.0, gt=0, description="longest a request waits for an engine to load its LoRA adapter on demand"

@@ -54,6 +54,15 @@ class StreamOutcome:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+def to_come(out: StreamOutcome, cap: int | None) -> int | None:
+    """The completion tokens `cap` still allows after what `out` counted: the engine's last usage, else one token
+    per output chunk (negative: past it); None without a cap."""
+    if cap is None:
+        return None
+    counts = usage_counts(out.usage) if out.usage is not None else None
+    return cap - (counts[1] if counts is not None else out.output_chunks)
+
+
 def has_output(choices: list[Any]) -> bool:
     for c in choices:
         if not isinstance(c, dict):
@@ -154,12 +163,16 @@ class SseRewriter:
         return self._rewrite(chunk)
 
     def to_come(self) -> int | None:
-        """Completion tokens the reservation still allows (negative: the engine went past it); None without a cap.
-        The count is the engine's last usage, else one token per output chunk."""
-        if self._cap is None:
-            return None
-        counts = usage_counts(self.outcome.usage) if self.outcome.usage is not None else None
-        return self._cap - (counts[1] if counts is not None else self.outcome.output_chunks)
+        """Completion tokens the reservation still allows (negative: the engine went past it); None without a cap."""
+        return to_come(self.outcome, self._cap)
+
+    def count(self, data: bytes) -> bool:
+        """What arrived once nobody reads the stream (the client left, or it ended early): counted, never relayed
+        (`absorb`; an incomplete last line waits in `pending`). True when the engine went past the reservation:
+        nothing more is worth reading (`stream_drain.EngineDrain`)."""
+        self._buf = self.absorb(self._buf + data, final=False)
+        to_come = self.to_come()
+        return to_come is not None and to_come < 0
 
     def _over_cap(self, done: int) -> bool:
         """The engine generated (`done` tokens) more than the completion tokens reserved for all sequences."""

@@ -13,16 +13,16 @@ all sequences: an engine streaming past `max_tokens` is cut off there, and charg
 the stream ends now, at its next read or during the one it is waiting on).
 `close()` is called exactly once by the web layer (end, error or client disconnect): it closes
 the upstream connection if the stream did not finish (the engine aborts the request) and hands a
-`StreamOutcome` to the pipeline's callback. A client that left after output began is reported once the
-engine's stream is drained (`_drain_then_finish`, with `cancel_drain_s`), so it is charged what the engine
-counted. With `cancel_finish_tokens`, a client that leaves with at most that many completion tokens still to
-come (its reservation less what the engine reported) lets the engine finish instead: no abort, so the charge
-is exactly the engine's count (an abort can lose the tokens of the engine step in flight, see below).
+`StreamOutcome` to the pipeline's callback. A client that left after output began, or a stream the gateway
+ended at its deadline, is reported once the engine's stream is drained (`stream_drain.EngineDrain`, with
+`cancel_drain_s`), so it is charged what the engine counted. With `cancel_finish_tokens`, a client that leaves
+with at most that many completion tokens still to come (its reservation less what the engine reported,
+`SseRewriter.to_come`) lets the engine finish instead: no abort, so the charge is exactly the engine's count
+(an abort can lose the tokens of the engine step in flight).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -30,6 +30,7 @@ import aiohttp
 
 from fleetgate.gateway.assembly import StreamAssembler
 from fleetgate.gateway.sse import DONE, SseRewriter, StreamOutcome, error_event
+from fleetgate.gateway.stream_drain import EngineDrain
 from fleetgate.gateway.stream_reads import StreamEnd, StreamReads
 
 __all__ = ["DONE", "RelayStream", "ReplayStream", "StreamOutcome", "error_event"]
@@ -59,9 +60,6 @@ class RelayStream:
         on_first_token: Callable[[], None] | None = None,
     ) -> None:
         self._resp = response
-        self._deadline = deadline
-        self._inter_chunk_s = inter_chunk_timeout_s
-        self._finish_tokens = cancel_finish_tokens
         self._reads = StreamReads(response, endpoint_id=endpoint_id, first_byte_timeout_s=first_byte_timeout_s,
                                   inter_chunk_timeout_s=inter_chunk_timeout_s, deadline=deadline)
         self._rw = SseRewriter(endpoint_id=endpoint_id, include_usage=include_usage,
@@ -69,7 +67,8 @@ class RelayStream:
                                collect_only=collect_only, completion_cap=completion_cap,
                                on_first_token=on_first_token)
         self._on_done = on_done
-        self._drain_s = cancel_drain_s if spawn is not None else 0.0
+        self._drain = EngineDrain(drain_s=cancel_drain_s, finish_tokens=cancel_finish_tokens,
+                                  inter_chunk_s=inter_chunk_timeout_s, deadline=deadline)
         self._spawn = spawn
         self._closed = False
 
@@ -93,75 +92,15 @@ class RelayStream:
             if out or rw.ended:
                 return out
 
-    async def _buffered(self) -> bytes:
-        """Every byte that has arrived from the engine by now, without waiting for more (one event-loop turn
-        first, so bytes already in the socket reach the reader)."""
-        await asyncio.sleep(0)
-        return self._resp.content.read_nowait()
-
-    async def _drain_then_finish(self, *, cancelled: bool = True) -> None:
-        """The client left mid-stream. vLLM counts a token when its engine step's output is processed, a moment
-        before it writes the chunk, and hangs up on an abort without sending what it counted but did not
-        write: hanging up at an arbitrary moment loses those tokens to the tenant's charge. So the gateway
-        takes in what already arrived, waits for the engine's next chunk (right after a write, nothing
-        counted is pending), then half-closes the connection (the engine sees the client leave and aborts;
-        servers flush what they wrote before closing) and reads everything up to the engine's close, taking
-        the last usage seen; at most `cancel_drain_s`, then it hangs up anyway. Costs the engine at most one
-        more token. A gateway too busy to read that chunk within an engine step can still miss a token: on an
-        H100 (~8 ms steps) 15 of 629,503 generated tokens over 180 cancellations went uncharged that way.
-
-        When few enough tokens are left (`cancel_finish_tokens`), the gateway does not half-close: it reads the
-        stream to its natural end (by the stream's deadline), so nothing is aborted and the charge is exact.
-        A stream the gateway ended at its deadline (`cancelled` False) is drained the same way, never finished."""
-        rw = self._rw
-        pending = rw.take_pending()
-        content = self._resp.content
-        to_come = rw.to_come()
+    async def _drain_then_finish(self, *, cancelled: bool) -> None:
+        """Read what is left of the engine's stream, relaying nothing (`stream_drain.EngineDrain`: drained, or
+        finished for a client that left with few tokens to come), then report the outcome."""
+        rw, drain = self._rw, self._drain
         try:
-            if cancelled and to_come is not None and 0 <= to_come <= self._finish_tokens:
-                pending = await self._read_to_end(pending)
-                return
-            async with asyncio.timeout(self._drain_s):
-                pending = rw.absorb(pending + await self._buffered(), final=False)
-                data = await content.readany()
-                if data:
-                    data += await self._buffered()
-                pending = rw.absorb(pending + data, final=False)
-                connection = self._resp.connection
-                transport = connection.transport if connection is not None else None
-                if data and transport is not None and transport.can_write_eof():
-                    transport.write_eof()
-                while data:
-                    data = await content.readany()
-                    pending = rw.absorb(pending + data, final=False)
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            pass  # what was read is counted; the rest is the engine's to drop
+            await drain.run(self._resp, rw.count, finish=cancelled and drain.finishes(rw.to_come()))
         finally:
-            rw.absorb(pending, final=True)
-            self._resp.close()
+            rw.absorb(rw.take_pending(), final=True)
             self._on_done(rw.close(cancelled=cancelled))
-
-    async def _read_to_end(self, pending: bytes) -> bytes:
-        """`cancel_finish_tokens`: read the engine's stream to its natural end, relaying nothing (the client is
-        gone), so the engine is never aborted. Each read waits at most the inter-chunk timeout and all of them end
-        by the stream's deadline (an engine that stalls is dropped, as during a relay); an engine that goes past the
-        reservation is dropped there (it is charged no more than the cap anyway). Returns the unparsed tail."""
-        rw, content = self._rw, self._resp.content
-        loop = asyncio.get_running_loop()
-        deadline = self._deadline if self._deadline is not None else loop.time() + self._drain_s
-        try:
-            async with asyncio.timeout_at(deadline):
-                while True:
-                    async with asyncio.timeout(self._inter_chunk_s):
-                        data = await content.readany()
-                    if not data:
-                        return pending
-                    pending = rw.absorb(pending + data, final=False)
-                    to_come = rw.to_come()
-                    if to_come is not None and to_come < 0:
-                        return pending
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return pending  # what was read is counted; the rest is the engine's to drop
 
     def close(self, *, cancelled: bool = False) -> None:
         """Release the engine connection and report the outcome; idempotent. A client that left after output
@@ -175,8 +114,7 @@ class RelayStream:
         rw = self._rw
         if rw.ended and rw.outcome.ok:
             self._resp.release()
-        elif rw.outcome.output_chunks and self._drain_s > 0 and self._spawn is not None and (
-                (cancelled and not rw.ended) or rw.outcome.error_kind == "deadline"):
+        elif self._spawn is not None and self._drain.wanted(rw.outcome, ended=rw.ended, cancelled=cancelled):
             self._spawn(self._drain_then_finish(cancelled=cancelled and not rw.ended))
             return
         else:

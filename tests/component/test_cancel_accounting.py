@@ -5,15 +5,16 @@ written a moment later (vLLM's API server serialises after its output processor 
 leaves aborts the request at once, and what was counted but not written is never sent. The client leaves
 while such a token is pending. Hanging up at once (`cancel_drain_s: 0`) charges one token less than the
 engine counted; the shipped drain (read to the next chunk, half-close, read to the engine's close) charges
-exactly what it counted. The same for `/v1/messages` (named events, `event_relay`): a stream that never
-reaches its final usage is charged the output events that reached the gateway. With `cancel_finish_tokens`
-covering what is left of the answer, the engine is not aborted: it finishes, and the charge is its count.
+exactly what it counted. The same for `/v1/messages` and `/v1/responses` (named events, `event_relay`): a
+stream that never reaches its final usage is charged the output events that reached the gateway. With
+`cancel_finish_tokens` covering what is left of the answer, the engine is not aborted: it finishes, and the
+charge is its count. A stream the gateway ends at its deadline is drained like a client's cancel.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -64,37 +65,70 @@ class CountingEngine:
             raise
         return resp
 
-    async def messages(self, request: web.Request) -> web.StreamResponse:
-        """vLLM's `/v1/messages` stream in the same order: a token is counted, its delta event written later."""
-        body = await request.json()
+    async def _events(self, request: web.Request, *, limit: int, head: list[tuple[str, dict[str, Any]]],
+                      delta: Callable[[int], tuple[str, dict[str, Any]]],
+                      tail: Callable[[int], list[tuple[str, dict[str, Any]]]]) -> web.StreamResponse:
+        """A named-event stream (vLLM's `/v1/messages`, `/v1/responses`) in the same order as `chat`: a token is
+        counted, its delta event written later; usage only in `tail`, as vLLM sends it."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
 
-        async def send(name: str, data: dict[str, Any]) -> None:
-            await resp.write(f"event: {name}\ndata: ".encode() + orjson.dumps({"type": name, **data}) + b"\n\n")
+        async def send(events: list[tuple[str, dict[str, Any]]]) -> None:
+            await resp.write(b"".join(f"event: {name}\ndata: ".encode() + orjson.dumps({"type": name, **data})
+                                      + b"\n\n" for name, data in events))
 
         generated = 0
         try:
-            await send("message_start", {"message": {"id": "msg_1", "type": "message", "role": "assistant",
-                                                     "model": "m1", "content": [], "stop_reason": None,
-                                                     "usage": {"input_tokens": 3, "output_tokens": 0}}})
-            await send("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
-            while generated < int(body["max_tokens"]):
+            await send(head)
+            while generated < limit + self.extra:
+                if generated == self.stall_after:
+                    await asyncio.sleep(60)
                 await asyncio.sleep(STEP_S - WRITE_LAG_S)
                 generated += 1
                 self.counted += 1
                 await asyncio.sleep(WRITE_LAG_S)
-                await send("content_block_delta", {"index": 0, "delta": {"type": "text_delta",
-                                                                          "text": f"t{generated} "}})
-            await send("content_block_stop", {"index": 0})
-            await send("message_delta", {"delta": {"stop_reason": "max_tokens"},
-                                         "usage": {"input_tokens": 3, "output_tokens": generated}})
-            await send("message_stop", {})
+                await send([delta(generated)])
+            await send(tail(generated))
             self.finished += 1
         except (asyncio.CancelledError, ConnectionResetError):
             self.aborted += 1
             raise
         return resp
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        return await self._events(
+            request, limit=int(body["max_tokens"]),
+            head=[("message_start", {"message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "m1",
+                                                 "content": [], "stop_reason": None,
+                                                 "usage": {"input_tokens": 3, "output_tokens": 0}}}),
+                  ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})],
+            delta=lambda k: ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": f"t{k} "}}),
+            tail=lambda n: [("content_block_stop", {"index": 0}),
+                            ("message_delta", {"delta": {"stop_reason": "max_tokens"},
+                                               "usage": {"input_tokens": 3, "output_tokens": n}}),
+                            ("message_stop", {})])
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        response = {"id": "resp_1", "object": "response", "model": "m1", "status": "in_progress", "output": [],
+                    "usage": None}
+        at = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+
+        def done(n: int) -> list[tuple[str, dict[str, Any]]]:
+            usage = {"input_tokens": 3, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": n,
+                     "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 3 + n}
+            return [("response.completed", {"sequence_number": n + 2, "response": {
+                **response, "status": "incomplete", "usage": usage, "output": [{
+                    "id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "".join(f"t{k} " for k in range(1, n + 1))}]}]}})]
+
+        return await self._events(
+            request, limit=int(body["max_output_tokens"]),
+            head=[("response.created", {"sequence_number": 0, "response": response}),
+                  ("response.in_progress", {"sequence_number": 1, "response": response})],
+            delta=lambda k: ("response.output_text.delta", {"sequence_number": k + 1, **at, "delta": f"t{k} "}),
+            tail=done)
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=f"vllm:generation_tokens_total {self.counted}\n")
@@ -103,6 +137,7 @@ class CountingEngine:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/messages", self.messages)
+        app.router.add_post("/v1/responses", self.responses)
         app.router.add_get("/metrics", self.metrics)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -131,15 +166,22 @@ async def counting_engine() -> AsyncIterator[CountingEngine]:
     await engine.stop()
 
 
+def request_body(path: str, *, max_tokens: int) -> dict[str, Any]:
+    """A streamed request for `path`'s API, its output limited to `max_tokens`."""
+    if path == "/v1/responses":
+        return {"model": "m1", "input": "a b c", "max_output_tokens": max_tokens, "stream": True}
+    return {"model": "m1", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": max_tokens,
+            "stream": True}
+
+
 async def leave_while_a_counted_token_is_pending(gateway_url: str, path: str, *, max_tokens: int = 50) -> int:
     """Read 3 tokens, wait until the 4th is counted but not yet written, leave; returns tokens received."""
     got = 0
-    body: dict[str, Any] = {"model": "m1", "messages": [{"role": "user", "content": "a b c"}],
-                            "max_tokens": max_tokens, "stream": True}
-    async with httpx.AsyncClient(base_url=gateway_url) as client, client.stream("POST", path, json=body) as r:
+    async with httpx.AsyncClient(base_url=gateway_url) as client, \
+            client.stream("POST", path, json=request_body(path, max_tokens=max_tokens)) as r:
         async for line in r.aiter_lines():
             if line.startswith("data: {") and ('"delta": {"content"' in line.replace('":{', '": {')
-                                               or '"text_delta"' in line):
+                                               or '"text_delta"' in line or '"response.output_text.delta"' in line):
                 got += 1
                 if got == 3:
                     # Still connected (leaving the loop would close the stream now): the 4th token is counted
@@ -178,25 +220,32 @@ async def test_hanging_up_at_once_loses_the_token_counted_but_not_yet_written(
     assert charged == 3
 
 
+EVENT_APIS = ["/v1/messages", "/v1/responses"]
+APIS = ["/v1/chat/completions", *EVENT_APIS]
+
+
+@pytest.mark.parametrize("path", EVENT_APIS)
 @pytest.mark.parametrize(("drain_s", "lost"), [(2.0, 0), (0.0, 1)])
-async def test_a_messages_stream_left_mid_answer_is_drained_like_chat(
-    counting_engine: CountingEngine, start_gateway: Any, drain_s: float, lost: int
+async def test_a_messages_or_responses_stream_left_mid_answer_is_drained_like_chat(
+    counting_engine: CountingEngine, start_gateway: Any, drain_s: float, lost: int, path: str
 ) -> None:
-    charged, counted = await charged_after_leaving(counting_engine, start_gateway, drain_s=drain_s,
-                                                   path="/v1/messages")
+    charged, counted = await charged_after_leaving(counting_engine, start_gateway, drain_s=drain_s, path=path)
     assert counted >= 4 and charged == counted - lost
 
 
+@pytest.mark.parametrize("path", APIS)
 @pytest.mark.parametrize(("finish_tokens", "finished"), [(8, True), (4, False)])
 async def test_a_client_leaving_near_the_end_lets_the_engine_finish_and_is_charged_its_count(
-    counting_engine: CountingEngine, start_gateway: Any, finish_tokens: int, finished: bool
+    counting_engine: CountingEngine, start_gateway: Any, finish_tokens: int, finished: bool, path: str
 ) -> None:
     """8 tokens reserved, the client leaves after 3 (5 to come): within `cancel_finish_tokens` 8 the engine is
-    not aborted and all 8 are charged; with 4 it is aborted (the drain) and charged what it counted."""
+    not aborted and all 8 are charged; with 4 it is aborted (the drain) and charged what it counted. The
+    Messages and Responses APIs alike, though their streams say how many tokens were generated only at the end
+    (what is to come is estimated from the deltas; the charge is still the engine's final usage)."""
     ledger = Ledger()
     gw = await start_gateway(settings_for({"m1": [counting_engine.url]}, cancel_drain_s=2.0,
                                           cancel_finish_tokens=finish_tokens), accountant=ledger)
-    assert await leave_while_a_counted_token_is_pending(gw.url, "/v1/chat/completions", max_tokens=8) == 3
+    assert await leave_while_a_counted_token_is_pending(gw.url, path, max_tokens=8) == 3
     engine = counting_engine
     assert await eventually(lambda: engine.aborted + engine.finished == 1, timeout_s=5)
     assert await eventually(lambda: bool(ledger.records))
@@ -207,20 +256,22 @@ async def test_a_client_leaving_near_the_end_lets_the_engine_finish_and_is_charg
     assert engine.counted == 8 if finished else engine.counted < 8
 
 
-@pytest.mark.parametrize("fault", ["stalls", "ignores max_tokens"])
+@pytest.mark.parametrize(("fault", "path"), [*(("stalls", path) for path in APIS),
+                                             ("ignores max_tokens", "/v1/chat/completions")])
 async def test_an_engine_finishing_for_a_departed_client_is_dropped_when_it_stalls_or_overruns(
-    start_gateway: Any, fault: str
+    start_gateway: Any, fault: str, path: str
 ) -> None:
     """Finishing an answer nobody reads must not outlive a bad engine: one that goes silent is dropped after the
     inter-chunk timeout (not the 30-minute stream deadline), one that streams past max_tokens at the reservation;
-    either way the tenant is charged what arrived, never more than the 8 tokens reserved."""
+    either way the tenant is charged what arrived, never more than the 8 tokens reserved. (An event stream's
+    overrun is cut off at 2 * 8 + 16 deltas, `api_events`: 6.6 s at this engine's pace, too slow to wait for.)"""
     engine = await (CountingEngine(stall_after=5) if fault == "stalls" else CountingEngine(extra=40)).start()
     try:
         ledger = Ledger()
         gw = await start_gateway(settings_for({"m1": [engine.url]}, cancel_drain_s=2.0, cancel_finish_tokens=8,
                                               inter_chunk_timeout_s=1.0), accountant=ledger)
         started = asyncio.get_running_loop().time()
-        assert await leave_while_a_counted_token_is_pending(gw.url, "/v1/chat/completions", max_tokens=8) == 3
+        assert await leave_while_a_counted_token_is_pending(gw.url, path, max_tokens=8) == 3
         assert await eventually(lambda: bool(ledger.records), timeout_s=6)
         assert asyncio.get_running_loop().time() - started < 6  # dropped, not waited out
         assert await eventually(lambda: engine.aborted == 1, timeout_s=3)  # the engine saw the gateway hang up
@@ -234,9 +285,14 @@ async def test_an_engine_finishing_for_a_departed_client_is_dropped_when_it_stal
         await engine.stop()
 
 
+DEADLINE_EVENT = {"/v1/chat/completions": '"code":"stream_deadline"', "/v1/responses": '"code":"stream_deadline"',
+                  "/v1/messages": '"type":"timeout_error"'}  # each API's own error event
+
+
+@pytest.mark.parametrize("path", APIS)
 @pytest.mark.parametrize(("drain_s", "lost"), [(2.0, 0), (0.0, 1)])
 async def test_a_stream_ended_at_its_deadline_is_charged_what_the_engine_counted(
-    counting_engine: CountingEngine, start_gateway: Any, drain_s: float, lost: int
+    counting_engine: CountingEngine, start_gateway: Any, drain_s: float, lost: int, path: str
 ) -> None:
     """The gateway's own stream deadline ends the stream while the engine's 3rd token is counted but not yet written
     (tokens counted at 0.05 + 0.2k s, written at 0.2k s; the deadline at 0.5 s). Hanging up there loses that
@@ -244,10 +300,9 @@ async def test_a_stream_ended_at_its_deadline_is_charged_what_the_engine_counted
     ledger = Ledger()
     gw = await start_gateway(settings_for({"m1": [counting_engine.url]}, cancel_drain_s=drain_s,
                                           stream_deadline_s=0.5), accountant=ledger)
-    body = {"model": "m1", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 50, "stream": True}
     async with httpx.AsyncClient(base_url=gw.url) as client:
-        r = await client.post("/v1/chat/completions", json=body)
-    assert '"code":"stream_deadline"' in r.text.replace(" ", "")
+        r = await client.post(path, json=request_body(path, max_tokens=50))
+    assert DEADLINE_EVENT[path] in r.text.replace(" ", "")
     assert await eventually(lambda: counting_engine.aborted == 1, timeout_s=5)
     await gw.pipeline.drain()
     assert await eventually(lambda: bool(ledger.records))

@@ -7,11 +7,14 @@ that answered need not be the one that answers next (the two-engine case runs ag
 `tests/component/test_api_routes.py`; this module keeps to one real engine, as the machine's rules ask). The
 ledger must hold exactly the usage the engine reported to the clients, and the budget counter must equal it.
 Per input kind, the gateway's prompt bound covers what the engine reads and its exact count (`token_count`,
-`chat_views`) equals it.
+`chat_views`) equals it. With `server.cancel_finish_tokens`, a streaming client of either API that leaves near
+the end lets the engine finish (its own counters say so), and the ledger holds what it generated.
 """
 
 from __future__ import annotations
 
+import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -177,3 +180,58 @@ def test_the_bound_and_the_exact_count_against_what_the_engine_reads(engine_url:
     assert status == 200, counted
     assert counted.get("count", counted.get("input_tokens")) == read, (kind, counted, read)
     assert margin <= 8  # `tool_choice`'s bytes, which /tokenize cannot take
+
+
+def engine_counts(engine_url: str) -> tuple[float, float]:
+    """(tokens generated, requests finished) by the engine's own counters (an aborted request is not counted as
+    finished)."""
+    with urllib.request.urlopen(f"{engine_url}/metrics", timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    return (sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:generation_tokens_total")),
+            sum(float(line.rsplit(" ", 1)[1]) for line in lines
+                if line.startswith("vllm:request_success_total")))
+
+
+LONG = "Count from 1 to 200, separating the numbers with commas."
+# A streamed request of 24 tokens (the Responses one all of them: `ignore_eos`, which vLLM's Messages API does not
+# take), and what its output deltas hold.
+LEAVING: dict[str, tuple[dict[str, Any], bytes]] = {
+    "responses": ({"input": LONG, "max_output_tokens": 24, "store": False, "ignore_eos": True},
+                  b'"type":"response.output_text.delta"'),
+    "messages": ({"messages": [{"role": "user", "content": LONG}], "max_tokens": 24}, b'"type":"content_block_delta"'),
+}
+
+
+@pytest.mark.parametrize("api", list(LEAVING))
+def test_a_client_leaving_near_the_end_lets_the_real_engine_finish_and_is_charged_its_count(
+    engine_url: str, redis_url: str, api: str
+) -> None:
+    """`server.cancel_finish_tokens` on the Responses and Messages APIs: the client leaves after 3 output deltas of
+    24 reserved tokens (21 to come, within 64), so the engine is not aborted; it finishes for nobody and the
+    tenant is charged exactly what the engine's own counter says it generated (its final usage, which the client
+    never saw)."""
+    config = tenant_settings(engine_url, redis_url)
+    config = config.model_copy(update={"server": config.server.model_copy(update={"cancel_finish_tokens": 64})})
+    extra, delta = LEAVING[api]
+    body = {"model": MODEL, "temperature": 0, "stream": True, **extra}
+    with gateway_in_thread(config) as url:
+        totals_before, _ = ledger(url)
+        generated_before, finished_before = engine_counts(engine_url)
+        req = urllib.request.Request(f"{url}/v1/{api}", data=orjson.dumps(body), headers={
+            "Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+        got = 0
+        with urllib.request.urlopen(req, timeout=300) as response:
+            for line in response:
+                got += line.startswith(b"data: {") and delta in line.replace(b'": "', b'":"')
+                if got == 3:
+                    break  # leaving the `with` closes the connection mid-stream
+        assert got == 3
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the engine finishes; then the gateway settles and records
+            totals, _ = ledger(url)
+            if totals["requests"] > totals_before["requests"]:
+                break
+        generated, finished = engine_counts(engine_url)
+    assert finished == finished_before + 1, (generated - generated_before)  # the engine finished: not aborted
+    assert 3 < generated - generated_before <= 24 and (api == "messages" or generated - generated_before == 24)
+    assert totals["completion_tokens"] - totals_before["completion_tokens"] == generated - generated_before

@@ -230,3 +230,35 @@ async def test_a_replayed_cached_answer_reads_back_as_the_same_answer(api: str) 
         again = MessagesEvents(endpoint_id="e", cap=50, collect=True, model_name=None)
     _, replayed, _ = await run(replay, again)
     assert replayed.ok and replayed.assembled == original.assembled and replayed.usage == original.usage
+
+
+def test_events_nobody_reads_are_counted_to_the_engines_final_usage_and_what_is_to_come_is_estimated() -> None:
+    """After the client left (or the stream ended first), events are counted, never relayed: the deltas estimate
+    the reserved tokens still to come (vLLM's usage comes only at the end), and the terminal event is where
+    reading stops, its usage the charge, even for a stream that had already ended with an error."""
+    for rw, stream in ((ResponsesEvents(endpoint_id="e:1", cap=6, collect=False, model_name=None,
+                                        previous_response_id=None), responses_stream(["a", "b", "c", "d"])),
+                       (MessagesEvents(endpoint_id="e:1", cap=6, collect=False, model_name=None),
+                        messages_stream(["a", "b", "c", "d"]))):
+        parsed = SseParser().feed(b"".join(stream))
+        for name, data in parsed[:4]:
+            assert rw.event(name, data) is not None
+        assert rw.outcome.output_chunks == 2 and rw.to_come() == 4  # 6 reserved, 2 deltas relayed
+        rw.fail("deadline", "the stream reached the gateway's deadline", "stream_deadline")
+        stops = [rw.absorb(name, data) for name, data in parsed[4:]]
+        assert stops[-1] and not any(stops[:-1])  # the terminal event, and nothing before it, ends the reading
+        assert rw.outcome.error_kind == "deadline" and not rw.outcome.ok  # the ending stays the gateway's
+        assert rw.outcome.output_chunks == 4 and rw.outcome.usage is not None
+        assert rw.outcome.usage["completion_tokens"] == 4 and rw.to_come() == 2
+    uncapped = MessagesEvents(endpoint_id="e:1", cap=None, collect=False, model_name=None)
+    assert uncapped.to_come() is None
+
+
+def test_what_is_to_come_is_never_negative_when_deltas_outnumber_the_tokens() -> None:
+    """One engine step can yield two deltas (reasoning turning into text): more deltas than the cap is not an
+    overrun (the cut-off decides that), so the estimate stops at 0."""
+    rw = MessagesEvents(endpoint_id="e:1", cap=2, collect=False, model_name=None)
+    for name, data in SseParser().feed(b"".join(messages_stream(["a", "b", "c", "d"])[:6])):
+        rw.event(name, data)
+    assert rw.outcome.output_chunks == 4 and rw.to_come() == 0
+    assert not rw.ended
