@@ -45,7 +45,6 @@ from fleetgate.core.types import Endpoint, Usage
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.hashing import root_seed, token_block_hashes
 from fleetgate.router.kv_fleet import KvEventFleet, KvEventsCollector
-from fleetgate.router.kv_subscriber import COALESCE_S
 from fleetgate.router.plugins import prefix_scorer
 from fleetgate.router.plugins.base import CACHED_SHARE, PROMPT_TOKENS, CycleState, PluginContext, hotspot_guard, param
 from fleetgate.router.prompt_tokens import EngineTokenizer, LocalTokenizer, PromptTokenizer
@@ -202,7 +201,7 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Preci
         stale_s=param(parameters, "staleS", 5.0, float), group=group,
         replay_timeout_s=param(parameters, "replayTimeoutS", 2.0, float),
         port=param(parameters, "port", None, int), replay_port=param(parameters, "replayPort", None, int),
-        topic=topic, coalesce_s=param(parameters, "eventCoalesceS", COALESCE_S, float), clock=ctx.clock,
+        topic=topic, coalesce_s=param(parameters, "eventCoalesceS", 0.05, float), clock=ctx.clock,
     )
     tokenizer = _tokenizer(
         kind=parameters.get("tokenizer", "engine"), paths=parameters.get("tokenizerPaths"),
