@@ -224,7 +224,7 @@ def preflight(workdir: Path, profiles: list[str], configs: dict[str, Path], *, m
         except ConfigError:
             continue  # reported (and skipped) by the run
         gateway = start_gateway(profile, model="preflight", urls=["http://127.0.0.1:9"], keys=keys, workdir=workdir,
-                                timeout_s=60)
+                                timeout_s=180)  # > tokenizerLoadTimeoutS (120 s), after which a gateway is ready anyway
         gateway.stop()
         stamp(f"preflight: the {name} gateway starts ({gateway.started_s:.1f}s)")
 

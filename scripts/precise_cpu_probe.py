@@ -12,7 +12,8 @@ step that changed its cache. `--idle-s`: the gateway's CPU over that many second
 the cost that does not scale with requests. A profile named `NAME@before` runs NAME's gateway with `--before-python`
 (another checkout's interpreter: the code before a change, in the same run). `--pyspy-s`: record each gateway.
 
-    PYTHONSAFEPATH=1 .venv/bin/python scripts/precise_cpu_probe.py --profiles default,precise-local@before,precise-local \
+    PYTHONSAFEPATH=1 .venv/bin/python scripts/precise_cpu_probe.py \
+        --profiles default,precise-local@before,precise-local \
         --rate 15 --window 30 --rounds 2 --idle-s 5 --step-hz 50 --step-blocks 4
 """
 
