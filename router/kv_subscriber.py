@@ -220,7 +220,8 @@ class KvEventSubscriber:
                     got += 1
                 if got:
                     self.state.stats.wakes += 1
-                    await asyncio.sleep(self.coalesce_s)  # the next steps' batches queue in ZMQ meanwhile
+                    # the next steps' batches queue in ZMQ meanwhile; a full drain means a backlog: only yield
+                    await asyncio.sleep(self.coalesce_s if got < DRAIN_MAX else 0)
         finally:
             with contextlib.suppress(Exception):
                 sub.disable_monitor()
