@@ -255,6 +255,25 @@ async def test_batches_published_every_step_are_read_a_few_at_a_time_and_all_app
         await pub.stop()
 
 
+async def test_a_backlog_is_read_on_without_waiting_the_interval(sockdir: Path, zctx: zmq.asyncio.Context) -> None:
+    """A burst larger than one drain (256 batches): the rest is read right after, not `coalesce_s` later."""
+    pub = await FakeKvPublisher(publisher=f"ipc://{sockdir}/p", replay=f"ipc://{sockdir}/r").start()
+    engine = Engine(pub, seed=10)
+    state = EndpointKvState(stale_s=5.0)
+    sub = KvEventSubscriber(name="e0", source=KvEventSource(publisher=f"ipc://{sockdir}/p", replay=f"ipc://{sockdir}/r"),
+                            state=state, context=zctx, replay_timeout_s=0.5, coalesce_s=5.0)
+    try:
+        sub.start()
+        assert await eventually(lambda: state.usable()), state.reason()
+        for i in range(600):
+            await engine.store(prompt(1000 + i, blocks=1))
+        assert await eventually(lambda: state.stats.batches == 600, timeout_s=4.0), state.stats.batches
+        assert same(state, engine.truth) and state.stats.gaps == 0
+    finally:
+        await sub.aclose()
+        await pub.stop()
+
+
 def test_the_coalescing_interval_is_checked() -> None:
     with pytest.raises(ValueError, match="coalesce"):
         KvEventSubscriber(name="e0", source=KvEventSource(publisher="ipc:///tmp/x"), state=EndpointKvState(),
