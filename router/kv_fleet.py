@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from fleetgate.core.tasks import cancel_and_wait
 from fleetgate.core.types import LABEL_KV_EVENTS, LABEL_KV_EVENTS_REPLAY, LABEL_KV_EVENTS_TOPIC, Endpoint
 from fleetgate.router.kv_block_index import EndpointBlocks
-from fleetgate.router.kv_subscriber import EndpointKvState, KvEventSource, KvEventSubscriber
+from fleetgate.router.kv_subscriber import COALESCE_S, EndpointKvState, KvEventSource, KvEventSubscriber
 
 if TYPE_CHECKING:
     import zmq.asyncio
@@ -39,10 +39,12 @@ class KvEventFleet:
     def __init__(
         self, *, stale_s: float = 5.0, group: int | None = None, replay_timeout_s: float = 2.0,
         port: int | None = None, replay_port: int | None = None, topic: str = "", refresh_s: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
+        coalesce_s: float = COALESCE_S, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if stale_s <= 0 or replay_timeout_s <= 0 or refresh_s <= 0:
             raise ValueError("staleS, replayTimeoutS and refreshS must be positive")
+        if not 0 <= coalesce_s <= 1:
+            raise ValueError("eventCoalesceS must be in 0..1 seconds")
         for name, value in (("port", port), ("replayPort", replay_port)):
             if value is not None and not 1 <= value <= 65535:
                 raise ValueError(f"{name} must be in 1..65535, got {value}")
@@ -53,6 +55,7 @@ class KvEventFleet:
         self.replay_port = replay_port
         self.topic = topic
         self.refresh_s = refresh_s
+        self.coalesce_s = coalesce_s
         self.clock = clock
         self.states: dict[str, EndpointKvState] = {}
         self.fallbacks: dict[str, int] = {}  # reason -> endpoint scorings that used the approximate index
@@ -92,7 +95,7 @@ class KvEventFleet:
                 blocks=EndpointBlocks(group=self.group), stale_s=self.stale_s, clock=self.clock)
             subscriber = self._subscribers[endpoint.id] = KvEventSubscriber(
                 name=endpoint.id, source=source, state=state, context=self._zmq(),
-                replay_timeout_s=self.replay_timeout_s)
+                replay_timeout_s=self.replay_timeout_s, coalesce_s=self.coalesce_s)
             subscriber.start()
             log.info("following KV events", extra={"endpoint": endpoint.id, "publisher": source.publisher,
                                                   "replay": source.replay})
@@ -156,6 +159,9 @@ class KvEventsCollector(Collector):
         now = self.fleet.clock()
         batches = CounterMetricFamily("fleetgate_router_kv_events_batches", "KV event batches applied.",
                                       labels=["endpoint"])
+        wakes = CounterMetricFamily("fleetgate_router_kv_events_wakes",
+                                    "Wakes that applied KV event batches (batches over wakes: batches per wake).",
+                                    labels=["endpoint"])
         problems = CounterMetricFamily(
             "fleetgate_router_kv_events_problems",
             "KV event stream problems: undecodable batches, sequence gaps, engine restarts, resyncs, failed "
@@ -169,6 +175,7 @@ class KvEventsCollector(Collector):
         for endpoint_id, state in list(self.fleet.states.items()):
             s = state.stats
             batches.add_metric([endpoint_id], s.batches)
+            wakes.add_metric([endpoint_id], s.wakes)
             for kind, value in (("decode", s.decode_errors), ("gap", s.gaps), ("restart", s.restarts),
                                 ("resync", s.resyncs), ("replay_failure", s.replay_failures),
                                 ("disconnect", s.disconnects), ("orphan_block", s.applied.orphaned),
@@ -181,4 +188,4 @@ class KvEventsCollector(Collector):
             "Endpoint scorings the precise prefix scorer left to the approximate index, by reason.", labels=["reason"])
         for reason, count in sorted(self.fleet.fallbacks.items()):
             fallbacks.add_metric([reason], count)
-        yield from (batches, problems, blocks, usable, fallbacks)
+        yield from (batches, wakes, problems, blocks, usable, fallbacks)

@@ -42,7 +42,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fleetgate.core.tasks import cancel_and_wait
 from fleetgate.router.kv_block_index import ApplyCounts, EndpointBlocks
@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 END_SEQ = -1
 REPLAY_YIELD_EVERY = 64  # batches applied between yields to the event loop during a long replay
+DRAIN_MAX = 256  # live batches applied in one go before the loop gets a turn
+COALESCE_S = 0.05  # after a drain that got batches, wait this long before the next (see `_follow`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ class KvStats:
     resyncs: int = 0
     replay_failures: int = 0
     disconnects: int = 0
+    wakes: int = 0  # drains that applied live batches (batches / wakes: how many each wake coalesced)
     applied: ApplyCounts = field(default_factory=ApplyCounts)
 
 
@@ -147,13 +150,16 @@ class KvEventSubscriber:
 
     def __init__(self, *, name: str, source: KvEventSource, state: EndpointKvState,
                  context: zmq.asyncio.Context, replay_timeout_s: float = 2.0,
-                 max_message_bytes: int = MAX_PAYLOAD_BYTES) -> None:
+                 max_message_bytes: int = MAX_PAYLOAD_BYTES, coalesce_s: float = COALESCE_S) -> None:
+        if coalesce_s < 0:
+            raise ValueError("coalesce_s must be 0 or positive")
         self.name = name
         self.source = source
         self.state = state
         self.context = context
         self.replay_timeout_s = replay_timeout_s
         self.max_message_bytes = max_message_bytes
+        self.coalesce_s = coalesce_s
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -178,37 +184,44 @@ class KvEventSubscriber:
 
     async def _follow(self) -> None:
         import zmq
-        import zmq.asyncio
         from zmq.utils.monitor import parse_monitor_message
 
+        # Sockets of the (asyncio) context, so that its destroy() closes them, but read only through plain shadows
+        # (`zmq.Socket.shadow`: the same socket, blocking API, no event-loop hooks). pyzmq's asyncio Poller costs
+        # several loop turns per message and, once used, keeps the socket's descriptor watched for good (a wake per
+        # message even while nothing waits). Here the descriptor is watched only while the socket is empty
+        # (`_readable`), and after a drain that got batches the task sleeps `coalesce_s`: an engine that publishes
+        # every scheduler step costs one wake per interval, not one per step (issue 24: a wake costs far more CPU
+        # than decoding a batch).
         sub = self.context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
         sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        poller = zmq.asyncio.Poller()
-        poller.register(sub, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
+        plain_sub: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
+        plain_monitor: zmq.Socket[bytes] = zmq.Socket.shadow(monitor.underlying)
         try:
             sub.connect(self.source.publisher)
             while True:
-                ready = dict(await poller.poll(timeout=1000))
-                if monitor in ready:
-                    event = parse_monitor_message(await monitor.recv_multipart())
+                if not (_has_message(plain_monitor) or _has_message(plain_sub)):
+                    await _readable((plain_sub, plain_monitor), timeout_s=1.0)
+                while _has_message(plain_monitor):
+                    event = parse_monitor_message(plain_monitor.recv_multipart(zmq.NOBLOCK))
                     if event["event"] == zmq.EVENT_CONNECTED:
                         self.state.reset(connected=True)
                         await self._resync(from_seq=0)
                     elif event["event"] == zmq.EVENT_DISCONNECTED:
                         self.state.stats.disconnects += 1
                         self.state.reset(connected=False)
-                if sub in ready:
-                    for _ in range(256):  # drain, but give the loop back now and then
-                        try:
-                            frames = await sub.recv_multipart(flags=zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        await self._on_live(frames)
+                got = 0
+                while got < DRAIN_MAX and _has_message(plain_sub):  # drain, but give the loop back now and then
+                    await self._on_live(plain_sub.recv_multipart(zmq.NOBLOCK))
+                    got += 1
+                if got:
+                    self.state.stats.wakes += 1
+                    # the next steps' batches queue in ZMQ meanwhile; a full drain means a backlog: only yield
+                    await asyncio.sleep(self.coalesce_s if got < DRAIN_MAX else 0)
         finally:
             with contextlib.suppress(Exception):
                 sub.disable_monitor()
@@ -292,3 +305,32 @@ class KvEventSubscriber:
             return None
         finally:
             dealer.close(linger=0)
+
+
+def _has_message(sock: zmq.Socket[bytes]) -> bool:
+    import zmq
+
+    return bool(cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN)
+
+
+async def _readable(socks: tuple[zmq.Socket[bytes], ...], *, timeout_s: float) -> None:
+    """Return once one of `socks` holds a message, or after `timeout_s`. ZMQ's descriptor signals that the socket's
+    state may have changed, not that a message is there: the state (`EVENTS`) is read after the watch is set up and
+    on each signal, and the watch is removed before returning."""
+    loop = asyncio.get_running_loop()
+    signalled = asyncio.Event()
+    fds = [sock.FD for sock in socks]
+    for fd in fds:
+        loop.add_reader(fd, signalled.set)
+    try:
+        deadline = loop.time() + timeout_s
+        while not any(_has_message(sock) for sock in socks):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            signalled.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(signalled.wait(), remaining)
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)

@@ -24,10 +24,11 @@ Algorithm, per text:
    `min_chars` (512) characters after the previous cut. Two prompts that share a prefix get the same chunks over
    it, however many newlines (Gemma's `\n` is an added token) it holds. Each chunk is looked up by a seeded
    128-bit hash of its text; a miss is encoded (and offered to the cache), the short tail is encoded as is.
-   A chunk enters the cache the second time it is seen (a unique user message passes once and never displaces
-   the shared system prompts); the cache is an LRU bounded in entries and in estimated bytes (`BYTES_PER_ID`
-   per cached id). What the cache cannot help: a shared part with no added token between it and the unique
-   part (a completions prompt to a Llama-3 tokenizer, which has no `\n` token) is one piece, encoded whole.
+   A chunk enters the cache at once while the cache has room, and once it is full only the second time it is seen
+   (a unique user message passes once and never displaces the shared system prompts); the cache is an LRU
+   bounded in entries and in estimated bytes (`BYTES_PER_ID` per cached id). What the cache cannot help: a shared
+   part with no added token between it and the unique part (a completions prompt to a Llama-3 tokenizer, which has
+   no `\n` token) is one piece, encoded whole.
 3. `add_special_tokens=True` adds the post-processor's fixed prefix and suffix (e.g. `<bos>`), measured at build.
 
 Safety: `build_segmented_encoder` compares this encode with the full encode on probe strings (the tokenizer's
@@ -59,7 +60,8 @@ PROBE_TEXTS = ("", " ", "  ", "\n", "hello world", " leading", "trailing ", "  t
 
 
 class SegmentCache:
-    """LRU of segment hash -> token ids, bounded in entries and bytes, admitting a segment on its second sighting."""
+    """LRU of segment hash -> token ids, bounded in entries and bytes, admitting a segment at once while it has room,
+    then on its second sighting."""
 
     def __init__(self, *, max_entries: int, max_bytes: int) -> None:
         if max_entries <= 0 or max_bytes <= 0:
@@ -90,16 +92,22 @@ class SegmentCache:
         return ids
 
     def offer(self, key: int, ids: Sequence[int]) -> None:
-        """Cache `ids` if `key` was offered before (and fits); otherwise remember that it was seen."""
-        if key not in self._seen:
+        """Cache `ids` while the cache has room, or once full if `key` was offered before (and fits); otherwise
+        remember that it was seen. Room first: a fresh gateway (a new replica, each point of a benchmark) would
+        otherwise encode every shared prompt in full twice before reading it from here (issue 24); a unique message
+        only takes a place nobody else wanted, and once the cache is full the second-sighting rule protects it."""
+        cost = BYTES_PER_ID * len(ids)
+        if cost > self.max_bytes:
+            return  # larger than the whole cache: it would only evict everything else
+        room = len(self._data) < self.max_entries and self.bytes + cost <= self.max_bytes
+        if not room and key not in self._seen:
             self._seen[key] = None
             if len(self._seen) > 4 * self.max_entries:
                 self._seen.popitem(last=False)
             return
-        cost = BYTES_PER_ID * len(ids)
-        if cost > self.max_bytes:
-            return  # larger than the whole cache: it would only evict everything else
-        del self._seen[key]
+        self._seen.pop(key, None)
+        if key in self._data:
+            return
         self._data[key] = tuple(ids)
         self.bytes += cost
         while len(self._data) > self.max_entries or self.bytes > self.max_bytes:
@@ -262,7 +270,7 @@ def _mismatch(encoder: SegmentedEncoder, backend: Any, probes: Sequence[str]) ->
         for encoder.min_chars in (1, configured):  # 1: a cut at every boundary, the premise tested at each
             for text in probes:
                 for special in (False, True):
-                    for _ in range(3):  # seen, then cached on the second sighting, then read from the cache
+                    for _ in range(3):  # encoded (cached while there is room, else seen), then from the cache
                         ours = encoder.encode(text, add_special_tokens=special)
                         if ours is None:
                             break

@@ -208,21 +208,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def preflight(workdir: Path, profiles: list[str], configs: dict[str, Path]) -> None:
+def preflight(workdir: Path, profiles: list[str], configs: dict[str, Path], *, model_dir: str = "") -> None:
     """Before any engine starts: a gateway of every profile this build has boots (imports, config, server),
-    so a missing package or a bad routing file costs seconds, not an engine start-up."""
+    so a missing package or a bad routing file costs seconds, not an engine start-up. `model_dir` (the engines'
+    model directory, known before they start) fills `${MODEL_DIR}`, so a profile with the tokenizer in the gateway
+    loads the real one here (an empty path made it log a failed load, `Repo id must use alphanumeric chars`)."""
     from fleetgate.bench.live_gateway import Keys, resolve_profile, start_gateway
     from fleetgate.core.errors import ConfigError
 
     keys = Keys.make(1)
     for name in profiles:
         try:
-            variables = {"ENGINE_URLS": "[]", "KV_EVENTS_ENDPOINTS": "[]", "MODEL_DIR": "", "BLOCK_SIZE": "16"}
+            variables = {"ENGINE_URLS": "[]", "KV_EVENTS_ENDPOINTS": "[]", "MODEL_DIR": model_dir, "BLOCK_SIZE": "16"}
             profile = resolve_profile(name, configs=configs, variables=variables)
         except ConfigError:
             continue  # reported (and skipped) by the run
         gateway = start_gateway(profile, model="preflight", urls=["http://127.0.0.1:9"], keys=keys, workdir=workdir,
-                                timeout_s=60)
+                                timeout_s=180)  # > tokenizerLoadTimeoutS (120 s), after which a gateway is ready anyway
         gateway.stop()
         stamp(f"preflight: the {name} gateway starts ({gateway.started_s:.1f}s)")
 
@@ -297,7 +299,7 @@ def main(argv: list[str]) -> int:
         sys.path.insert(0, options.epp_site)
     try:
         if args.engine == "sim":
-            preflight(workdir, every_profile, options.profile_configs)
+            preflight(workdir, every_profile, options.profile_configs, model_dir=options.model_dir)
             epp_preflight(workdir, options)
             info.update(engine_desc="simulated engines (gpu-8b profile)", card="simulated", enforce_eager=True)
             options.budget_s = min(options.budget_s, deadline - time.time() - args.tail_s)
@@ -334,7 +336,8 @@ def main(argv: list[str]) -> int:
             fleet = EngineFleet(specs=specs, startup_timeout_s=timeout, progress=stamp, poll_s=1.0)
             stamp(f"starting {len(specs)} engines (timeout {timeout:.0f}s): {' '.join(specs[0].argv[1:])}")
             fleet.launch()
-            preflight(workdir, every_profile, options.profile_configs)  # while the engines start; a failure stops them
+            # while the engines start; a failure stops them
+            preflight(workdir, every_profile, options.profile_configs, model_dir=options.model_dir)
             epp_preflight(workdir, options)
             waited = fleet.wait_healthy()
             info["engine_startup_s"] = waited

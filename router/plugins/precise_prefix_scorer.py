@@ -27,7 +27,9 @@ then requests route on the approximate index until it has loaded): loading holds
 Parameters: tokenizer (engine | local), tokenizerPaths ({model: dir}, local only), tokenizeTimeoutS (0.5),
 tokenizerLoadTimeoutS (120),
 tokenizeCacheEntries (4096), tokenizeSegmentCacheMiB (64 per model, local only; 0: encode whole prompts),
-staleS (5), replayTimeoutS (2), kvGroup (null: the full-attention group), port / replayPort / topic
+staleS (5), replayTimeoutS (2), eventCoalesceS (0.05: after a wake that applied KV-event batches, wait this
+long before reading more, so an engine publishing every scheduler step costs one wake per interval; 0 to 1),
+kvGroup (null: the full-attention group), port / replayPort / topic
 (template for endpoints without discovery labels), maxBlocks (1024 token blocks), hotspotMargin (2; null
 disables), and the approximate scorer's blockChars, maxBlocks as approxMaxBlocks, charsPerToken,
 defaultCapacityTokens, capacityTokens, shared, syncIntervalS.
@@ -199,7 +201,7 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Preci
         stale_s=param(parameters, "staleS", 5.0, float), group=group,
         replay_timeout_s=param(parameters, "replayTimeoutS", 2.0, float),
         port=param(parameters, "port", None, int), replay_port=param(parameters, "replayPort", None, int),
-        topic=topic, clock=ctx.clock,
+        topic=topic, coalesce_s=param(parameters, "eventCoalesceS", 0.05, float), clock=ctx.clock,
     )
     tokenizer = _tokenizer(
         kind=parameters.get("tokenizer", "engine"), paths=parameters.get("tokenizerPaths"),

@@ -4,9 +4,11 @@ restarts and a publisher that goes away. Loopback only: ZMQ ipc sockets in a pri
 
 from __future__ import annotations
 
+import asyncio
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -223,6 +225,59 @@ async def test_an_engine_restart_resets_the_set(sockdir: Path, zctx: zmq.asyncio
     finally:
         await sub.aclose()
         await pub.stop()
+
+
+async def test_batches_published_every_step_are_read_a_few_at_a_time_and_all_applied(
+    sockdir: Path, zctx: zmq.asyncio.Context
+) -> None:
+    """vLLM publishes a batch per scheduler step: the subscriber reads what queued up once per `coalesce_s`
+    instead of waking per batch (the gateway's CPU, issue 24), and still applies every batch, in order."""
+    pub = await FakeKvPublisher(publisher=f"ipc://{sockdir}/p", replay=f"ipc://{sockdir}/r").start()
+    engine = Engine(pub, seed=9)
+    state = EndpointKvState(stale_s=5.0)
+    sub = KvEventSubscriber(name="e0", source=KvEventSource(publisher=f"ipc://{sockdir}/p", replay=f"ipc://{sockdir}/r"),
+                            state=state, context=zctx, replay_timeout_s=0.5, coalesce_s=0.1)
+    try:
+        sub.start()
+        assert await eventually(lambda: state.usable()), state.reason()
+        t0 = time.monotonic()
+        for i in range(40):
+            await engine.store(prompt(100 + i))
+            await asyncio.sleep(0.005)
+        await engine.evict(prompt(105))
+        assert await eventually(lambda: same(state, engine.truth))
+        elapsed = time.monotonic() - t0
+        assert state.stats.batches == 41 and state.stats.gaps == 0 and state.stats.decode_errors == 0
+        assert 1 <= state.stats.wakes <= elapsed / 0.1 + 2, (state.stats.wakes, elapsed)
+        assert state.blocks.match(token_block_hashes(prompt(105), block_size=BS)) == 5  # the removal came last
+    finally:
+        await sub.aclose()
+        await pub.stop()
+
+
+async def test_a_backlog_is_read_on_without_waiting_the_interval(sockdir: Path, zctx: zmq.asyncio.Context) -> None:
+    """A burst larger than one drain (256 batches): the rest is read right after, not `coalesce_s` later."""
+    pub = await FakeKvPublisher(publisher=f"ipc://{sockdir}/p", replay=f"ipc://{sockdir}/r").start()
+    engine = Engine(pub, seed=10)
+    state = EndpointKvState(stale_s=5.0)
+    sub = KvEventSubscriber(name="e0", source=KvEventSource(publisher=f"ipc://{sockdir}/p", replay=f"ipc://{sockdir}/r"),
+                            state=state, context=zctx, replay_timeout_s=0.5, coalesce_s=5.0)
+    try:
+        sub.start()
+        assert await eventually(lambda: state.usable()), state.reason()
+        for i in range(600):
+            await engine.store(prompt(1000 + i, blocks=1))
+        assert await eventually(lambda: state.stats.batches == 600, timeout_s=4.0), state.stats.batches
+        assert same(state, engine.truth) and state.stats.gaps == 0
+    finally:
+        await sub.aclose()
+        await pub.stop()
+
+
+def test_the_coalescing_interval_is_checked() -> None:
+    with pytest.raises(ValueError, match="coalesce"):
+        KvEventSubscriber(name="e0", source=KvEventSource(publisher="ipc:///tmp/x"), state=EndpointKvState(),
+                          context=None, coalesce_s=-1)  # type: ignore[arg-type]
 
 
 async def test_a_publisher_that_never_answers_leaves_the_endpoint_unusable(

@@ -75,6 +75,9 @@ def test_unknown_fields_and_event_types_are_ignored() -> None:
     {"type": "BlockStored", "block_hashes": [True], "parent_block_hash": None, "token_ids": [1], "block_size": 1},
     {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": "p", "token_ids": [1], "block_size": 1},
     {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1.5], "block_size": 1},
+    {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [3, False], "block_size": 2},
+    {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None, "token_ids": [1, "2"], "block_size": 1},
+    {"type": "BlockStored", "block_hashes": [1, True], "parent_block_hash": None, "token_ids": [1, 2], "block_size": 1},
     {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1], "block_size": 0},
     {"type": "BlockStored", "block_hashes": 1, "parent_block_hash": None, "token_ids": [1], "block_size": 1},
     {"type": "BlockRemoved", "block_hashes": [None]},
@@ -83,6 +86,7 @@ def test_unknown_fields_and_event_types_are_ignored() -> None:
     [],
 ], ids=repr)
 def test_a_malformed_event_is_skipped_not_the_batch(event: Any) -> None:
+    # (bools are ints to Python, not to msgpack: a token id or hash that is one is malformed, also among ints)
     good = {"type": "AllBlocksCleared"}
     batch = decode_batch(msgpack.packb([0.0, [event, good]]))
     assert batch.events == (AllBlocksCleared(),)

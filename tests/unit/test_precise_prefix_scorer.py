@@ -224,6 +224,8 @@ def test_the_precise_profile_is_the_default_with_its_prefix_scorer_swapped() -> 
     ({"kvGroup": -1}, "kvGroup"),
     ({"port": 70000}, "port"),
     ({"staleS": 0}, "staleS"),
+    ({"eventCoalesceS": -0.1}, "eventCoalesceS"),
+    ({"eventCoalesceS": 2}, "eventCoalesceS"),
     ({"topic": 5}, "topic"),
 ])
 def test_bad_parameters_are_config_errors_naming_them(params: dict[str, object], message: str) -> None:
