@@ -203,6 +203,32 @@ def build_requests(ctx: LiveContext, spec: PointSpec, gateway_url: str) -> list[
                        seed=spec.seed, output_tokens=ctx.sizes.output_tokens)
 
 
+KV_EVENT_COUNTERS = ("fleetgate_router_kv_events_batches", "fleetgate_router_kv_events_wakes")
+
+
+async def kv_event_counts(session: aiohttp.ClientSession, metrics_url: str) -> dict[str, float]:
+    """The gateway's KV-event batches and wakes so far, summed over endpoints (empty without a precise scorer, or
+    when /metrics does not answer): batches over wakes is how many published batches each event-loop wake took,
+    the precise path's main per-second cost (docs/reports/precise-prefix.md)."""
+    try:
+        async with session.get(metrics_url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            text = await resp.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return {}
+    return kv_event_counts_in(text)
+
+
+def kv_event_counts_in(text: str) -> dict[str, float]:
+    """`kv_event_counts` of one /metrics text: {"batches": n, "wakes": n} for the counters it holds."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in KV_EVENT_COUNTERS:
+            out[family.name.rsplit("_", 1)[1]] = sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return out
+
+
 async def _snapshot_at(ctx: LiveContext, at: float) -> list[CounterSnapshot]:
     await asyncio.sleep(max(0.0, at - time.perf_counter()))
     return await live_engines.counters(ctx.session, ctx.urls)
@@ -219,6 +245,7 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
     try:
         requests = build_requests(ctx, spec, gateway.url)
         usage_before = usage_totals(await read_usage(session, charging, ctx.keys.admin)) if charging else {}
+        events_before = await kv_event_counts(session, charging.metrics_url) if charging else {}
         cpu_before = gateway.cpu_s()
         before = await live_engines.counters(session, urls)
         lag = LoopLag()
@@ -233,6 +260,7 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
         after = await live_engines.counters(session, urls)
         usage = await settled_usage(session, charging, ctx.keys.admin) if charging else {}
         cpu = gateway.cpu_s() - cpu_before
+        events_after = await kv_event_counts(session, charging.metrics_url) if charging else {}
     finally:
         await asyncio.to_thread(gateway.stop)
     whole = deltas(before, after)
@@ -250,6 +278,8 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
         "elapsed_s": time.perf_counter() - started,
     }
     row["gateway_cpu_ms_per_request"] = 1000 * cpu / max(1, row["requests"])
+    if events_after:  # a precise gateway: its KV-event batches and the wakes that applied them, over the point
+        row["kv_events"] = {k: v - events_before.get(k, 0.0) for k, v in events_after.items()}
     if charging is None:
         return row
     charged = usage_totals(usage)

@@ -300,11 +300,14 @@ def _point_line(row: dict[str, Any]) -> str:
     lost = (f"lost {row['lost_prompt_tokens']:.0f}/{row['lost_completion_tokens']:.0f}" if "lost_prompt_tokens" in row
             else "charges not read")
     door = "" if row.get("door", "gateway") == "gateway" else f" via {row['door']}"
+    events = row.get("kv_events") or {}
+    kv = (f"KV events {events.get('batches', 0):.0f} batches in {events.get('wakes', 0):.0f} wakes, "
+          if events else "")
     return (f"{row['workload']} x{row['load']:g} {row['profile']} [{row['tag']}]{door}: {row['requests']} req "
             f"({row['errors']} err, {row['cancelled']} cancelled, {row['forced']} forced), TTFT p50 "
             f"{f(row['ttft_p50_s'], '.3f')}s p90 {f(row['ttft_p90_s'], '.3f')}s, {row['output_tps']:.0f} tok/s, "
             f"hit {row['hit_rate']:.1%}, {lost}, door CPU {row['gateway_cpu_ms_per_request']:.2f} ms/req, "
-            f"{row['elapsed_s']:.1f}s")
+            f"{kv}{row['elapsed_s']:.1f}s")
 
 
 async def _context(session: aiohttp.ClientSession, urls: list[str], options: LiveOptions, workdir: Path

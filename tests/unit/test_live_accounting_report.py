@@ -215,3 +215,24 @@ def test_the_drawn_load_is_the_seeds_arrivals_over_the_nominal_expectation() -> 
     assert drawn_load(point("default", 1.2, requests=108)) == pytest.approx(1.2 * 108 / 100)  # rate 10/s for 10 s
     assert drawn_load(point("default", 1.0, workload="chat")) is None  # closed loop: no nominal arrivals
     assert drawn_load(point("default", 1.0, rate=0.0)) is None
+
+
+def test_a_precise_gateways_kv_event_batches_and_wakes_are_read_from_its_metrics_and_printed() -> None:
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    from fleetgate.bench.live_points import kv_event_counts_in
+    from fleetgate.bench.live_routing import _point_line
+
+    registry = CollectorRegistry()
+    batches = Counter("fleetgate_router_kv_events_batches", "b", ["endpoint"], registry=registry)
+    wakes = Counter("fleetgate_router_kv_events_wakes", "w", ["endpoint"], registry=registry)
+    batches.labels("e0").inc(120)
+    batches.labels("e1").inc(80)
+    wakes.labels("e0").inc(10)
+    wakes.labels("e1").inc(5)
+    assert kv_event_counts_in(generate_latest(registry).decode()) == {"batches": 200.0, "wakes": 15.0}
+    assert kv_event_counts_in("# an approximate gateway has neither\n") == {}
+    row = point("precise-local", 1.5, kv_events={"batches": 200.0, "wakes": 15.0}, errors=0, cancelled=0, forced=0,
+                elapsed_s=12.0)
+    assert "KV events 200 batches in 15 wakes" in _point_line(row)
+    assert "KV events" not in _point_line(point("default", 1.5, errors=0, cancelled=0, forced=0, elapsed_s=12.0))
