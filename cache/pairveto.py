@@ -19,14 +19,20 @@ misses, never with an unvetted hit.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import threading
+import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from fleetgate.cache.metrics import CacheMetrics
 
 ADAPTERS = Path(__file__).resolve().parent / "data" / "pair_veto_lora8.safetensors"
 MAX_TOKENS = 96  # as trained
@@ -101,3 +107,46 @@ class OnnxPairScorer:
 def default_scorer(model_dir: Path | None = None) -> OnnxPairScorer:
     """One scorer per model folder and process: the evaluation builds a cache per row, a gateway one."""
     return OnnxPairScorer(model_dir=model_dir)
+
+
+class PairVeto:
+    """The veto as a lookup uses it: the scorer, its threshold, its one background load and its metrics."""
+
+    def __init__(self, scorer: PairScorer, *, threshold: float, metrics: CacheMetrics) -> None:
+        self.scorer = scorer
+        self.threshold = threshold
+        self.metrics = metrics
+        self.loading: asyncio.Task[None] | None = None
+
+    def preload(self) -> None:
+        """Load now, blocking (`semantic.preload`, in the cache's warm-up thread); a failure is logged by the scorer
+        and fails safe on lookups."""
+        with contextlib.suppress(Exception):
+            self.scorer.load()
+
+    async def judge(self, cached: str, text: str, *, background: bool) -> tuple[str | None, bool]:
+        """On a would-be hit: (None, _) when it passes; (why, True) when it refuses (the next candidate may still
+        be served); (why, False) when it cannot answer (loading, with `background`, a serving cache, so no request
+        waits seconds for it; or failed to load or to score): the lookup is a miss, never an unvetted hit. Offline
+        callers (evaluation, benchmarks) wait for the load."""
+        if self.loading is None:
+            self.loading = asyncio.create_task(asyncio.to_thread(self.scorer.load), name="cache-veto-load")
+        if not self.loading.done():
+            if background:
+                self.metrics.at(self.metrics.rejections, "pair_veto_unavailable").inc()
+                return "pair veto warming up", False
+            await asyncio.wait([self.loading])  # never raises
+        t = time.perf_counter()
+        try:
+            self.loading.result()  # a failed load raises here (logged once by the scorer)
+            p = await asyncio.to_thread(self.scorer.probability, cached, text)
+        except Exception as exc:
+            self.metrics.at(self.metrics.rejections, "pair_veto_unavailable").inc()
+            log.debug("pair veto unavailable: %s", exc)
+            return "pair veto unavailable", False
+        finally:
+            self.metrics.at(self.metrics.stage_seconds, "veto").observe(time.perf_counter() - t)
+        if p < self.threshold:
+            self.metrics.at(self.metrics.rejections, "pair_veto").inc()
+            return f"near miss rejected (pair_veto, p={p:.3f})", True
+        return None, True

@@ -58,12 +58,13 @@ from fleetgate.cache.encoder_call import encode
 from fleetgate.cache.keys import CacheKeys, cache_keys, follows_user_turns, owns
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.pairmodel import load_model
-from fleetgate.cache.pairveto import PairScorer, default_scorer
+from fleetgate.cache.pairveto import PairScorer, PairVeto, default_scorer
 from fleetgate.cache.policy import Decision, decide, storable
 from fleetgate.cache.prefilter import StaticPrefilter, Survivors
 from fleetgate.cache.remote_encoder import EncoderUnavailable
 from fleetgate.cache.served import served_response
 from fleetgate.cache.sharedindex import LogEntry, SharedIndex
+from fleetgate.cache.store_health import StoreHealth
 from fleetgate.cache.textnorm import embedding_text
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.cache.verifier import (
@@ -76,7 +77,7 @@ from fleetgate.cache.verifier import (
     precheck,
     warm_up,
 )
-from fleetgate.core.kvstore import KVStore, MemoryKVStore, StoreUnavailableError
+from fleetgate.core.kvstore import KVStore, MemoryKVStore
 
 log = logging.getLogger("fleetgate.cache")
 _DOWN = "cache backend unavailable"
@@ -107,11 +108,10 @@ class TwoLayerCache:
         self._log = f"{config.key_prefix}log"
         self._log_max_len = config.log_max_len or 2 * config.max_entries
         self._sync_lock = asyncio.Lock()
-        self._up = True
-        self._next_ping = 0.0
+        self.health = StoreHealth(kv=kvstore, retry_s=config.backend_retry_s, metrics=metrics,
+                                  on_back=lambda: self.index.reset())
         self._warming: asyncio.Task[Any] | None = None
         self._background_warm_up = False  # set by start(): load models in a thread, answer `miss` meanwhile
-        self._probe: asyncio.Task[None] | None = None
         self._replicated = not isinstance(kvstore, MemoryKVStore)
         # MiniLM token states for the pair model's alignment features (loaded on first use, shared per process);
         # none with the tests' hashing embedder, whose caches must not load a model (neutral alignment)
@@ -127,12 +127,12 @@ class TwoLayerCache:
             self.token_states.share(encoder_of(self.embedder))
         # the cross-encoder on would-be hits (`pair_veto` given: tests; else the shipped one, shared per process,
         # with a MiniLM encoder; none with another one, the tests' hashing embedder: no MiniLM there)
-        self.pair_veto: PairScorer | None = None
-        if sem.pair_veto.enabled and sem.verify and self.embedder is not None:
-            self.pair_veto = pair_veto if pair_veto is not None else (
-                default_scorer(Path(sem.model_dir) if sem.model_dir else None)
-                if serves_minilm(encoder_of(self.embedder)) else None)
-        self._veto_loading: asyncio.Task[None] | None = None
+        scorer = pair_veto if pair_veto is not None else (
+            default_scorer(Path(sem.model_dir) if sem.model_dir else None)
+            if self.embedder is not None and serves_minilm(encoder_of(self.embedder)) else None)
+        self.veto = (PairVeto(scorer, threshold=sem.pair_veto.threshold, metrics=self.metrics)
+                     if sem.pair_veto.enabled and sem.verify and self.embedder is not None and scorer is not None
+                     else None)
 
     async def start(self) -> None:
         """Gateway lifespan hook. With `semantic.preload` the embedder and the verifier's word tables load now,
@@ -157,9 +157,8 @@ class TwoLayerCache:
             load = getattr(model, "load", None)
             if load is not None:
                 load()
-        if self.pair_veto is not None and self.config.semantic.preload:  # else: on the first would-be hit
-            with contextlib.suppress(Exception):  # a failure is logged by the scorer and fails safe on lookups
-                self.pair_veto.load()
+        if self.veto is not None and self.config.semantic.preload:  # else: on the first would-be hit
+            self.veto.preload()
         if self.config.semantic.verify:
             # word frequency lists of seven languages and the token states (a session of their own unless
             # they share the embedder's): seconds otherwise
@@ -168,7 +167,7 @@ class TwoLayerCache:
     async def aclose(self) -> None:
         if self.answer_check is not None:
             await self.answer_check.aclose()
-        for task in (self._warming, self._probe, self._veto_loading):
+        for task in (self._warming, self.health.probe, self.veto.loading if self.veto is not None else None):
             if task is not None and not task.done():
                 with contextlib.suppress(BaseException):
                     await task
@@ -181,36 +180,6 @@ class TwoLayerCache:
 
     def _key(self, exact: str) -> str:
         return f"{self.config.key_prefix}x:{exact}"
-
-    # -- backend health -------------------------------------------------------------------------------
-    def _failed(self, exc: Exception, *, op: str) -> None:
-        self.metrics.backend_errors.inc()
-        if isinstance(exc, StoreUnavailableError):
-            if self._up:
-                log.warning("response cache off: %s failed: %s (requests go on uncached)", op, exc)
-            self._up = False
-            self.metrics.backend_up.set(0)
-            self._next_ping = time.monotonic() + self.config.backend_retry_s
-        else:
-            log.exception("response cache %s failed; request goes on uncached", op)
-
-    async def _available(self) -> bool:
-        """Up, or (while down) start a background probe at most every `backend_retry_s` and answer False:
-        a request never waits for a ping to a dead store."""
-        if self._up:
-            return True
-        if time.monotonic() >= self._next_ping and (self._probe is None or self._probe.done()):
-            self._next_ping = time.monotonic() + self.config.backend_retry_s
-            self._probe = asyncio.create_task(self._ping(), name="cache-store-probe")
-        return False
-
-    async def _ping(self) -> None:
-        if not await self.kv.ping():
-            return
-        log.warning("response cache back on: the store answers again; rebuilding the index from its log")
-        self.index.reset()
-        self._up = True
-        self.metrics.backend_up.set(1)
 
     async def sync(self, *, force: bool = False) -> None:
         """Replay the shared log into the local index (at most every `sync_interval_s` unless forced).
@@ -257,7 +226,7 @@ class TwoLayerCache:
             self.metrics.at(self.metrics.lookups, "none", "bypass").inc()
             return CacheLookup(status=CacheStatus.BYPASS, reason=decision.reason, state=state)
         try:
-            if not await self._available():
+            if not await self.health.available():
                 self.metrics.at(self.metrics.lookups, "none", "bypass").inc()
                 return CacheLookup(status=CacheStatus.BYPASS, reason=_DOWN)
             if not decision.serve:
@@ -275,7 +244,7 @@ class TwoLayerCache:
                 return await self._semantic(req, keys, state)
             return CacheLookup(status=CacheStatus.MISS, reason="no exact match", state=state)
         except Exception as exc:
-            self._failed(exc, op="lookup")
+            self.health.failed(exc, op="lookup")
             self.metrics.at(self.metrics.lookups, "none", "error").inc()
             return CacheLookup(status=CacheStatus.BYPASS, reason=_DOWN)
 
@@ -381,8 +350,9 @@ class TwoLayerCache:
                 self.metrics.at(self.metrics.rejections, verdict.reason).inc()
                 result.reason = f"near miss rejected ({verdict.reason}, similarity {score:.3f})"
                 continue
-            if verdict is not None and verdict.confidence is not None and self.pair_veto is not None:
-                refused, go_on = await self._pair_vetoed(str(record.get("text", "")), text)
+            if verdict is not None and verdict.confidence is not None and self.veto is not None:
+                refused, go_on = await self.veto.judge(str(record.get("text", "")), text,
+                                                       background=self._background_warm_up)
                 if refused is not None:
                     result.reason = f"{refused}, similarity {score:.3f}"
                     if go_on:
@@ -427,33 +397,6 @@ class TwoLayerCache:
                 if score >= self.config.semantic.threshold:
                     merged[key] = score
         return sorted(merged.items(), key=lambda item: -item[1])[: self.config.semantic.top_k]
-
-    async def _pair_vetoed(self, cached: str, text: str) -> tuple[str | None, bool]:
-        """The pair veto on a would-be hit: (None, _) when it passes; (why, True) when it refuses (the next
-        candidate may still be served); (why, False) when it cannot answer (loading in the background, failed to
-        load or to score): the lookup is a miss, never an unvetted hit."""
-        assert self.pair_veto is not None
-        if self._veto_loading is None:
-            self._veto_loading = asyncio.create_task(asyncio.to_thread(self.pair_veto.load), name="cache-veto-load")
-        if not self._veto_loading.done():
-            if self._background_warm_up:  # a serving cache: no request waits for the load (seconds)
-                self.metrics.at(self.metrics.rejections, "pair_veto_unavailable").inc()
-                return "pair veto warming up", False
-            await asyncio.wait([self._veto_loading])  # offline users (evaluation, benchmarks) wait; never raises
-        t = time.perf_counter()
-        try:
-            self._veto_loading.result()  # a failed load raises here (logged once by the scorer)
-            p = await asyncio.to_thread(self.pair_veto.probability, cached, text)
-        except Exception as exc:
-            self.metrics.at(self.metrics.rejections, "pair_veto_unavailable").inc()
-            log.debug("pair veto unavailable: %s", exc)
-            return "pair veto unavailable", False
-        finally:
-            self.metrics.at(self.metrics.stage_seconds, "veto").observe(time.perf_counter() - t)
-        if p < self.config.semantic.pair_veto.threshold:
-            self.metrics.at(self.metrics.rejections, "pair_veto").inc()
-            return f"near miss rejected (pair_veto, p={p:.3f})", True
-        return None, True
 
     async def _verify(self, cached: str, text: str, *, similarity: float, conversation: bool,
                       step: Pending | Verdict | None = None) -> Verdict:
@@ -507,7 +450,7 @@ class TwoLayerCache:
     async def store(self, req: CacheRequest, lookup: CacheLookup, response: Mapping[str, Any]) -> None:
         keys: CacheKeys | None = lookup.state.get("keys")
         decision: Decision | None = lookup.state.get("decision")
-        if keys is None or decision is None or not decision.store or not self._up:
+        if keys is None or decision is None or not decision.store or not self.health.up:
             self.metrics.at(self.metrics.stores, "not allowed").inc()
             return
         why = storable(response, self.config)
@@ -542,4 +485,4 @@ class TwoLayerCache:
             self._update_gauges()
             self.metrics.at(self.metrics.stores, "stored").inc()
         except Exception as exc:
-            self._failed(exc, op="store")
+            self.health.failed(exc, op="store")

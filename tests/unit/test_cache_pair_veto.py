@@ -105,7 +105,7 @@ async def test_the_threshold_is_the_setting() -> None:
 async def test_disabled_it_is_never_asked() -> None:
     scorer = Scripted(0.0)
     cache = await cache_with(scorer, config(enabled=False))
-    assert cache.pair_veto is None
+    assert cache.veto is None
     assert (await cache.lookup(req(WOULD_BE_HIT))).status == CacheStatus.HIT_SEMANTIC
     assert scorer.calls == [] and scorer.loads == 0
 
@@ -170,8 +170,8 @@ async def test_a_serving_cache_answers_miss_while_the_veto_loads_then_uses_it() 
     assert scorer.loads == 0
     warming = await cache.lookup(req(WOULD_BE_HIT))
     assert warming.status == CacheStatus.MISS and warming.reason.startswith("pair veto warming up")
-    assert cache._veto_loading is not None
-    await asyncio.wait([cache._veto_loading])
+    assert cache.veto is not None and cache.veto.loading is not None
+    await asyncio.wait([cache.veto.loading])
     assert (await cache.lookup(req(WOULD_BE_HIT))).status == CacheStatus.HIT_SEMANTIC
     assert scorer.loads == 1 and len(scorer.calls) == 1
     await cache.aclose()
@@ -196,14 +196,15 @@ def test_a_minilm_cache_gets_the_shipped_scorer_unloaded_when_on_and_the_hashing
     minilm = BatchingEmbedder(embedder=OnnxMiniLMEmbedder(variant="int8"), max_batch=4, max_wait_s=0.0)
     cache = TwoLayerCache(config=CacheConfig(), kvstore=MemoryKVStore(), embedder=minilm,
                           metrics=CacheMetrics(CollectorRegistry()))
-    assert cache.pair_veto is None  # off by default
+    assert cache.veto is None  # off by default
     cache = TwoLayerCache(config=config(), kvstore=MemoryKVStore(), embedder=minilm,
                           metrics=CacheMetrics(CollectorRegistry()))
-    assert cache.pair_veto is default_scorer(None)  # one per process, loaded on the first would-be hit only
-    assert isinstance(cache.pair_veto, OnnxPairScorer) and cache.pair_veto._loaded is None
+    assert cache.veto is not None
+    assert cache.veto.scorer is default_scorer(None)  # one per process, loaded on the first would-be hit only
+    assert isinstance(cache.veto.scorer, OnnxPairScorer) and cache.veto.scorer._loaded is None
     cache = TwoLayerCache(config=config(), kvstore=MemoryKVStore(), embedder=HashingEmbedder(),
                           metrics=CacheMetrics(CollectorRegistry()))
-    assert cache.pair_veto is None
+    assert cache.veto is None
 
 
 def test_the_setting_validates() -> None:
