@@ -18,7 +18,7 @@ import zmq.asyncio
 from fleetgate.router.hashing import token_block_hashes
 from fleetgate.router.kv_block_index import EndpointBlocks
 from fleetgate.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KvEvent
-from fleetgate.router.kv_subscriber import EndpointKvState, KvEventSource, KvEventSubscriber
+from fleetgate.router.kv_subscriber import COALESCE_S, EndpointKvState, KvEventSource, KvEventSubscriber
 from fleetgate.sim.kv_publisher import FakeKvPublisher
 
 from .conftest import eventually
@@ -92,9 +92,11 @@ def same(state: EndpointKvState, truth: EndpointBlocks) -> bool:
     return state.blocks.held == truth.held
 
 
-async def follow(ctx: zmq.asyncio.Context, source: KvEventSource) -> tuple[KvEventSubscriber, EndpointKvState]:
+async def follow(ctx: zmq.asyncio.Context, source: KvEventSource, *, coalesce_s: float = COALESCE_S
+                 ) -> tuple[KvEventSubscriber, EndpointKvState]:
     state = EndpointKvState(stale_s=5.0)
-    sub = KvEventSubscriber(name="e0", source=source, state=state, context=ctx, replay_timeout_s=0.5)
+    sub = KvEventSubscriber(name="e0", source=source, state=state, context=ctx, replay_timeout_s=0.5,
+                            coalesce_s=coalesce_s)
     sub.start()
     assert await eventually(lambda: state.usable()), state.reason()
     return sub, state
@@ -232,14 +234,11 @@ async def test_batches_published_every_step_are_read_a_few_at_a_time_and_all_app
 ) -> None:
     """vLLM publishes a batch per scheduler step: the subscriber reads what queued up once per `coalesce_s`
     instead of waking per batch (the gateway's CPU, issue 24), and still applies every batch, in order."""
-    pub = await FakeKvPublisher(publisher=f"ipc://{sockdir}/p", replay=f"ipc://{sockdir}/r").start()
+    addresses = {"publisher": f"ipc://{sockdir}/p", "replay": f"ipc://{sockdir}/r"}
+    pub = await FakeKvPublisher(**addresses).start()
     engine = Engine(pub, seed=9)
-    state = EndpointKvState(stale_s=5.0)
-    sub = KvEventSubscriber(name="e0", source=KvEventSource(publisher=f"ipc://{sockdir}/p", replay=f"ipc://{sockdir}/r"),
-                            state=state, context=zctx, replay_timeout_s=0.5, coalesce_s=0.1)
+    sub, state = await follow(zctx, KvEventSource(**addresses), coalesce_s=0.1)
     try:
-        sub.start()
-        assert await eventually(lambda: state.usable()), state.reason()
         t0 = time.monotonic()
         for i in range(40):
             await engine.store(prompt(100 + i))
@@ -257,14 +256,11 @@ async def test_batches_published_every_step_are_read_a_few_at_a_time_and_all_app
 
 async def test_a_backlog_is_read_on_without_waiting_the_interval(sockdir: Path, zctx: zmq.asyncio.Context) -> None:
     """A burst larger than one drain (256 batches): the rest is read right after, not `coalesce_s` later."""
-    pub = await FakeKvPublisher(publisher=f"ipc://{sockdir}/p", replay=f"ipc://{sockdir}/r").start()
+    addresses = {"publisher": f"ipc://{sockdir}/p", "replay": f"ipc://{sockdir}/r"}
+    pub = await FakeKvPublisher(**addresses).start()
     engine = Engine(pub, seed=10)
-    state = EndpointKvState(stale_s=5.0)
-    sub = KvEventSubscriber(name="e0", source=KvEventSource(publisher=f"ipc://{sockdir}/p", replay=f"ipc://{sockdir}/r"),
-                            state=state, context=zctx, replay_timeout_s=0.5, coalesce_s=5.0)
+    sub, state = await follow(zctx, KvEventSource(**addresses), coalesce_s=5.0)
     try:
-        sub.start()
-        assert await eventually(lambda: state.usable()), state.reason()
         for i in range(600):
             await engine.store(prompt(1000 + i, blocks=1))
         assert await eventually(lambda: state.stats.batches == 600, timeout_s=4.0), state.stats.batches

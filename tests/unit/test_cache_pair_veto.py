@@ -21,8 +21,11 @@ from fleetgate.cache.embedding import HashingEmbedder
 from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.pairveto import OnnxPairScorer
 from fleetgate.cache.twolayer import TwoLayerCache
-from fleetgate.cache.types import CacheRequest, CacheStatus
+from fleetgate.cache.types import CacheStatus
 from fleetgate.core.kvstore import MemoryKVStore
+
+from .cache_requests import chat_answer
+from .cache_requests import chat_request as req
 
 STORED = "How do I sort a slice in Go?"
 WOULD_BE_HIT = "How do I sort a slice in Go? I am asking for a friend."  # reaches the pair model
@@ -54,14 +57,7 @@ class Scripted:
         return self.p
 
 
-def req(text: str) -> CacheRequest:
-    return CacheRequest(tenant="t", model="m", kind="chat",
-                        body={"messages": [{"role": "user", "content": text}], "temperature": 0})
-
-
-ANSWER: dict[str, Any] = {"object": "chat.completion", "model": "m", "usage": {"total_tokens": 3},
-                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "slices.Sort(s)"},
-                                       "finish_reason": "stop"}]}
+ANSWER = chat_answer("slices.Sort(s)")
 
 
 def config(*, enabled: bool = True, threshold: float = 0.2) -> CacheConfig:

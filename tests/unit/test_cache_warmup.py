@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -16,6 +15,9 @@ from fleetgate.cache.metrics import CacheMetrics
 from fleetgate.cache.twolayer import TwoLayerCache
 from fleetgate.cache.types import CacheRequest, CacheStatus
 from fleetgate.core.kvstore import MemoryKVStore
+
+from .cache_requests import chat_answer
+from .cache_requests import chat_request as req
 
 
 class SlowLoadingEmbedder(HashingEmbedder):
@@ -31,14 +33,7 @@ class SlowLoadingEmbedder(HashingEmbedder):
         return super().embed(texts)
 
 
-def req(text: str) -> CacheRequest:
-    return CacheRequest(tenant="t", model="m", kind="chat",
-                        body={"messages": [{"role": "user", "content": text}], "temperature": 0})
-
-
-ANSWER: dict[str, Any] = {"object": "chat.completion", "model": "m", "usage": {"total_tokens": 3},
-                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"},
-                                       "finish_reason": "stop"}]}
+ANSWER = chat_answer("x")
 
 
 async def test_semantic_layer_waits_for_the_model_without_blocking_requests() -> None:
