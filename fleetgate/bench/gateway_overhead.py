@@ -19,8 +19,8 @@ One run measures, side by side (processes: `fleetgate.bench.gateway_stack`):
   the pair model can judge, so most lookups encode), `semantic hit` its worst (a paraphrase the pair model
   must judge: the encoder runs, after the prefilter), `semantic hit (same words)` a rewording whose every
   word matches the stored prompt's (other function words, a typo: served without encoding);
-  `--embedder NAME+encode-all` runs a gateway with it off; `--embedder NAME+noveto` one with the pair veto off
-  (`semantic.pair_veto`, shipped on: a cross-encoder asked on would-be hits, so `semantic hit` pays for it and
+  `--embedder NAME+encode-all` runs a gateway with it off; `--embedder NAME+veto` one with the pair veto on
+  (`semantic.pair_veto`, shipped off: a cross-encoder asked on would-be hits, so `semantic hit` pays for it and
   misses do not). `remote` is MiniLM as a service
   (`semantic.embedder: remote`): `--encoder-url`, or else a loopback stub answering MiniLM's fp32 vectors from
   a precomputed table (`fleetgate.bench.encoder_stub`), which stands in for a GPU encoder when what is measured
@@ -67,9 +67,9 @@ from fleetgate.bench.loadgen import (
 _MODELS = ("minilm-onnx-int8", "minilm-onnx", "minilm", "remote")
 # `NAME+memo`: the gateway with the exact-text embedding memo on (plain names run with it off)
 # `NAME+encode-all`: the static prefilter off (every semantic lookup encodes, as before the prefilter)
-# `NAME+noveto`: the pair veto off (`semantic.pair_veto`: on as shipped, asked on would-be hits only)
+# `NAME+veto`: the pair veto on (`semantic.pair_veto`: off as shipped; asked on would-be hits only)
 EMBEDDERS = [*_MODELS, "hashing",
-             *(f"{name}+{flags}" for name in _MODELS for flags in ("memo", "encode-all", "noveto"))]
+             *(f"{name}+{flags}" for name in _MODELS for flags in ("memo", "encode-all", "veto"))]
 PROMPT = "How do I reverse a list in Python without copying it?"
 # a paraphrase the verifier's pair model must judge (it accepts it): the encoder runs
 PARAPHRASE = "What's the way to reverse a Python list in place, without making a copy?"
@@ -367,8 +367,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "gateway each, in this order (e.g. minilm-onnx-int8 minilm: fast path and reference; "
                         "NAME+memo: with the embedding memo on, which answers the "
                         "repeated paraphrase of `semantic hit` without encoding; NAME+encode-all: the static "
-                        "prefilter off, every lookup encodes; NAME+noveto: the pair veto off, which the shipped "
-                        "cache asks on would-be hits)")
+                        "prefilter off, every lookup encodes; NAME+veto: the pair veto on (off as shipped), "
+                        "asked on would-be hits)")
     parser.add_argument("--workloads", choices=list(WORKLOADS), nargs="+", default=list(WORKLOADS),
                         help="the cache-on workloads to run (default: all)")
     parser.add_argument("--encoder-url", help="`remote` embedders use this encoder service (e.g. vLLM serving "

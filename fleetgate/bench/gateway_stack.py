@@ -92,13 +92,13 @@ def gateway_settings(*, kind: str, port: int, engine_url: str, key_hash: str, em
         # The fake engine always stops at max_tokens ("length"): store those answers so hits can happen.
         # `NAME+memo`: the shipped exact-text embedding memo on; plain NAME: off, so that no lookup skips the
         # encoder by repeating a text. `NAME+encode-all`: the static prefilter off, so every lookup encodes.
-        # `NAME+noveto`: the pair veto (`semantic.pair_veto`, on as shipped) off.
+        # `NAME+veto`: the pair veto (`semantic.pair_veto`, off as shipped) on.
         name, *flags = embedder.split("+")
         semantic: dict[str, Any] = {"embedder": name} if "memo" in flags else {"embedder": name, "embed_memo": 0}
         if "encode-all" in flags:
             semantic["prefilter"] = "off"
-        if "noveto" in flags:
-            semantic["pair_veto"] = {"enabled": False}
+        if "veto" in flags:
+            semantic["pair_veto"] = {"enabled": True}
         if name == "remote":  # the encoder service: `--encoder-url`, or the loopback stub (`Stack.encoder`)
             semantic["remote"] = {"url": encoder_url}
             if encoder_timeout_ms is not None:
