@@ -88,6 +88,8 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--epp-idle-rounds", type=int, default=24, help="its probe rounds on idle engines")
     g.add_argument("--epp-site", default="", help="a site directory first on the picker's path (the GPU "
                    "machine's gRPC packages, scripts/gpu/pack_epp.py)")
+    g.add_argument("--py-spy-dir", type=Path, default=None, help="py-spy samples of each gateway point's window "
+                   "go here (py-spy on PATH or in $FLEETGATE_PY_SPY; python -m fleetgate.bench.live_pyspy sums them)")
     g.add_argument("--out", type=Path, default=Path("artifacts/live-routing"), help="output folder")
     g.add_argument("--sim-replicas", type=int, default=2, help="without --urls: simulated engines to start")
     g.add_argument("--sim-kv-blocks", type=int, default=1024)
@@ -120,7 +122,7 @@ def options_from_args(args: argparse.Namespace) -> LiveOptions:
         model_dir=args.model_dir, epp_loads=_floats(args.epp_loads), epp_profiles=_names(args.epp_profiles),
         epp_window_s=args.epp_window, epp_latency_window_s=args.epp_latency_window,
         epp_idle_rounds=args.epp_idle_rounds, epp_latency_profile=_names(args.epp_profiles)[-1] if
-        _names(args.epp_profiles) else "default", epp_site=args.epp_site,
+        _names(args.epp_profiles) else "default", epp_site=args.epp_site, py_spy_dir=args.py_spy_dir,
     )
 
 

@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any
 
-from fleetgate.bench import live_engines
+from fleetgate.bench import live_engines, live_pyspy
 from fleetgate.bench.live_client import LiveRequest, LiveResult, LoopLag, completion_body, replay, stream_one
 from fleetgate.bench.live_gateway import start_gateway
 from fleetgate.bench.live_points import LiveContext, PointSpec, build_requests, read_usage, settled_usage, usage_totals
@@ -138,6 +138,8 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         cpu0 = gateway.cpu_s()
         probes_before = prober.gateway_requests
         mid0 = await live_engines.counters(session, urls)
+        sampler = (live_pyspy.start(gateway.popen.pid, live_pyspy.point_file(ctx.py_spy_dir, f"overhead {profile}"),
+                                    duration_s=window_s) if ctx.py_spy_dir else None)
         lag = LoopLag()
         lag.start()
         t0 = time.perf_counter()
@@ -147,6 +149,7 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         mid1 = await live_engines.counters(session, urls)
         elapsed = time.perf_counter() - t0
         cpu = gateway.cpu_s() - cpu0
+        await asyncio.to_thread(live_pyspy.finish, sampler)
         results, _ = await load_task
         await lag.stop()
         quiet = await live_engines.wait_idle(session, urls, timeout_s=30)
@@ -172,6 +175,7 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         "loaded_pairs": len(loaded), "loaded_added_ms": _ms(loaded_ci),
         "loaded_added_median_ms": _ms(median_ci(loaded)),
         "loaded_added_p90_ms": round(quantile(loaded, 0.9) * 1000, 3) if loaded else None,
+        "loaded_added_each_ms": [round(v * 1000, 2) for v in loaded],  # every pair, to see the tail's shape
         "background_requests": len(results), "background_ttft_p50_s": ttft_p50,
         "added_share_of_ttft_p50": loaded_ci[0] / ttft_p50 if ok and ttft_p50 > 0 else None,
         "output_tps": window.generation_tokens / elapsed,

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from fleetgate.bench import live_engines
+from fleetgate.bench import live_engines, live_pyspy
 from fleetgate.bench.live_client import LiveRequest, LiveResult, LoopLag, replay
 from fleetgate.bench.live_gateway import GatewayProcess, Keys, Profile, start_gateway
 from fleetgate.bench.live_workloads import Sizes, Target, sized_items, to_requests
@@ -89,6 +89,7 @@ class LiveContext:
     log: Any = print
     gateways_started: list[float] = field(default_factory=list)
     epp_site: str = ""  # a site directory put first on the picker's path (the GPU machine's gRPC packages)
+    py_spy_dir: Path | None = None  # py-spy samples of each gateway point's window go here (`live_pyspy`)
 
 
 async def start_door(ctx: LiveContext, spec: PointSpec) -> Door:
@@ -248,6 +249,8 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
         events_before = await kv_event_counts(session, charging.metrics_url) if charging else {}
         cpu_before = gateway.cpu_s()
         before = await live_engines.counters(session, urls)
+        sampler = (live_pyspy.start(charging.popen.pid, live_pyspy.point_file(ctx.py_spy_dir, spec.name),
+                                    duration_s=spec.window_s) if charging and ctx.py_spy_dir else None)
         lag = LoopLag()
         lag.start()
         t_send = time.perf_counter()
@@ -255,6 +258,7 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
         results, _ = await replay(session, requests, drain_deadline_s=spec.window_s + spec.drain_s,
                                   send_until_s=spec.window_s)
         in_window = await at_window
+        await asyncio.to_thread(live_pyspy.finish, sampler)
         await lag.stop()
         quiet = await live_engines.wait_idle(session, urls, timeout_s=30)
         after = await live_engines.counters(session, urls)

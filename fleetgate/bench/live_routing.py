@@ -37,7 +37,7 @@ from typing import Any
 
 import aiohttp
 
-from fleetgate.bench import live_engines
+from fleetgate.bench import live_engines, live_pyspy
 from fleetgate.bench.live_client import LiveRequest, LiveResult, stream_one
 from fleetgate.bench.live_gateway import Keys, Profile, kv_event_routes, resolve_profile, template_vars
 from fleetgate.bench.live_overhead import run_overhead
@@ -100,6 +100,7 @@ class LiveOptions:
     epp_idle_rounds: int = 24
     epp_latency_profile: str = "default"
     epp_site: str = ""  # a site directory first on the picker's path (the GPU machine's gRPC packages)
+    py_spy_dir: Path | None = None  # py-spy samples of each gateway point (`fleetgate.bench.live_pyspy`)
 
 
 class Recorder:
@@ -330,7 +331,9 @@ async def _context(session: aiohttp.ClientSession, urls: list[str], options: Liv
             unknown[name] = str(exc)
     ctx = LiveContext(session=session, urls=urls, model=model, keys=Keys.make(options.sizes.tenants),
                       sizes=options.sizes, chars_per_token=cpt, capacity_tokens=capacity, workdir=workdir,
-                      profiles=profiles, epp_site=options.epp_site)
+                      profiles=profiles, epp_site=options.epp_site, py_spy_dir=options.py_spy_dir)
+    if options.py_spy_dir and live_pyspy.binary() is None:
+        ctx.log(f"--py-spy-dir {options.py_spy_dir}: no py-spy on PATH or in $FLEETGATE_PY_SPY: no samples")
     ctx.resets = await live_engines.reset_prefix_caches(session, urls)
     ctx.kv_events = kv_event_routes(urls=urls, publishers=options.kv_events, replays=options.kv_replays,
                                     topic=options.kv_topic)
