@@ -49,6 +49,7 @@ class Prober:
         self.n = 0
         self.direct: list[LiveResult] = []  # usage of every direct probe (for the accounting of the phase)
         self.gateway_requests = 0
+        self.control_pairs: dict[float, list[tuple[float, float]]] = {}  # offset (ms) -> (real offset, added) s
 
     def _request(self, *, engine: int, via_gateway: bool) -> LiveRequest:
         self.n += 1
@@ -76,20 +77,31 @@ class Prober:
         for k in range(len(self.ctx.urls)):
             await self.one(self._request(engine=k, via_gateway=False))
 
-    async def pairs(self, *, count: int | None = None, until: float | None = None, at_once: bool = True
-                    ) -> list[float]:
+    async def pairs(self, *, count: int | None = None, until: float | None = None, at_once: bool = True,
+                    controls_ms: tuple[float, ...] = ()) -> list[float]:
         """Added TTFT of each pair (seconds), to the same engine. Under load (`at_once`) both requests of a pair
         are sent together, so they usually join the same engine step and the difference is the gateway's;
         when the gateway's delay makes its request miss that step, the pair shows a whole step more. The mean
         over pairs counts both cases at their frequency, so it estimates the added time without bias; the
         median shows the usual pair. Which request's task starts first alternates. On idle engines a pair is
         sent one request after the other instead (an idle engine starts a step for the first arrival at once,
-        which would charge the second a whole step)."""
+        which would charge the second a whole step).
+
+        `controls_ms`: control pairs take turns with the gateway's (`control_pairs`), two direct requests of
+        which the second leaves that many milliseconds after the first: what this method charges a known pure
+        delay. The gateway's request always reaches the engine after its twin and may queue behind it in
+        the engine's own front end; the controls show how much of the gateway's figure that ordering makes."""
         added: list[float] = []
+        kinds: list[float | None] = [None, *controls_ms]  # None: a gateway pair
         i = 0
         while (count is None or i < count) and (until is None or time.perf_counter() < until):
-            k = i % len(self.ctx.urls)
-            gw_first = (i // len(self.ctx.urls)) % 2 == 0
+            k = (i // len(kinds)) % len(self.ctx.urls)
+            kind = kinds[i % len(kinds)]
+            i += 1
+            if kind is not None:
+                await self._control_pair(k, kind / 1000)
+                continue
+            gw_first = (i // (len(kinds) * len(self.ctx.urls))) % 2 == 0
             reqs = [self._request(engine=k, via_gateway=True), self._request(engine=k, via_gateway=False)]
             if not gw_first:
                 reqs.reverse()
@@ -101,8 +113,41 @@ class Prober:
             g, d = by_path["gateway"], by_path["direct"]
             if g.error is None and d.error is None and g.ttft_s is not None and d.ttft_s is not None:
                 added.append(g.ttft_s - d.ttft_s)
-            i += 1
         return added
+
+    async def _control_pair(self, engine: int, offset_s: float) -> None:
+        """Two direct requests, the second sent `offset_s` after the first (libuv's timers have millisecond
+        resolution, so the real offset is measured and recorded beside the added time)."""
+        first, second = self._request(engine=engine, via_gateway=False), self._request(engine=engine, via_gateway=False)
+        sent: dict[str, float] = {}
+
+        async def send(req: LiveRequest, delay_s: float) -> LiveResult:
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            sent[req.id] = time.perf_counter()
+            return await self.one(req)
+
+        a, b = await asyncio.gather(send(first, 0.0), send(second, offset_s))
+        if a.error is None and b.error is None and a.ttft_s is not None and b.ttft_s is not None:
+            gap = sent[second.id] - sent[first.id]
+            self.control_pairs.setdefault(offset_s * 1000, []).append((gap, gap + b.ttft_s - a.ttft_s))
+
+
+def control_rows(pairs: dict[float, list[tuple[float, float]]]) -> list[dict[str, Any]]:
+    """Each control offset's real mean offset and the added time the pairs charged it (ms)."""
+    rows = []
+    for offset_ms, values in sorted(pairs.items()):
+        gaps, added = [g for g, _ in values], [a for _, a in values]
+        rows.append({"offset_ms": offset_ms, "pairs": len(values),
+                     "real_offset_ms": round(statistics.fmean(gaps) * 1000, 3),
+                     "added_ms": _ms(mean_ci(added)), "added_median_ms": round(statistics.median(added) * 1000, 3),
+                     "share_over_5ms": round(over_5ms(added), 4)})
+    return rows
+
+
+def over_5ms(values: list[float]) -> float:
+    """The share of pairs that charged more than 5 ms (most often a whole engine step)."""
+    return sum(v > 0.005 for v in values) / len(values) if values else 0.0
 
 
 def mean_ci(values: list[float], *, seed: int = 0, rounds: int = 400) -> tuple[float, float, float]:
@@ -119,7 +164,7 @@ def _ms(values: tuple[float, float, float]) -> list[float]:
 
 
 async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, window_s: float, drain_s: float,
-                       seed: int, idle_pairs: int = 40) -> dict[str, Any]:
+                       seed: int, idle_pairs: int = 40, controls_ms: tuple[float, ...] = ()) -> dict[str, Any]:
     session, urls = ctx.session, ctx.urls
     await live_engines.wait_idle(session, urls, timeout_s=30)
     if ctx.resets:
@@ -145,7 +190,7 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         t0 = time.perf_counter()
         load_task = asyncio.create_task(replay(session, background, drain_deadline_s=window_s + drain_s,
                                                send_until_s=window_s))
-        loaded = await prober.pairs(until=t0 + window_s)
+        loaded = await prober.pairs(until=t0 + window_s, controls_ms=controls_ms)
         mid1 = await live_engines.counters(session, urls)
         elapsed = time.perf_counter() - t0
         cpu = gateway.cpu_s() - cpu0
@@ -176,6 +221,8 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         "loaded_added_median_ms": _ms(median_ci(loaded)),
         "loaded_added_p90_ms": round(quantile(loaded, 0.9) * 1000, 3) if loaded else None,
         "loaded_added_each_ms": [round(v * 1000, 2) for v in loaded],  # every pair, to see the tail's shape
+        "loaded_share_over_5ms": round(over_5ms(loaded), 4),
+        "controls": control_rows(prober.control_pairs),
         "background_requests": len(results), "background_ttft_p50_s": ttft_p50,
         "added_share_of_ttft_p50": loaded_ci[0] / ttft_p50 if ok and ttft_p50 > 0 else None,
         "output_tps": window.generation_tokens / elapsed,

@@ -38,6 +38,23 @@ from fleetgate.bench.live_throughput import throughput_file
 NEAR = 1.0  # loads at or above this multiple of round-robin's capacity are "near saturation"
 
 
+def control_lines(r: dict[str, Any]) -> list[str]:
+    """The overhead phase's control pairs (`live_overhead.control_rows`), beside the gateway's pairs."""
+    controls = r.get("controls") or []
+    if not controls:
+        return []
+    lines = ["", "Control pairs (two direct requests, the second sent later by a known offset; what the paired "
+             "probe charges a pure delay), against the gateway's pairs "
+             f"({_f(r.get('loaded_share_over_5ms'), '.1%')} of them over 5 ms):", "",
+             "| offset asked ms | real offset ms | pairs | added ms (95%) | median ms | pairs over 5 ms |",
+             "|---:|---:|---:|---|---:|---:|"]
+    for c in controls:
+        a = c["added_ms"]
+        lines.append(f"| {c['offset_ms']:g} | {c['real_offset_ms']:.2f} | {c['pairs']} | +{a[0]:.2f} "
+                     f"({a[1]:.2f}..{a[2]:.2f}) | {c['added_median_ms']:.2f} | {c['share_over_5ms']:.1%} |")
+    return lines
+
+
 def _f(value: Any, fmt: str, scale: float = 1.0) -> str:
     if value is None:
         return "-"
@@ -329,6 +346,7 @@ def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
                    f"Gateway CPU: {r['gateway_cpu_ms_per_request']:.2f} ms per request, "
                    f"{r['gateway_cpu_ms_per_1k_output_tokens']:.2f} ms per 1k output tokens. Client loop lag p99 "
                    f"{r['client_loop_lag_p99_s'] * 1000:.1f} ms."]
+            md += control_lines(r)
         if r.get("kind") == "accounting":
             md += ["", "## Accounting", "", accounting_line(r)]
     door = door_section(rows)

@@ -70,6 +70,7 @@ class LiveOptions:
     overhead_profile: str = "default"
     overhead_window_s: float = 12.0
     overhead_idle_pairs: int = 40
+    overhead_controls_ms: tuple[float, ...] = ()  # control pairs' offsets (`live_overhead.Prober.pairs`)
     probe_s: float = 10.0
     probe_concurrency: int = 0  # 0: 96 per engine
     base_rate: float | None = None  # skip the capacity probe
@@ -409,7 +410,8 @@ async def run_live(urls: list[str], options: LiveOptions, *, out_dir: Path, work
                 elif spec.tag == "overhead":
                     row = await run_overhead(ctx, profile=spec.profile, base_rate=spec.rate, window_s=spec.window_s,
                                              drain_s=spec.drain_s, seed=spec.seed,
-                                             idle_pairs=options.overhead_idle_pairs)
+                                             idle_pairs=options.overhead_idle_pairs,
+                                             controls_ms=options.overhead_controls_ms)
                     rec.add(row)
                     log(f"overhead: +{row['idle_added_ms'][0]:.2f} ms idle, +{row['loaded_added_ms'][0]:.2f} ms "
                         f"under load (95% {row['loaded_added_ms'][1]:.2f}..{row['loaded_added_ms'][2]:.2f}) = "

@@ -1,0 +1,32 @@
+"""The overhead phase's control pairs: what the paired probe charges a known pure delay, and their report."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetgate.bench.live_overhead import control_rows, over_5ms
+from fleetgate.bench.live_report import control_lines
+
+
+def test_control_rows_give_the_real_offset_and_the_added_time_per_offset() -> None:
+    pairs = {1.0: [(0.0012, 0.0002), (0.0014, 0.0302), (0.0010, 0.0004)], 3.0: [(0.0031, 0.0031)]}
+    rows = control_rows(pairs)
+    assert [r["offset_ms"] for r in rows] == [1.0, 3.0]
+    one = rows[0]
+    assert one["pairs"] == 3 and one["real_offset_ms"] == pytest.approx(1.2)
+    assert one["added_ms"][0] == pytest.approx((0.2 + 30.2 + 0.4) / 3, abs=1e-3)
+    assert one["added_median_ms"] == pytest.approx(0.4)
+    assert one["share_over_5ms"] == pytest.approx(1 / 3, abs=1e-4)
+
+
+def test_share_over_5ms() -> None:
+    assert over_5ms([]) == 0.0
+    assert over_5ms([0.001, 0.006, 0.02, -0.001]) == 0.5
+
+
+def test_report_shows_controls_beside_the_gateway_pairs() -> None:
+    row = {"loaded_share_over_5ms": 0.08, "controls": control_rows({0.5: [(0.0006, 0.0009), (0.0005, 0.0251)]})}
+    text = "\n".join(control_lines(row))
+    assert "8.0% of them over 5 ms" in text
+    assert "| 0.5 | 0.55 | 2 | +13.00" in text and "| 50.0% |" in text
+    assert control_lines({"loaded_share_over_5ms": 0.1}) == []
