@@ -38,6 +38,7 @@ from fleetgate.gateway.tenancy.keys import new_key
 TEXT = ("the gateway relays every token an engine streams while the fleet serves many tenants at once "
         "with prompts that share long system instructions and differ in their last question")
 PROMPT_WORDS = [200]  # set by --prompt-words
+LOOP_PROBE = [False]  # set by --loop-probe
 
 
 def body(tokens: int) -> bytes:
@@ -113,7 +114,11 @@ def start_gateway(s: Stack, python: str, *, engine_url: str, key_hash: str) -> P
         if cpus:
             os.sched_setaffinity(0, cpus)
 
-    popen = subprocess.Popen([python, "-m", "fleetgate", "gateway", "--config", str(config)],
+    argv = [python, "-m", "fleetgate", "gateway", "--config", str(config)]
+    if LOOP_PROBE[0]:  # the same gateway, its event loop watched (`gateway_loop_probe.py`)
+        argv = [python, str(Path(__file__).with_name("gateway_loop_probe.py")), "--config", str(config),
+                "--out", str(s.tmp / f"loop-{port}.json")]
+    popen = subprocess.Popen(argv,
                              env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, preexec_fn=pin, cwd="/")
     proc = Proc(name=python, popen=popen, url=f"http://127.0.0.1:{port}")
@@ -127,7 +132,7 @@ async def measure(args: argparse.Namespace, s: Stack) -> dict[str, list[dict[str
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     port = free_port()
     engine = s.start_process("engine", ["fleetgate.sim.fake_engine", "--port", str(port), "--model", MODEL,
-                                        "--itl-ms", str(args.itl_ms)],
+                                        "--itl-ms", str(args.itl_ms), *(["--step-sync"] if args.step_sync else [])],
                              url=f"http://127.0.0.1:{port}", ready="/health", cpus=s.pinning.others)
     pythons = dict(p.split("=", 1) for p in args.python)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in pythons}
@@ -152,6 +157,10 @@ async def measure(args: argparse.Namespace, s: Stack) -> dict[str, list[dict[str
                         row["added"] = await prober
                 row["load"] = os.getloadavg()[0]
                 s.stop(gw)
+                probe = s.tmp / f"loop-{gw.url.rsplit(':', 1)[1]}.json"
+                if probe.exists():
+                    row["loop"] = orjson.loads(probe.read_bytes())
+                    print(f"round {rnd} {name} loop: {row['loop']}", file=sys.stderr, flush=True)
                 results[name].append(row)
                 print(f"round {rnd} {name}: {summary([row])}", file=sys.stderr, flush=True)
     return results
@@ -176,9 +185,21 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {"cpu_us_per_token_fit": per_token * 1e6, "cpu_ms_per_request_fit": per_request * 1e3,
             "cpu_us_per_token_long_all_in": long_cpu / max(1, long_chunks) * 1e6,
             "tokens_per_s_long": long_chunks / sum(r["long"]["wall_s"] for r in rows),
-            "added_ttft_p50_ms": pct(added, 0.5) * 1e3, "added_ttft_p99_ms": pct(added, 0.99) * 1e3,
+            "added_ttft_p50_ms": pct(added, 0.5) * 1e3, "added_ttft_p90_ms": pct(added, 0.9) * 1e3,
+            "added_ttft_p99_ms": pct(added, 0.99) * 1e3,
             "added_ttft_mean_ms": statistics.fmean(added) * 1e3 if added else float("nan"), "pairs": len(added),
-            "load_avg": statistics.fmean(r["load"] for r in rows)}
+            "load_avg": statistics.fmean(r["load"] for r in rows), **loop_summary(rows)}
+
+
+def loop_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The gateway's loop lag (means over rounds of each round's quantile) and its longest GC pause (ms)."""
+    loops = [r["loop"] for r in rows if "loop" in r]
+    if not loops:
+        return {}
+    out = {f"loop_lag_{q}_ms": statistics.fmean(lp["lag_ms"][q] for lp in loops) for q in ("mean", "p50", "p90", "p99")}
+    out["loop_lag_max_ms"] = max(lp["longest_lags_ms"][-1] for lp in loops)
+    out["gc_max_ms"] = max(g["max"] for lp in loops for g in lp["gc_ms"].values())
+    return out
 
 
 def main() -> int:
@@ -192,9 +213,14 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=8.0, help="seconds a phase")
     parser.add_argument("--probe-interval-s", type=float, default=0.05)
     parser.add_argument("--prompt-words", type=int, default=2048, help="the system prompt's words (tokens)")
+    parser.add_argument("--step-sync", action="store_true",
+                        help="the engine's tokens on one step clock: a burst of one chunk per stream every step")
+    parser.add_argument("--loop-probe", action="store_true",
+                        help="run each gateway under scripts/gateway_loop_probe.py: its loop lag and GC pauses")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     PROMPT_WORDS[0] = args.prompt_words
+    LOOP_PROBE[0] = args.loop_probe
     with stack(Pinning.choose(0)) as s:
         results = asyncio.run(measure(args, s))
     report = {name: summary(rows) for name, rows in results.items()}
