@@ -183,7 +183,8 @@ class EventRelay:
         else:
             try:
                 unread = self._resp.content.read_nowait()
-            except Exception:  # a broken connection has nothing more to give
+            except Exception as exc:  # a broken connection has nothing more to give
+                exc.__traceback__ = None  # the reader keeps the error: its traceback (this frame) would be a cycle
                 unread = b""
             self._count(unread)  # received but not relayed: its output is charged too
             self._resp.close()  # drop the connection: vLLM aborts the request

@@ -125,7 +125,8 @@ class RelayStream:
         else:
             try:
                 unread = rw.pending + self._resp.content.read_nowait()
-            except Exception:  # a broken connection has nothing more to give
+            except Exception as exc:  # a broken connection has nothing more to give
+                exc.__traceback__ = None  # the reader keeps the error: its traceback (this frame) would be a cycle
                 unread = rw.pending
             rw.absorb(unread)
             self._resp.close()  # drop the connection: vLLM aborts the request

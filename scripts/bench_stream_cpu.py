@@ -192,13 +192,15 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def loop_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """The gateway's loop lag (means over rounds of each round's quantile) and its longest GC pause (ms)."""
+    """The gateway's loop lag (means over rounds of each round's quantile, and the longest) and GC (ms)."""
     loops = [r["loop"] for r in rows if "loop" in r]
     if not loops:
         return {}
     out = {f"loop_lag_{q}_ms": statistics.fmean(lp["lag_ms"][q] for lp in loops) for q in ("mean", "p50", "p90", "p99")}
-    out["loop_lag_max_ms"] = max(lp["longest_lags_ms"][-1] for lp in loops)
-    out["gc_max_ms"] = max(g["max"] for lp in loops for g in lp["gc_ms"].values())
+    out["loop_lag_max_ms"] = max(lp["lag_ms"]["max"] for lp in loops)
+    out["gc_collections"] = statistics.fmean(sum(g["count"] for g in lp["gc"].values()) for lp in loops)
+    out["gc_total_ms"] = statistics.fmean(sum(g["total_ms"] for g in lp["gc"].values()) for lp in loops)
+    out["gc_max_ms"] = max(g["max_ms"] for lp in loops for g in lp["gc"].values())
     return out
 
 
