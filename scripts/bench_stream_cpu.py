@@ -11,8 +11,14 @@ both. During the long phase a prober sends pairs of the same streaming request, 
 straight to the engine, at once, and records the difference of their time to first token (added latency).
 Rounds alternate the order of the checkouts so a drift of the shared box's load falls on both.
 
+`--step-sync`: the engine hands every stream its next token at the same instant (`FakeEngineConfig.step_sync`),
+one burst of chunks per step as a GPU engine's batched decode does; the gateway relays each burst in one go, and a
+probe arriving meanwhile waits behind it (what the GPU run's loaded pairs show). `--loop-probe`: each gateway runs
+under `scripts/gateway_loop_probe.py`, which reports its event loop's lag and GC pauses (`loop_*`, `gc_*` rows).
+`--procs NAME=N`: NAME's gateway is N processes sharing its port (SO_REUSEPORT), all on the gateway CPU.
+
     python scripts/bench_stream_cpu.py --python main=/work/main/.venv/bin/python \
-        --python new=.venv/bin/python --rounds 3
+        --python new=$PWD/.venv/bin/python --rounds 3 --concurrency 100 --itl-ms 25 --step-sync --loop-probe
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +109,19 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def start_gateway(s: Stack, python: str, *, engine_url: str, key_hash: str) -> Proc:
+@dataclass
+class Gateways:
+    """One gateway: `procs` processes serving one port (SO_REUSEPORT when several)."""
+
+    procs: list[Proc]
+    url: str
+    loop_files: list[Path]
+
+    def cpu_s(self) -> float:
+        return sum(p.cpu_s() for p in self.procs)
+
+
+def start_gateway(s: Stack, python: str, *, engine_url: str, key_hash: str, procs: int = 1) -> Gateways:
     port = free_port()
     settings = gateway_settings(kind="full, cache off", port=port, engine_url=engine_url, key_hash=key_hash,
                                 embedder="", log_requests=True)
@@ -114,17 +133,20 @@ def start_gateway(s: Stack, python: str, *, engine_url: str, key_hash: str) -> P
         if cpus:
             os.sched_setaffinity(0, cpus)
 
-    argv = [python, "-m", "fleetgate", "gateway", "--config", str(config)]
-    if LOOP_PROBE[0]:  # the same gateway, its event loop watched (`gateway_loop_probe.py`)
-        argv = [python, str(Path(__file__).with_name("gateway_loop_probe.py")), "--config", str(config),
-                "--out", str(s.tmp / f"loop-{port}.json")]
-    popen = subprocess.Popen(argv,
-                             env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, preexec_fn=pin, cwd="/")
-    proc = Proc(name=python, popen=popen, url=f"http://127.0.0.1:{port}")
-    s.procs.append(proc)
-    _wait_http(proc.url + "/readyz", timeout_s=60, proc=popen)
-    return proc
+    gw = Gateways(procs=[], url=f"http://127.0.0.1:{port}", loop_files=[])
+    for i in range(procs):
+        argv = [python, "-m", "fleetgate", "gateway", "--config", str(config)]
+        if LOOP_PROBE[0]:  # the same gateway, its event loop watched (`gateway_loop_probe.py`)
+            gw.loop_files.append(s.tmp / f"loop-{port}-{i}.json")
+            argv = [python, str(Path(__file__).with_name("gateway_loop_probe.py")), "--config", str(config),
+                    "--out", str(gw.loop_files[-1]), *(["--reuse-port"] if procs > 1 else [])]
+        popen = subprocess.Popen(argv, env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, preexec_fn=pin, cwd="/")
+        proc = Proc(name=python, popen=popen, url=gw.url)
+        s.procs.append(proc)
+        gw.procs.append(proc)
+        _wait_http(proc.url + "/readyz", timeout_s=60, proc=popen)
+    return gw
 
 
 async def measure(args: argparse.Namespace, s: Stack) -> dict[str, list[dict[str, Any]]]:
@@ -141,7 +163,8 @@ async def measure(args: argparse.Namespace, s: Stack) -> dict[str, list[dict[str
         for rnd in range(args.rounds):
             order = list(pythons.items()) if rnd % 2 == 0 else list(reversed(pythons.items()))
             for name, python in order:
-                gw = start_gateway(s, python, engine_url=engine.url, key_hash=key_hash)
+                gw = start_gateway(s, python, engine_url=engine.url, key_hash=key_hash,
+                                   procs=args.procs.get(name, 1))
                 await load(session, gw.url, body(args.short), headers, concurrency=args.concurrency, duration_s=1.0)
                 row: dict[str, Any] = {"round": rnd}
                 stop = asyncio.Event()
@@ -156,10 +179,11 @@ async def measure(args: argparse.Namespace, s: Stack) -> dict[str, list[dict[str
                         stop.set()
                         row["added"] = await prober
                 row["load"] = os.getloadavg()[0]
-                s.stop(gw)
-                probe = s.tmp / f"loop-{gw.url.rsplit(':', 1)[1]}.json"
-                if probe.exists():
-                    row["loop"] = orjson.loads(probe.read_bytes())
+                for proc in gw.procs:
+                    s.stop(proc)
+                loops = [orjson.loads(f.read_bytes()) for f in gw.loop_files if f.exists()]
+                if loops:  # several processes: the one whose loop lagged most at p99
+                    row["loop"] = max(loops, key=lambda lp: lp["lag_ms"]["p99"] or 0.0)
                     print(f"round {rnd} {name} loop: {row['loop']}", file=sys.stderr, flush=True)
                 results[name].append(row)
                 print(f"round {rnd} {name}: {summary([row])}", file=sys.stderr, flush=True)
@@ -219,8 +243,13 @@ def main() -> int:
                         help="the engine's tokens on one step clock: a burst of one chunk per stream every step")
     parser.add_argument("--loop-probe", action="store_true",
                         help="run each gateway under scripts/gateway_loop_probe.py: its loop lag and GC pauses")
+    parser.add_argument("--procs", action="append", default=[], metavar="NAME=N",
+                        help="NAME's gateway as N processes sharing its port (SO_REUSEPORT; needs --loop-probe)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    args.procs = {name: int(n) for name, n in (p.split("=", 1) for p in args.procs)}
+    if args.procs and not args.loop_probe:
+        parser.error("--procs needs --loop-probe (its runner binds the shared port)")
     PROMPT_WORDS[0] = args.prompt_words
     LOOP_PROBE[0] = args.loop_probe
     with stack(Pinning.choose(0)) as s:

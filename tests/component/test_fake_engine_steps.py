@@ -12,7 +12,7 @@ import orjson
 
 from fleetgate.sim.fake_engine import FakeEngine, FakeEngineConfig
 
-STEP_S = 0.05
+STEP_S = 0.1
 
 
 async def token_times(session: aiohttp.ClientSession, url: str, *, delay_s: float) -> list[float]:
@@ -28,18 +28,20 @@ async def token_times(session: aiohttp.ClientSession, url: str, *, delay_s: floa
 
 
 async def run(step_sync: bool) -> float:
-    """The largest gap between the two streams' k-th tokens (after the first, which is not paced)."""
+    """How far apart the two streams' paced tokens come (after the first, which is not paced): for each of the
+    second stream's, the distance to the nearest of the first's, the largest of these. (On the step clock the k-th
+    tokens of two streams may be a whole step apart: one started just before a step, one just after.)"""
     engine = await FakeEngine(FakeEngineConfig(model="m", inter_token_delay_s=STEP_S, step_sync=step_sync)).start()
     try:
         async with aiohttp.ClientSession() as session:
             a, b = await asyncio.gather(token_times(session, engine.url, delay_s=0.0),
-                                        token_times(session, engine.url, delay_s=0.4 * STEP_S))
+                                        token_times(session, engine.url, delay_s=0.5 * STEP_S))
     finally:
         await engine.stop()
     assert len(a) == len(b) == 5
-    return max(abs(x - y) for x, y in zip(a[1:], b[1:], strict=True))
+    return max(min(abs(x - y) for x in a[1:]) for y in b[1:-1])
 
 
 async def test_streams_on_the_step_clock_get_their_tokens_together() -> None:
     assert await run(step_sync=True) < 0.25 * STEP_S  # the same step (the second stream joined mid-step)
-    assert await run(step_sync=False) > 0.3 * STEP_S  # each stream's own clock: still 0.4 steps apart
+    assert await run(step_sync=False) > 0.25 * STEP_S  # each stream's own clock: still half a step apart
