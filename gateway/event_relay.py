@@ -31,7 +31,7 @@ import aiohttp
 
 from fleetgate.gateway.stream_drain import EngineDrain
 from fleetgate.gateway.stream_reads import StreamEnd, StreamReads
-from fleetgate.gateway.streaming import StreamOutcome
+from fleetgate.gateway.streaming import StreamOutcome, reported
 
 
 class EventRewriter(Protocol):
@@ -161,7 +161,10 @@ class EventRelay:
         out = self._rw.outcome
         if not (self._rw.ended and out.ok):
             out.ok, out.cancelled, out.assembled = False, cancelled, None
-        self._on_done(out)
+        # let go of the callback: a closure over this relay (`ApiPipeline._events`' `done`) is a reference cycle
+        # that keeps the request's state for the cyclic GC (`streaming.RelayStream._report`)
+        on_done, self._on_done = self._on_done, reported
+        on_done(out)
 
     def close(self, *, cancelled: bool = False) -> None:
         """Release the engine connection and report the outcome; idempotent. A client that left after output
@@ -180,7 +183,8 @@ class EventRelay:
         else:
             try:
                 unread = self._resp.content.read_nowait()
-            except Exception:  # a broken connection has nothing more to give
+            except Exception as exc:  # a broken connection has nothing more to give
+                exc.__traceback__ = None  # the reader keeps the error: its traceback (this frame) would be a cycle
                 unread = b""
             self._count(unread)  # received but not relayed: its output is charged too
             self._resp.close()  # drop the connection: vLLM aborts the request

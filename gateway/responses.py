@@ -25,7 +25,7 @@ class ClientWatch:
         self._task = task
         self._complete = False
         self.left = False
-        self._watcher = asyncio.ensure_future(self._watch(receive))
+        self._watcher: asyncio.Task[None] | None = asyncio.ensure_future(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -47,7 +47,13 @@ class ClientWatch:
 
     def stop(self) -> None:
         self._complete = True
-        self._watcher.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            # The cancelled task keeps its CancelledError, whose traceback holds `_watch`'s frame and so this
+            # watch: keeping the task here too would make a reference cycle through the request's task, its
+            # context and its engine response, which only the cyclic GC frees (measured under streaming load:
+            # every request's ~75 objects, and a full collection of that garbage stopped the loop ~120 ms).
+            self._watcher = None
 
 
 class StreamResponse:

@@ -79,8 +79,11 @@ class EngineDrain:
                 while data and not over:
                     data = await content.readany()
                     over = count(data)
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            pass  # what was read is counted; the rest is the engine's to drop
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            # What was read is counted; the rest is the engine's to drop. The response's reader keeps a broken
+            # connection's error, whose traceback holds this frame and so the response: a reference cycle for
+            # the cyclic GC unless the traceback goes.
+            exc.__traceback__ = None
         finally:
             response.close()
 

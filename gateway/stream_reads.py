@@ -120,6 +120,9 @@ class StreamReads:
             return StreamEnd("timeout", f"the engine sent nothing for {timeout:g}s", "upstream_timeout")
         except aiohttp.ClientError as exc:
             log.warning("engine stream broke off", extra={"endpoint": self._endpoint_id, "error": repr(exc)})
+            # the response's reader keeps this error; its traceback holds this frame, and so the response: a
+            # reference cycle (the request's whole state) for the cyclic GC unless the traceback goes
+            exc.__traceback__ = None
             return StreamEnd("midstream", "the engine broke off the stream", "upstream_error")
         finally:
             self._waiting = None

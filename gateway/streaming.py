@@ -33,7 +33,12 @@ from fleetgate.gateway.sse import DONE, SseRewriter, StreamOutcome, error_event
 from fleetgate.gateway.stream_drain import EngineDrain
 from fleetgate.gateway.stream_reads import StreamEnd, StreamReads
 
-__all__ = ["DONE", "RelayStream", "ReplayStream", "StreamOutcome", "error_event"]
+__all__ = ["DONE", "RelayStream", "ReplayStream", "StreamOutcome", "error_event", "reported"]
+
+
+def reported(outcome: StreamOutcome) -> None:
+    """A relay's `on_done` once it was called: an outcome is reported once."""
+    raise AssertionError("a stream's outcome is reported once")
 
 
 class RelayStream:
@@ -100,7 +105,7 @@ class RelayStream:
             await drain.run(self._resp, rw.count, finish=cancelled and drain.finishes(rw.to_come()))
         finally:
             rw.absorb(rw.take_pending(), final=True)
-            self._on_done(rw.close(cancelled=cancelled))
+            self._report(rw.close(cancelled=cancelled))
 
     def close(self, *, cancelled: bool = False) -> None:
         """Release the engine connection and report the outcome; idempotent. A client that left after output
@@ -120,11 +125,19 @@ class RelayStream:
         else:
             try:
                 unread = rw.pending + self._resp.content.read_nowait()
-            except Exception:  # a broken connection has nothing more to give
+            except Exception as exc:  # a broken connection has nothing more to give
+                exc.__traceback__ = None  # the reader keeps the error: its traceback (this frame) would be a cycle
                 unread = rw.pending
             rw.absorb(unread)
             self._resp.close()  # drop the connection: vLLM aborts the request
-        self._on_done(rw.close(cancelled=cancelled))
+        self._report(rw.close(cancelled=cancelled))
+
+    def _report(self, outcome: StreamOutcome) -> None:
+        """Hand the outcome to `on_done`, and let go of it: the callback is usually a closure over this stream
+        (the pipeline's `done` names the relay), a reference cycle that would keep the request's whole state
+        (context, engine response, rewriter) for the cyclic GC, whose collections stop the loop."""
+        on_done, self._on_done = self._on_done, reported
+        on_done(outcome)
 
 
 class ReplayStream:

@@ -11,8 +11,14 @@ both. During the long phase a prober sends pairs of the same streaming request, 
 straight to the engine, at once, and records the difference of their time to first token (added latency).
 Rounds alternate the order of the checkouts so a drift of the shared box's load falls on both.
 
+`--step-sync`: the engine hands every stream its next token at the same instant (`FakeEngineConfig.step_sync`),
+one burst of chunks per step as a GPU engine's batched decode does; the gateway relays each burst in one go, and a
+probe arriving meanwhile waits behind it (what the GPU run's loaded pairs show). `--loop-probe`: each gateway runs
+under `scripts/gateway_loop_probe.py`, which reports its event loop's lag and GC pauses (`loop_*`, `gc_*` rows).
+`--procs NAME=N`: NAME's gateway is N processes sharing its port (SO_REUSEPORT), all on the gateway CPU.
+
     python scripts/bench_stream_cpu.py --python main=/work/main/.venv/bin/python \
-        --python new=.venv/bin/python --rounds 3
+        --python new=$PWD/.venv/bin/python --rounds 3 --concurrency 100 --itl-ms 25 --step-sync --loop-probe
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +45,7 @@ from fleetgate.gateway.tenancy.keys import new_key
 TEXT = ("the gateway relays every token an engine streams while the fleet serves many tenants at once "
         "with prompts that share long system instructions and differ in their last question")
 PROMPT_WORDS = [200]  # set by --prompt-words
+LOOP_PROBE = [False]  # set by --loop-probe
 
 
 def body(tokens: int) -> bytes:
@@ -101,7 +109,19 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def start_gateway(s: Stack, python: str, *, engine_url: str, key_hash: str) -> Proc:
+@dataclass
+class Gateways:
+    """One gateway: `procs` processes serving one port (SO_REUSEPORT when several)."""
+
+    procs: list[Proc]
+    url: str
+    loop_files: list[Path]
+
+    def cpu_s(self) -> float:
+        return sum(p.cpu_s() for p in self.procs)
+
+
+def start_gateway(s: Stack, python: str, *, engine_url: str, key_hash: str, procs: int = 1) -> Gateways:
     port = free_port()
     settings = gateway_settings(kind="full, cache off", port=port, engine_url=engine_url, key_hash=key_hash,
                                 embedder="", log_requests=True)
@@ -113,13 +133,20 @@ def start_gateway(s: Stack, python: str, *, engine_url: str, key_hash: str) -> P
         if cpus:
             os.sched_setaffinity(0, cpus)
 
-    popen = subprocess.Popen([python, "-m", "fleetgate", "gateway", "--config", str(config)],
-                             env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, preexec_fn=pin, cwd="/")
-    proc = Proc(name=python, popen=popen, url=f"http://127.0.0.1:{port}")
-    s.procs.append(proc)
-    _wait_http(proc.url + "/readyz", timeout_s=60, proc=popen)
-    return proc
+    gw = Gateways(procs=[], url=f"http://127.0.0.1:{port}", loop_files=[])
+    for i in range(procs):
+        argv = [python, "-m", "fleetgate", "gateway", "--config", str(config)]
+        if LOOP_PROBE[0]:  # the same gateway, its event loop watched (`gateway_loop_probe.py`)
+            gw.loop_files.append(s.tmp / f"loop-{port}-{i}.json")
+            argv = [python, str(Path(__file__).with_name("gateway_loop_probe.py")), "--config", str(config),
+                    "--out", str(gw.loop_files[-1]), *(["--reuse-port"] if procs > 1 else [])]
+        popen = subprocess.Popen(argv, env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, preexec_fn=pin, cwd="/")
+        proc = Proc(name=python, popen=popen, url=gw.url)
+        s.procs.append(proc)
+        gw.procs.append(proc)
+        _wait_http(proc.url + "/readyz", timeout_s=60, proc=popen)
+    return gw
 
 
 async def measure(args: argparse.Namespace, s: Stack) -> dict[str, list[dict[str, Any]]]:
@@ -127,7 +154,7 @@ async def measure(args: argparse.Namespace, s: Stack) -> dict[str, list[dict[str
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     port = free_port()
     engine = s.start_process("engine", ["fleetgate.sim.fake_engine", "--port", str(port), "--model", MODEL,
-                                        "--itl-ms", str(args.itl_ms)],
+                                        "--itl-ms", str(args.itl_ms), *(["--step-sync"] if args.step_sync else [])],
                              url=f"http://127.0.0.1:{port}", ready="/health", cpus=s.pinning.others)
     pythons = dict(p.split("=", 1) for p in args.python)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in pythons}
@@ -136,7 +163,8 @@ async def measure(args: argparse.Namespace, s: Stack) -> dict[str, list[dict[str
         for rnd in range(args.rounds):
             order = list(pythons.items()) if rnd % 2 == 0 else list(reversed(pythons.items()))
             for name, python in order:
-                gw = start_gateway(s, python, engine_url=engine.url, key_hash=key_hash)
+                gw = start_gateway(s, python, engine_url=engine.url, key_hash=key_hash,
+                                   procs=args.procs.get(name, 1))
                 await load(session, gw.url, body(args.short), headers, concurrency=args.concurrency, duration_s=1.0)
                 row: dict[str, Any] = {"round": rnd}
                 stop = asyncio.Event()
@@ -151,7 +179,12 @@ async def measure(args: argparse.Namespace, s: Stack) -> dict[str, list[dict[str
                         stop.set()
                         row["added"] = await prober
                 row["load"] = os.getloadavg()[0]
-                s.stop(gw)
+                for proc in gw.procs:
+                    s.stop(proc)
+                loops = [orjson.loads(f.read_bytes()) for f in gw.loop_files if f.exists()]
+                if loops:  # several processes: the one whose loop lagged most at p99
+                    row["loop"] = max(loops, key=lambda lp: lp["lag_ms"]["p99"] or 0.0)
+                    print(f"round {rnd} {name} loop: {row['loop']}", file=sys.stderr, flush=True)
                 results[name].append(row)
                 print(f"round {rnd} {name}: {summary([row])}", file=sys.stderr, flush=True)
     return results
@@ -176,9 +209,23 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {"cpu_us_per_token_fit": per_token * 1e6, "cpu_ms_per_request_fit": per_request * 1e3,
             "cpu_us_per_token_long_all_in": long_cpu / max(1, long_chunks) * 1e6,
             "tokens_per_s_long": long_chunks / sum(r["long"]["wall_s"] for r in rows),
-            "added_ttft_p50_ms": pct(added, 0.5) * 1e3, "added_ttft_p99_ms": pct(added, 0.99) * 1e3,
+            "added_ttft_p50_ms": pct(added, 0.5) * 1e3, "added_ttft_p90_ms": pct(added, 0.9) * 1e3,
+            "added_ttft_p99_ms": pct(added, 0.99) * 1e3,
             "added_ttft_mean_ms": statistics.fmean(added) * 1e3 if added else float("nan"), "pairs": len(added),
-            "load_avg": statistics.fmean(r["load"] for r in rows)}
+            "load_avg": statistics.fmean(r["load"] for r in rows), **loop_summary(rows)}
+
+
+def loop_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The gateway's loop lag (means over rounds of each round's quantile, and the longest) and GC (ms)."""
+    loops = [r["loop"] for r in rows if "loop" in r]
+    if not loops:
+        return {}
+    out = {f"loop_lag_{q}_ms": statistics.fmean(lp["lag_ms"][q] for lp in loops) for q in ("mean", "p50", "p90", "p99")}
+    out["loop_lag_max_ms"] = max(lp["lag_ms"]["max"] for lp in loops)
+    out["gc_collections"] = statistics.fmean(sum(g["count"] for g in lp["gc"].values()) for lp in loops)
+    out["gc_total_ms"] = statistics.fmean(sum(g["total_ms"] for g in lp["gc"].values()) for lp in loops)
+    out["gc_max_ms"] = max(g["max_ms"] for lp in loops for g in lp["gc"].values())
+    return out
 
 
 def main() -> int:
@@ -192,9 +239,19 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=8.0, help="seconds a phase")
     parser.add_argument("--probe-interval-s", type=float, default=0.05)
     parser.add_argument("--prompt-words", type=int, default=2048, help="the system prompt's words (tokens)")
+    parser.add_argument("--step-sync", action="store_true",
+                        help="the engine's tokens on one step clock: a burst of one chunk per stream every step")
+    parser.add_argument("--loop-probe", action="store_true",
+                        help="run each gateway under scripts/gateway_loop_probe.py: its loop lag and GC pauses")
+    parser.add_argument("--procs", action="append", default=[], metavar="NAME=N",
+                        help="NAME's gateway as N processes sharing its port (SO_REUSEPORT; needs --loop-probe)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    args.procs = {name: int(n) for name, n in (p.split("=", 1) for p in args.procs)}
+    if args.procs and not args.loop_probe:
+        parser.error("--procs needs --loop-probe (its runner binds the shared port)")
     PROMPT_WORDS[0] = args.prompt_words
+    LOOP_PROBE[0] = args.loop_probe
     with stack(Pinning.choose(0)) as s:
         results = asyncio.run(measure(args, s))
     report = {name: summary(rows) for name, rows in results.items()}

@@ -139,6 +139,7 @@ class GatewayProcess:
     metrics_url: str
     log_path: Path
     started_s: float = 0.0  # seconds from launch to ready
+    loop_path: Path | None = None  # where the child writes its loop watch when it stops (`watch_loop`)
 
     def cpu_s(self) -> float:
         """CPU seconds the gateway process has used (user + system, all threads)."""
@@ -183,7 +184,8 @@ def start_gateway(profile: Profile, *, model: str, urls: list[str], keys: Keys, 
         popen = subprocess.Popen(argv, env={**os.environ, "PYTHONSAFEPATH": "1"}, stdin=subprocess.DEVNULL,
                                  stdout=log, stderr=subprocess.STDOUT)
     proc = GatewayProcess(profile=profile.name, popen=popen, url=f"http://127.0.0.1:{port}",
-                          metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", log_path=log_path)
+                          metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", log_path=log_path,
+                          loop_path=config.with_suffix(".loop.json"))
     while not http_ok(proc.url + "/readyz"):
         if popen.poll() is not None or time.monotonic() - t0 > timeout_s:
             proc.stop()
@@ -206,7 +208,29 @@ def serve(config: str, *, round_robin: bool) -> None:
         from fleetgate.router.roundrobin import RoundRobinScheduler
 
         overrides["scheduler"] = RoundRobinScheduler()
-    build_server(settings, freeze_heap=True, **overrides).run()
+    server = build_server(settings, freeze_heap=True, **overrides)
+    watch_loop(server, Path(config).with_suffix(".loop.json"))
+    server.run()
+
+
+def watch_loop(server: Any, path: Path) -> None:
+    """Watch `server`'s event loop once it listens (`loop_watch.LoopWatch`: its lag and GC pauses, with their times)
+    and write what was seen to `path` when its drain starts (after `run()` uvicorn re-raises the SIGTERM)."""
+    from fleetgate.bench.loop_watch import LoopWatch
+
+    watch = LoopWatch()
+    startup, shutdown = server.startup, server.shutdown
+
+    async def startup_then_watch(sockets: Any = None) -> None:
+        await startup(sockets=sockets)
+        watch.start()
+
+    async def dump_then_shutdown(sockets: Any = None) -> None:
+        watch.stop()
+        watch.dump(path)
+        await shutdown(sockets=sockets)
+
+    server.startup, server.shutdown = startup_then_watch, dump_then_shutdown
 
 
 def main(argv: list[str]) -> int:

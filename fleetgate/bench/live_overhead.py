@@ -24,6 +24,7 @@ from fleetgate.bench import live_engines, live_pyspy
 from fleetgate.bench.live_client import LiveRequest, LiveResult, LoopLag, completion_body, replay, stream_one
 from fleetgate.bench.live_gateway import start_gateway
 from fleetgate.bench.live_points import LiveContext, PointSpec, build_requests, read_usage, settled_usage, usage_totals
+from fleetgate.bench.loop_watch import load_summary
 from fleetgate.engine.vllm_counters import deltas, total
 from fleetgate.sim.report import quantile
 from fleetgate.sim.workloads import _text
@@ -187,7 +188,7 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
                                     duration_s=window_s) if ctx.py_spy_dir else None)
         lag = LoopLag()
         lag.start()
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         load_task = asyncio.create_task(replay(session, background, drain_deadline_s=window_s + drain_s,
                                                send_until_s=window_s))
         loaded = await prober.pairs(until=t0 + window_s, controls_ms=controls_ms)
@@ -202,6 +203,8 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         usage = await settled_usage(session, gateway, ctx.keys.admin)
     finally:
         await asyncio.to_thread(gateway.stop)
+    # the gateway's own event loop over the loaded window: its lag (what a probe arriving then waited for) and GC
+    loop = load_summary(gateway.loop_path, since=wall0, until=wall0 + elapsed) if gateway.loop_path else None
     served = len(results) + prober.gateway_requests - probes_before
     window = total(deltas(mid0, mid1))
     whole = total(deltas(before, after))
@@ -229,7 +232,7 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         "gateway_cpu_s": cpu, "gateway_requests": served,
         "gateway_cpu_ms_per_request": 1000 * cpu / max(1, served),
         "gateway_cpu_ms_per_1k_output_tokens": 1000 * cpu / max(1.0, window.generation_tokens / 1000),
-        "client_loop_lag_p99_s": lag.p99(),
+        "client_loop_lag_p99_s": lag.p99(), "gateway_loop": loop,
         "engine_prompt_tokens": whole.prompt_tokens, "engine_generation_tokens": whole.generation_tokens,
         "direct_prompt_tokens": direct_prompt, "direct_completion_tokens": direct_completion,
         "charged_prompt_tokens": charged["prompt_tokens"], "charged_completion_tokens": charged["completion_tokens"],

@@ -300,6 +300,16 @@ def door_section(rows: list[dict[str, Any]]) -> list[str]:
     return (["## Envoy + EPP against the gateway (issue 27)", "", *md]) if md else []
 
 
+def gateway_loop_line(loop: dict[str, Any] | None) -> str:
+    """The gateway's own event loop over the loaded window (`loop_watch.summary`), or nothing for older rows."""
+    if not loop or not loop.get("samples"):
+        return ""
+    lag, gc = loop["lag_ms"], loop["gc"]
+    collections = ", ".join(f"gen {g}: {v['count']} (longest {v['max_ms']:.1f} ms)" for g, v in gc.items())
+    return (f" Gateway loop lag (a timer every {loop['every_ms']:g} ms): mean {lag['mean']:.2f} ms, p90 "
+            f"{lag['p90']:.2f}, p99 {lag['p99']:.2f}, longest {lag['max']:.1f}; GC collections {collections}.")
+
+
 def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
     meta = next((r for r in rows if r.get("kind") == "meta"), {})
     cap = next((r for r in rows if r.get("kind") == "capacity"), None)
@@ -345,7 +355,7 @@ def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
                    f"TTFT p50 {_f(r['background_ttft_p50_s'], '.3f')} s. "
                    f"Gateway CPU: {r['gateway_cpu_ms_per_request']:.2f} ms per request, "
                    f"{r['gateway_cpu_ms_per_1k_output_tokens']:.2f} ms per 1k output tokens. Client loop lag p99 "
-                   f"{r['client_loop_lag_p99_s'] * 1000:.1f} ms."]
+                   f"{r['client_loop_lag_p99_s'] * 1000:.1f} ms.{gateway_loop_line(r.get('gateway_loop'))}"]
             md += control_lines(r)
         if r.get("kind") == "accounting":
             md += ["", "## Accounting", "", accounting_line(r)]

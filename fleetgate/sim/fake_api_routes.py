@@ -38,8 +38,17 @@ async def paced_tokens(request: web.Request, config: FakeEngineConfig, n: int) -
         if config.hang_after_chunks is not None and i >= config.hang_after_chunks:
             await asyncio.sleep(3600)
         if i and config.inter_token_delay_s:
-            await asyncio.sleep(config.inter_token_delay_s)
+            await asyncio.sleep(_delay(config))
         yield i
+
+
+def _delay(config: FakeEngineConfig) -> float:
+    """Seconds to the next token: the inter-token delay, or with `step_sync` to the next step of the shared clock."""
+    step = config.inter_token_delay_s
+    if not config.step_sync:
+        return step
+    now = asyncio.get_running_loop().time()
+    return step - now % step or step
 
 
 def dropped(request: web.Request) -> bool:

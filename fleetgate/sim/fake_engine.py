@@ -38,6 +38,10 @@ class FakeEngineConfig:
     model: str = "fake-model"
     prefill_delay_s: float = 0.0  # before the first token (and before a non-streaming answer)
     inter_token_delay_s: float = 0.0  # between stream chunks
+    # Tokens on a shared step clock (multiples of inter_token_delay_s) rather than each stream's own: every stream
+    # gets its next token at the same instant, as in a GPU engine's batched decode step, so a gateway in front
+    # receives a burst of one chunk per stream every step instead of chunks spread evenly.
+    step_sync: bool = False
     default_max_tokens: int = 16
     fail_status: int | None = None  # answer every completion with this status
     fail_message: str = "fake engine failure"
@@ -316,9 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-ms", type=float, default=0.0)
     parser.add_argument("--itl-ms", type=float, default=0.0, help="inter-token delay")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens when the request sets none")
+    parser.add_argument("--step-sync", action="store_true",
+                        help="every stream's tokens on one step clock (bursts, as a GPU engine's batched steps)")
     args = parser.parse_args(argv)
     config = FakeEngineConfig(model=args.model, prefill_delay_s=args.prefill_ms / 1000,
-                              inter_token_delay_s=args.itl_ms / 1000, default_max_tokens=args.max_tokens)
+                              inter_token_delay_s=args.itl_ms / 1000, default_max_tokens=args.max_tokens,
+                              step_sync=args.step_sync)
     engine = FakeEngine(config, host=args.host, port=args.port)
     import uvloop
 

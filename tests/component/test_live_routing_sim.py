@@ -41,7 +41,10 @@ def test_a_small_live_run_on_simulated_engines(tmp_path: Path) -> None:
         assert p["requests"] > 0 and p["errors"] == 0 and p["forced"] == 0, p
         assert p["engine_generation_tokens"] > 0 and p["ttft_p50_s"] is not None
         assert sum(p["spread"].values()) == p["requests"]
-    for p in [*points[:2], next(r for r in rows if r["kind"] == "overhead")]:  # no client left early: exact
+    overhead = next(r for r in rows if r["kind"] == "overhead")
+    # the gateway watched its own loop over the loaded window (`loop_watch`): ~200 timer samples a second
+    assert overhead["gateway_loop"]["samples"] > 100 and overhead["gateway_loop"]["lag_ms"]["max"] >= 0, overhead
+    for p in [*points[:2], overhead]:  # no client left early: exact
         assert p["lost_prompt_tokens"] == 0 and p["lost_completion_tokens"] == 0, p
     cancelling = points[2]
     assert cancelling["cancelled"] > 0 and cancelling["lost_prompt_tokens"] == 0
@@ -57,3 +60,4 @@ def test_a_small_live_run_on_simulated_engines(tmp_path: Path) -> None:
     paths = write_reports(rows, out_dir=tmp_path)
     text = paths[0].read_text()
     assert "## shared-prefix x1" in text and f"ACCOUNTING {summary['verdict']}" in text
+    assert "Gateway loop lag (a timer every 5 ms)" in text
