@@ -103,7 +103,8 @@ async def _answer(req: Any, marks: Marks, null: NullAnswers, send: Callable[[Any
 
 # The grpc.aio null pickers: their extra server options. `aio-im` sends the response's initial metadata as the stream
 # opens (not with the first answer); `aio-pin` runs every thread of the process on one CPU (a message's hops
-# between gRPC's threads and the event loop stay on one core).
+# between gRPC's threads and the event loop stay on one core); `aio-ra` posts the next read before it handles a
+# message.
 AIO_VARIANTS: dict[str, list[tuple[str, Any]]] = {
     "aio": [], "aio-im": [], "aio-lat": [("grpc.optimization_target", "latency")],
     "aio-nobdp": [("grpc.http2.bdp_probe", 0)], "aio-pin": [], "aio-ra": [],
