@@ -401,7 +401,7 @@ def main() -> None:
     parser.add_argument("--baseline-python", help="also Envoy + the picker run by this interpreter ('epp before')")
     parser.add_argument("--epp-pinned", action="store_true",
                         help="also Envoy + the picker with its process on one CPU ('epp pinned')")
-    parser.add_argument("--null", nargs="*", default=[], choices=[*AIO_VARIANTS, "grpclib"],
+    parser.add_argument("--null", nargs="*", default=[], choices=[*AIO_VARIANTS, "sync", "grpclib"],
                         help="also Envoy + a null picker on each of these transports")
     parser.add_argument("--envoy-variants", nargs="*", default=[], choices=ENVOY_VARIANTS,
                         help="also Envoy + the grpc.aio null picker, Envoy's bootstrap changed this way")

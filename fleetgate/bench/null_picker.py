@@ -3,13 +3,14 @@
 A null picker answers the ext_proc messages the way FleetGate's picker does (a fixed pick once the request body is
 in, both bodies passed through, the response headers answered at once) and does nothing else: the protocol's own
 cost on one transport. `aio` runs grpc.aio, the picker's own transport (`AIO_VARIANTS`: the same with other server
-options or CPU placement); `grpclib` pure asyncio HTTP/2 (no poller threads; the `grpclib` package, not a
-dependency of FleetGate: `pip install grpclib` to run it). Each time-stamps every message it reads and every answer
-it has written (`time.perf_counter`, CLOCK_MONOTONIC: one clock with the measuring process) and appends one JSON
-line per request to its trace file, keyed by the request's `x-bench-seq` header. `serve_traced_epp` runs the real
-picker with the same marks (its ext_proc loop replaced by a time-stamped copy of `server.ExternalProcessor.Process`).
+options or CPU placement); `sync` the synchronous grpcio server (a thread per stream); `grpclib` pure asyncio
+HTTP/2 (no poller threads; the `grpclib` package, not a dependency of FleetGate: `pip install grpclib`). Each
+time-stamps every message it reads and every answer it has written (`time.perf_counter`, CLOCK_MONOTONIC: one clock
+with the measuring process) and appends one JSON line per request to its trace file, keyed by the request's
+`x-bench-seq` header. `serve_traced_epp` runs the real picker with the same marks (its ext_proc servicer replaced by
+a time-stamped copy of `server.ExternalProcessor.Process`).
 
-    python -m fleetgate.bench.null_picker KIND PORT DEST TRACE      # KIND: an AIO_VARIANTS name or grpclib
+    python -m fleetgate.bench.null_picker KIND PORT DEST TRACE      # KIND: an AIO_VARIANTS name, sync or grpclib
     python -m fleetgate.bench.null_picker epp CONFIG TRACE          # fleetgate epp --config CONFIG, time-stamped
 """
 
@@ -149,6 +150,38 @@ async def serve_aio(port: int, dest: str, trace: Path, kind: str = "aio") -> Non
     await server.wait_for_termination(timeout=3600)
 
 
+def serve_sync(port: int, dest: str, trace: Path) -> None:
+    """The grpcio synchronous server: a thread per stream, the handler a generator of answers."""
+    from concurrent import futures
+
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    class Null(ext_proc_grpc.ExternalProcessorServicer):
+        def Process(self, request_iterator: Any, context: Any) -> Any:
+            marks, null = Marks(), NullAnswers(dest)
+            try:
+                for req in request_iterator:
+                    name = marks.name(req)
+                    marks.mark(name)
+                    for i, resp in enumerate(null.answers(req)):
+                        yield resp  # resumed once the server has sent it
+                        marks.mark(f"{name}_w{i + 1}")
+            finally:
+                marks.save(trace)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[("grpc.so_reuseport", 0)])
+    ext_proc_grpc.add_ExternalProcessorServicer_to_server(Null(), server)
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    for name in ("", EXT_PROC):
+        servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    server.wait_for_termination(timeout=3600)
+
+
 async def serve_grpclib(port: int, dest: str, trace: Path) -> None:
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from grpclib.const import Cardinality, Handler
@@ -217,6 +250,9 @@ def main(argv: list[str]) -> None:
         serve_traced_epp(argv[1], Path(argv[2]))
         return
     kind, port, dest, trace = argv[0], int(argv[1]), argv[2], Path(argv[3])
+    if kind == "sync":
+        serve_sync(port, dest, trace)
+        return
     uvloop.run(serve_grpclib(port, dest, trace) if kind == "grpclib" else serve_aio(port, dest, trace, kind))
 
 
