@@ -17,7 +17,7 @@ KV-tight workload a decision between a group's engine and the other often turns 
 ties the in-flight scorer); a door whose arrivals met its scrapes at another phase made other decisions from
 the same requests. The gateway's arrivals used to start a fixed few milliseconds after its first scrape, the
 picker's at a random phase (Envoy's health check of the picker decides when it first answers), which made the
-picker's hit rate vary from run to run where the gateway's did not (docs/reports/epp.md, "Decision parity").
+picker's hit rate vary from run to run where the gateway's did not (docs/reports/epp.md, "decision parity").
 
 A door's cost is additive: the same few milliseconds on every TTFT (`door cost` in the report: the default
 policy's TTFT p50 through Envoy + EPP minus through the gateway). The TTFT-gain ratio therefore depends on how
