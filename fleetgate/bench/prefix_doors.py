@@ -10,7 +10,14 @@ arrivals at `--gain-rate`), streamed through the door
 as /v1/completions. Per run: the engines' own prefix-cache hit rate (deltas of `vllm:prefix_cache_hits` /
 `vllm:prefix_cache_queries`) and TTFT at the client. Gain of a door = default over least-loaded: hit-rate
 ratio and TTFT-p50 ratio (least-loaded / default). Target: the Envoy door's gain within +-10% of the
-gateway's. Everything runs in this process except Envoy; both doors see the same conditions.
+gateway's. Everything runs in this process except Envoy; both doors see the same conditions, including the
+same point of their router's scrape cycle: the arrivals start right after the door's scraper stored a round
+(`after_scrape`). Why: the shipped profile's queue-depth and KV-usage scorers read those snapshots, and on this
+KV-tight workload a decision between a group's engine and the other often turns on them (a partial prefix match
+ties the in-flight scorer); a door whose arrivals met its scrapes at another phase made other decisions from
+the same requests. The gateway's arrivals used to start a fixed few milliseconds after its first scrape, the
+picker's at a random phase (Envoy's health check of the picker decides when it first answers), which made the
+picker's hit rate vary from run to run where the gateway's did not (docs/reports/epp.md, "decision parity").
 
 A door's cost is additive: the same few milliseconds on every TTFT (`door cost` in the report: the default
 policy's TTFT p50 through Envoy + EPP minus through the gateway). The TTFT-gain ratio therefore depends on how
@@ -38,6 +45,7 @@ from fleetgate.core.localredis import free_port
 from fleetgate.gateway.epp.envoyconfig import envoy_config
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.router.config import RoutingConfig, preset
+from fleetgate.router.fleet_state import FleetState
 from fleetgate.sim.http_run import at_arrivals, engine_counters
 from fleetgate.sim.profile import PROFILES, get_profile
 from fleetgate.sim.report import quantile
@@ -80,17 +88,41 @@ def _settings(model: str, urls: list[str], policy: str) -> GatewaySettings:
         "models": [{"name": model, "endpoints": urls}], "routing": routing.model_dump(by_alias=True)})
 
 
+def _fleet_state(stages: object) -> FleetState:
+    """The router state of a door's stages (what its scraper fills)."""
+    scheduler = getattr(stages, "scheduler", None)
+    state = getattr(scheduler, "state", None)
+    if not isinstance(state, FleetState):
+        raise TypeError(f"the door's scheduler {type(scheduler).__name__} keeps no FleetState to align with")
+    return state
+
+
+async def after_scrape(state: FleetState, *, endpoints: int, timeout_s: float = 5.0, poll_s: float = 0.001) -> None:
+    """Return once the router's scraper has stored a fresh round for all `endpoints` (each one's `scraped_at` later
+    than this call): the caller then starts at the same point of the scrape cycle whatever the door."""
+    since = state.clock()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fresh = sum(1 for st in state.stats.values() if st.scraped_at > since)
+        if fresh >= endpoints:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the router stored no scrape of {endpoints} endpoints within {timeout_s} s")
+        await asyncio.sleep(poll_s)
+
+
 @contextlib.asynccontextmanager
-async def _door(door: str, settings: GatewaySettings, pool: list[str]) -> AsyncIterator[str]:
-    """The door's base URL while it runs."""
+async def _door(door: str, settings: GatewaySettings, pool: list[str]) -> AsyncIterator[tuple[str, FleetState]]:
+    """The door's base URL and its router's state while it runs."""
     if door == "gateway":
         from fleetgate.gateway.serve import build_server, start_in_background
 
         port = free_port()
         server = build_server(settings, port=port, metrics_port=None)
         task = await start_in_background(server)
+        stages = getattr(getattr(server.config.app, "state", None), "stages", None)
         try:
-            yield f"http://127.0.0.1:{port}"
+            yield f"http://127.0.0.1:{port}", _fleet_state(stages)
         finally:
             server.should_exit = True
             await task
@@ -105,7 +137,7 @@ async def _door(door: str, settings: GatewaySettings, pool: list[str]) -> AsyncI
                                       health_interval_s=0.2))
     await asyncio.to_thread(envoy.__enter__)
     try:
-        yield f"http://127.0.0.1:{listen}"
+        yield f"http://127.0.0.1:{listen}", _fleet_state(epp.stages)
     finally:
         await asyncio.to_thread(envoy.__exit__, None, None, None)
         await epp.stop(drain_s=1)
@@ -151,10 +183,11 @@ async def one_run(args: argparse.Namespace, run: Run, seed: int) -> None:
                           prefix_tokens=args.gain_prefix_tokens, question_tokens=64, max_tokens=8,
                           rate_rps=args.gain_rate)
     async with await start_sim_fleet(replicas=args.gain_replicas, profile=profile) as fleet, \
-            _door(run.door, _settings(fleet.model, fleet.urls, run.policy), fleet.urls) as url, \
+            _door(run.door, _settings(fleet.model, fleet.urls, run.policy), fleet.urls) as (url, state), \
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         await _ready(session, url, fleet.model)
         before = [await engine_counters(session, u) for u in fleet.urls]
+        await after_scrape(state, endpoints=len(fleet.urls))
         results = await at_arrivals(items, lambda item: _send(session, url, fleet.model, item, run.ttfts),
                                     return_exceptions=True)
         after = [await engine_counters(session, u) for u in fleet.urls]
