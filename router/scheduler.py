@@ -114,7 +114,7 @@ class PluginScheduler:
             reasons=reasons,
             profile=self.profile.name,
         )
-        self._cycles[req.request_id] = cycle
+        self._cycles[req.key] = cycle
         if len(self._cycles) > MAX_OPEN_CYCLES:
             self._cycles.popitem(last=False)
         self._t_decision.observe(perf_counter() - t_start)
@@ -123,16 +123,16 @@ class PluginScheduler:
     def on_start(self, req: RoutingRequest, endpoint: Endpoint) -> None:
         self.state.started(endpoint.id)
         self.metrics.picks.labels(endpoint.id).inc()
-        cycle = self._cycles.get(req.request_id)
+        cycle = self._cycles.get(req.key)
         if cycle is None:
-            cycle = self._cycles[req.request_id] = {}
+            cycle = self._cycles[req.key] = {}
         for obs in self.profile.observers:
             obs.on_start(req, cycle, endpoint)
 
     def on_first_token(self, req: RoutingRequest, endpoint: Endpoint) -> None:
         if not self.profile.first_token:
             return
-        cycle = self._cycles.get(req.request_id)
+        cycle = self._cycles.get(req.key)
         if cycle is None:
             return  # completed already, or evicted from the open cycles
         for obs in self.profile.first_token:
@@ -143,7 +143,7 @@ class PluginScheduler:
         if ok:
             self.state.health.record_success(endpoint.id)
             self.metrics.ejected.labels(endpoint.id).set(0)
-        cycle = self._cycles.pop(req.request_id, {})
+        cycle = self._cycles.pop(req.key, {})
         for obs in self.profile.observers:
             obs.on_complete(req, cycle, endpoint, ok=ok, usage=usage)
 

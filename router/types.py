@@ -7,6 +7,7 @@ package implements `Scheduler` with filters -> scorers -> picker (see `fleetgate
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -14,9 +15,13 @@ from typing import Any, Protocol
 from fleetgate.core.types import Endpoint, Usage
 
 
+def _new_key() -> str:
+    return os.urandom(8).hex()
+
+
 @dataclass(slots=True)
 class RoutingRequest:
-    request_id: str
+    request_id: str  # the client's `x-request-id` when it gave a sane one: for logs, never a key of router state
     model: str  # concrete model name (after tier resolution)
     prompt_text: str  # stable serialisation of the prompt, used for prefix hashing
     tenant: str = "anonymous"
@@ -28,6 +33,10 @@ class RoutingRequest:
     # routing tokenizes, exactly as the engine will. None where no body exists (simulations, benchmarks).
     kind: str | None = None
     body: Mapping[str, Any] | None = None
+    # What keys this request's state in the scheduler and its plugins from pick to completion: unique per
+    # request whatever the client sends (two requests with one `x-request-id` must not share a cycle or a
+    # queued-prefill entry, or a tenant could move another's prefix or load state by reusing ids).
+    key: str = field(default_factory=_new_key)
 
 
 @dataclass(slots=True)

@@ -94,21 +94,21 @@ class PrefillQueueScorer:
     def on_start(self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint) -> None:
         tokens = self._tokens(req, cycle)
         share = cycle.get(CACHED_SHARE, {}).get(endpoint.id, 0.0)
-        self._drop(req.request_id)  # a retry on another endpoint replaces the first try
+        self._drop(req.key)  # a retry on another endpoint replaces the first try
         work = tokens * (1.0 - min(1.0, max(0.0, share)))
-        self._pending[req.request_id] = (endpoint.id, work, self.state.clock())
+        self._pending[req.key] = (endpoint.id, work, self.state.clock())
         self.queued[endpoint.id] = self.queued.get(endpoint.id, 0.0) + work
 
     def on_first_token(self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint) -> None:
-        self._drop(req.request_id)
+        self._drop(req.key)
 
     def on_complete(
         self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint, *, ok: bool, usage: Usage | None
     ) -> None:
-        self._drop(req.request_id)
+        self._drop(req.key)
 
-    def _drop(self, request_id: str) -> None:
-        entry = self._pending.pop(request_id, None)
+    def _drop(self, key: str) -> None:
+        entry = self._pending.pop(key, None)
         if entry is None:
             return
         endpoint_id, work, _ = entry
@@ -121,10 +121,10 @@ class PrefillQueueScorer:
     def _expire(self) -> None:
         cutoff = self.state.clock() - self.max_pending_s
         while self._pending:
-            request_id, (_, _, sent) = next(iter(self._pending.items()))
+            key, (_, _, sent) = next(iter(self._pending.items()))
             if sent > cutoff:
                 return
-            self._drop(request_id)
+            self._drop(key)
 
 
 def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> PrefillQueueScorer:

@@ -11,6 +11,7 @@ from fleetgate.router.config import RoutingConfig
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.plugins.base import CACHED_SHARE, PROMPT_TOKENS
 from fleetgate.router.plugins.prefill_queue_scorer import PrefillQueueScorer
+from fleetgate.router.scheduler import PluginScheduler
 from fleetgate.router.types import RoutingRequest
 
 EPS = [Endpoint(id=f"e{i}", url=f"http://e{i}", model="m") for i in range(2)]
@@ -113,7 +114,8 @@ def test_bad_parameters_are_config_errors(parameters: dict[str, object], named: 
         build_scheduler(cfg, scrape=False)
 
 
-async def test_the_scheduler_reports_first_tokens_to_the_scorer() -> None:
+def prefill_scheduler() -> tuple[PluginScheduler, PrefillQueueScorer]:
+    """A scheduler of the queued-prefill scorer alone, and that scorer."""
     cfg = RoutingConfig.model_validate({
         "plugins": [{"type": "prefill-queue-scorer", "name": "prefill"}, {"type": "max-score-picker", "name": "pick"}],
         "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "prefill"}, {"pluginRef": "pick"}]}],
@@ -121,6 +123,11 @@ async def test_the_scheduler_reports_first_tokens_to_the_scorer() -> None:
     sched = build_scheduler(cfg, scrape=False, seed=1)
     [plugin] = sched.profile.first_token
     assert isinstance(plugin, PrefillQueueScorer)
+    return sched, plugin
+
+
+async def test_the_scheduler_reports_first_tokens_to_the_scorer() -> None:
+    sched, plugin = prefill_scheduler()
     first = req("first", 8_000)
     decision = await sched.pick(first, EPS)
     sched.on_start(first, decision.endpoint)
@@ -140,3 +147,19 @@ def test_with_warm_share_it_abstains_for_a_prompt_someone_holds_and_places_cold_
     assert s.score(req("q", 8_000), warm, EPS) == [1.0, 1.0]  # prefix affinity decides
     cold = {CACHED_SHARE: {"e0": 0.1, "e1": 0.0}}
     assert s.score(req("q", 8_000), cold, EPS)[0] < s.score(req("q", 8_000), cold, EPS)[1]
+
+
+async def test_requests_that_reuse_one_client_request_id_keep_their_own_state() -> None:
+    """A tenant that sends every request with one `x-request-id` must not move another request's state: each
+    request's cycle and queued-prefill entry are its own (`RoutingRequest.key`), whatever id the client gave."""
+    sched, plugin = prefill_scheduler()
+    victim, hostile = req("same-id", 8_000), req("same-id", 4_000)
+    sched.on_start(victim, (await sched.pick(victim, EPS)).endpoint)
+    sched.on_start(hostile, (await sched.pick(hostile, EPS)).endpoint)
+    assert sorted(plugin.queued.values()) == [1_000.0, 2_000.0]  # both queued, neither replaced the other
+    sched.on_complete(hostile, EPS[1], ok=False, usage=None)  # the hostile one leaves at once
+    assert list(plugin.queued.values()) == [2_000.0]  # the victim's prefill is still counted where it waits
+    s = scorer(include_own=False)
+    s.on_start(req("x", 4_000), {}, EPS[0])
+    s.on_first_token(req("x", 4_000), {}, EPS[0])  # another request with the same client id: not this one's token
+    assert s.queued == {"e0": 1_000.0}
