@@ -1,7 +1,7 @@
 """The engine's answer as it passes back through the proxy: rewritten, charged and recorded as the gateway does.
 
 The proxy hands the Endpoint Picker the response headers and then every body chunk (FULL_DUPLEX_STREAMED);
-the picker decides what the client gets. One of four modes, chosen at the response headers:
+the picker decides what the client gets. One of five modes, chosen at the response headers:
 - `relay` (the client streams, the engine answered 200): each chunk goes through `sse.SseRewriter` (usage
   kept only where the client asked, the served model's name, clean error events, the reservation's completion
   cap: an engine generating past `max_tokens` is cut off there and charged no more) and back at once; a
@@ -15,6 +15,11 @@ the picker decides what the client gets. One of four modes, chosen at the respon
   JSON, checked, its usage charged, the model name rewritten where it differs.
 - `refused` (the engine answered an error status): the error body is collected and answered the way the
   gateway answers it (`errors.from_engine`: safe messages only, Retry-After kept), nothing charged.
+- `unreached` (the proxy could not connect to the endpoint: its own 503, `messages.connect_failed`): the
+  endpoint is ejected at once (`scheduler.on_connect_error`, the gateway's back-off), and the client gets the
+  gateway's 503 for an engine it cannot reach in place of the proxy's body. It goes back as a header and body
+  mutation, not an ImmediateResponse: Envoy would pass a local reply of a stream flagged UF through its
+  `local_reply_config` a second time.
 Headers of a buffered answer go out with its body at the end (the proxy holds the client until then), so an
 answer that fails late is still a clean error with the right status. `abandon` ends an answer the client
 left: the engine's work so far is charged and the request recorded as 499; `interrupt` ends one whose time is
@@ -42,15 +47,16 @@ from fleetgate.gateway.flow import Flow
 from fleetgate.gateway.parsing import ParsedRequest
 from fleetgate.gateway.sse import SseRewriter
 
-Mode = Literal["relay", "assemble", "plain", "refused"]
+Mode = Literal["relay", "assemble", "plain", "refused", "unreached"]
 MAX_BUFFERED = 64 * 1024 * 1024  # a non-streaming answer bigger than this is an engine fault, not an answer
 
 
 class Answer:
     def __init__(
         self, *, flow: Flow, ctx: RequestContext, attempt: Attempt, status: int, retry_after: str | None,
-        assembled_upstream: bool, served_header: dict[str, str],
+        assembled_upstream: bool, served_header: dict[str, str], unreached: FleetGateError | None = None,
     ) -> None:
+        """`unreached`: the proxy could not connect to the endpoint; the error the client gets instead."""
         parsed = ctx.parsed
         assert parsed is not None
         self._flow = flow
@@ -63,12 +69,20 @@ class Answer:
         self._buf: list[bytes] = []
         self._size = 0
         self.done = False
+        self._completed = False  # the scheduler was told the engine call is over
+        self._unreached = unreached
         ep = attempt.endpoint
         renamed = attempt.model if ep.model != attempt.model else None
         first_token = partial(flow.stages.scheduler.on_first_token, attempt.routing, ep)
         self.mode: Mode
         self._rw: SseRewriter | None = None
-        if status != 200:
+        if unreached is not None:
+            self.mode = "unreached"
+            self._extra = {}  # no endpoint served it
+            self._complete(ok=False, usage=None)
+            flow.stages.scheduler.on_connect_error(ep)
+            flow.metrics.upstream_errors.labels(attempt.model, ep.id, "connect").inc()
+        elif status != 200:
             self.mode = "refused"
         elif parsed.stream:
             self.mode = "relay"
@@ -98,6 +112,8 @@ class Answer:
             return []
         if self.mode == "relay":
             return self._relay(chunk, end=end)
+        if self.mode == "unreached":  # the proxy's own error body: replaced at its end
+            return self._replaced(self._unreached) if end and self._unreached is not None else []
         if self._rw is not None:
             self._rw.feed(chunk)
         else:
@@ -119,7 +135,7 @@ class Answer:
             self._rw.absorb(self._rw.pending)
             flow.stream_done(ctx, attempt, self._rw.close(cancelled=True))
             return
-        flow.stages.scheduler.on_complete(attempt.routing, attempt.endpoint, ok=False, usage=None)
+        self._complete(ok=False, usage=None)
         flow.finish(ctx, status=499, usage=ctx.unanswered_usage(), records=flow.rejected_records(ctx, 499))
 
     def interrupt(self, ending: Ending) -> list[messages.ProcessingResponse]:
@@ -215,6 +231,10 @@ class Answer:
     # ---- endings ------------------------------------------------------------------------------
 
     def _complete(self, *, ok: bool, usage: Usage | None) -> None:
+        """Once per engine call (an unreached endpoint's call is over at the response headers)."""
+        if self._completed:
+            return
+        self._completed = True
         self._flow.stages.scheduler.on_complete(self._attempt.routing, self._attempt.endpoint, ok=ok, usage=usage)
 
     def _answer(self, body: bytes, usage: Usage, *, store: dict[str, object]) -> list[messages.ProcessingResponse]:
@@ -228,6 +248,13 @@ class Answer:
         headers = {**flow.headers(ctx, attempt), **self._extra, "content-type": "application/json",
                    "content-length": str(len(body))}
         return [messages.response_headers(set_headers=headers), *messages.body_pieces(body, response=True)]
+
+    def _replaced(self, exc: FleetGateError) -> list[messages.ProcessingResponse]:
+        """The gateway's error answer in place of the proxy's, as a mutation of the response it is passing."""
+        self.done = True
+        answer = self._flow.error(self._ctx, exc)
+        headers = {**answer.headers, "content-type": answer.media_type, "content-length": str(len(answer.body))}
+        return [messages.response_headers(set_headers=headers), *messages.body_pieces(answer.body, response=True)]
 
     def _fail(self, exc: FleetGateError, *, completed: bool = False) -> list[messages.ProcessingResponse]:
         """The gateway's error answer in place of the engine's (the engine call is over)."""

@@ -9,7 +9,9 @@ hand-run proxy. Filters, in order:
 2. `ext_proc` to the EPP: headers SEND, both bodies FULL_DUPLEX_STREAMED (as the llm-d router runs), the
    `envoy.lb` namespaces forwarded (a subset hint) and accepted back (the pick); the endpoint that served is
    sent as the `upstream.address` attribute on the response path (a Gateway API implementation says it in
-   `envoy.lb` metadata instead; the picker reads either); `failure_mode_allow` is the pool's `failureMode`
+   `envoy.lb` metadata instead; the picker reads either), and `response.flags`, so the picker tells Envoy's own
+   connect failure (UF: the pod is unreachable, ejected as the gateway ejects it) from an engine's 503;
+   `failure_mode_allow` is the pool's `failureMode`
    (FailOpen: true). The picker's cluster is health-checked over gRPC (Envoy fails open only before the
    first body chunk went to the picker, so a picker that is down must be known before a request needs it);
 3. `router`.
@@ -25,7 +27,13 @@ from typing import Any, Literal
 
 import yaml
 
-from fleetgate.gateway.epp.messages import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE, UPSTREAM_ADDRESS
+from fleetgate.gateway.epp.messages import (
+    DESTINATION,
+    LB_NAMESPACE,
+    RESPONSE_FLAGS,
+    SUBSET_NAMESPACE,
+    UPSTREAM_ADDRESS,
+)
 
 FailureMode = Literal["FailOpen", "FailClose"]
 
@@ -114,7 +122,7 @@ def envoy_config(
                                 "request_trailer_mode": "SEND", "response_trailer_mode": "SEND"},
             "metadata_options": {"forwarding_namespaces": {"untyped": [LB_NAMESPACE, SUBSET_NAMESPACE]},
                                  "receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
-            "response_attributes": [UPSTREAM_ADDRESS]}},
+            "response_attributes": [UPSTREAM_ADDRESS, RESPONSE_FLAGS]}},
         {"name": "envoy.filters.http.router", "typed_config": {
             "@type": f"{_T}.filters.http.router.v3.Router", "suppress_envoy_headers": True}},
     ]

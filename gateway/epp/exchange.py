@@ -13,7 +13,8 @@ every decision needs it. Per request, in the order the protocol requires (header
    same ordered list); the body goes back rewritten as the gateway would send it (served model name, the
    reservation's max_tokens, usage on every chunk: `forwarding.upstream_body`). The client's API key is
    removed: engines never see tenants' keys.
-3. response headers and body: `answer.Answer`.
+3. response headers and body: `answer.Answer` (when the proxy could not connect to the endpoint, its own
+   503 flagged UF: the endpoint is ejected, as the gateway ejects one it cannot connect to).
 Anything that ends the stream early (the client left, the proxy reset it) is `close()`: the engine's work so
 far is charged and the request recorded as 499. Upstream timeouts are the proxy's (its route timeouts).
 """
@@ -192,9 +193,13 @@ class Exchange:
         served = messages.served_endpoint(req) or address_of(attempt.endpoint)
         self._retarget(served)
         status = int(headers.get(":status", "0") or 0)
+        unreached = None
+        if messages.connect_failed(req):  # the gateway's answer when it cannot connect (`Forwarder.open`)
+            unreached = self._door.pipeline.forwarder.waker.unavailable(
+                f"no engine could be reached: cannot connect to an engine of model {attempt.model!r}")
         self._answer = Answer(flow=self._flow, ctx=ctx, attempt=attempt, status=status,
                               retry_after=headers.get("retry-after"), assembled_upstream=self._assembled,
-                              served_header={messages.SERVED: served})
+                              served_header={messages.SERVED: served}, unreached=unreached)
         return self._answer.headers()
 
     def _retarget(self, served: str) -> None:

@@ -8,6 +8,8 @@ plain dicts and bytes. Names and places follow the Gateway API Inference Extensi
   ["x-gateway-destination-endpoint-subset"]` (a list of `ip:port`);
 - on the response path the proxy says which endpoint served in `metadata_context["envoy.lb"]
   ["x-gateway-destination-endpoint-served"]`.
+Envoy's `response.flags` attribute (when the proxy sends it: `envoyconfig` asks for it) tells the proxy's own
+connect failure (flag UF) from an engine's answer: both are a 503, only the first means the pod is unreachable.
 Bodies go back as `streamed_response` mutations (the proxy runs both bodies in FULL_DUPLEX_STREAMED mode), in
 pieces of at most `BODY_PIECE` bytes (some proxies cap one streamed chunk at 64 KiB).
 """
@@ -33,6 +35,8 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 BODY_PIECE = 62_000
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 UPSTREAM_ADDRESS = "upstream.address"
+RESPONSE_FLAGS = "response.flags"
+UPSTREAM_CONNECTION_FAILURE = 0x20  # Envoy's response flag UF (`StreamInfo::CoreResponseFlag`): the bit is stable
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
@@ -64,10 +68,21 @@ def served_endpoint(req: pb.ProcessingRequest) -> str | None:
     (what a plain Envoy can send: `envoyconfig`)."""
     value = metadata(req, LB_NAMESPACE).get(SERVED)
     if not value:
-        attributes = req.attributes.get(EXT_PROC_FILTER)
-        value = attributes.fields[UPSTREAM_ADDRESS].string_value if attributes is not None and \
-            UPSTREAM_ADDRESS in attributes.fields else None
+        address = _attribute(req, UPSTREAM_ADDRESS)
+        value = address.string_value if address is not None else None
     return str(value) if value else None
+
+
+def _attribute(req: pb.ProcessingRequest, name: str) -> struct_pb2.Value | None:
+    attributes = req.attributes.get(EXT_PROC_FILTER)
+    return attributes.fields[name] if attributes is not None and name in attributes.fields else None
+
+
+def connect_failed(req: pb.ProcessingRequest) -> bool:
+    """The proxy could not connect to the endpoint (Envoy's flag UF, `response.flags`): the response is the
+    proxy's own, no engine was reached. False when the proxy does not send the attribute."""
+    flags = _attribute(req, RESPONSE_FLAGS)
+    return flags is not None and int(flags.number_value) & UPSTREAM_CONNECTION_FAILURE != 0
 
 
 def _mutation(set_headers: Mapping[str, str], remove: tuple[str, ...] = ()) -> pb.HeaderMutation:

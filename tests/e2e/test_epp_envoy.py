@@ -399,3 +399,38 @@ async def test_one_answer_mode_asks_the_engine_for_one_json_answer(engines: Engi
         assert orjson.loads(body)["usage"]["completion_tokens"] == 7
         assert "stream" not in engine.received[-1].body  # one JSON answer, not a stream to assemble
         assert tokens(await ledger(stack, "acme")) == (5, 7)
+
+
+async def test_an_endpoint_envoy_cannot_connect_to_is_ejected_and_answered_as_the_gateway_answers(
+        engines: Engines) -> None:
+    """A pod that died after the last scrape: Envoy's connect to the picked `ip:port` is refused and it answers
+    503 itself (response flag UF). The picker sees that flag (`response.flags`), ejects the endpoint for the
+    back-off, as the gateway does on a connect failure, and answers the gateway's 503; the next requests go
+    to the live engine, long before a scrape or health poll (30 s here) could notice."""
+    from prometheus_client import CollectorRegistry
+
+    alive, doomed = await engines(2)
+    dead = f"127.0.0.1:{doomed.port}"
+    registry = CollectorRegistry()
+    settings = settings_for({"m1": [alive.url, doomed.url]},
+                            routing={"scrape": {"intervalS": 30, "healthIntervalS": 30}})
+    async with epp_stack(settings, pool=[alive.port, doomed.port], registry=registry) as stack:
+        await doomed.stop()  # the port is closed now
+        outcomes: list[tuple[int, str]] = []
+        for i in range(12):  # until the dead endpoint has been picked once (each pick is about a coin toss)
+            status, headers, body = await post(stack.url, chat(f"question {i}"))
+            outcomes.append((status, headers.get(SERVED, "")))
+            if status != 200:
+                error = orjson.loads(body)["error"]
+                assert status == 503 and error["code"] == "upstream_unavailable", body
+                assert "cannot connect" in error["message"] and "127.0.0.1" not in error["message"]
+                assert int(headers["Retry-After"]) >= 1
+                break
+        assert outcomes[-1][0] == 503, outcomes
+        assert registry.get_sample_value("fleetgate_router_ejections_total",
+                                         {"endpoint": dead, "reason": "connect"}) == 1
+        assert registry.get_sample_value("fleetgate_router_endpoint_ejected", {"endpoint": dead}) == 1
+        # ejected for the back-off: what follows goes to the live engine
+        for i in range(6):
+            status, headers, body = await post(stack.url, chat(f"after {i}"))
+            assert status == 200 and headers[SERVED] == f"127.0.0.1:{alive.port}", body

@@ -139,6 +139,51 @@ async def test_a_client_leaving_after_the_pick_balances_the_counts(epp: EppServe
     assert epp.door.metrics.decision._sum.get() > 0  # the decision was timed
 
 
+def flagged(req: pb.ProcessingRequest, *, flags: int, address: str) -> pb.ProcessingRequest:
+    """Response headers with Envoy's attributes, as `envoyconfig` asks for them."""
+    attributes = struct_pb2.Struct()
+    attributes.update({messages.RESPONSE_FLAGS: flags, messages.UPSTREAM_ADDRESS: address})
+    req.attributes[messages.EXT_PROC_FILTER].CopyFrom(attributes)
+    return req
+
+
+async def test_the_proxys_connect_failure_ejects_the_endpoint_once_and_an_engines_503_does_not(
+        epp: EppServer) -> None:
+    state = epp.stages.scheduler.state  # type: ignore[attr-defined]
+    refused, _ = await route(epp, chat("first"), hint=[A])
+    other, _ = await route(epp, chat("second"), hint=[A])  # still in flight on A throughout
+    assert state.inflight == {A: 2}
+    # an engine's own 503 (no UF flag): an answer, not a dead pod
+    assert await refused.on_message(flagged(response_headers_msg(503), flags=0, address=A)) == []
+    out = await refused.on_message(pb.ProcessingRequest(response_body=pb.HttpBody(
+        body=b'{"error": {"message": "busy"}}', end_of_stream=True)))
+    assert out[0].immediate_response.status.code == 503 and not state.health.is_ejected(A)
+    assert state.inflight == {A: 1}
+    # Envoy could not connect (UF = 0x20, with another flag set beside it): ejected at the headers
+    failed, _ = await route(epp, chat("third"), hint=[A])
+    assert await failed.on_message(flagged(response_headers_msg(503), flags=0x20 | 0x4, address=A)) == []
+    assert state.health.is_ejected(A) and state.inflight == {A: 1}
+    failed.close()  # the client leaves before the proxy's body: the engine call is not ended twice
+    assert state.inflight == {A: 1}
+    other.close()
+    assert state.inflight == {}
+
+
+async def test_the_proxys_connect_failure_is_answered_with_the_gateways_503(epp: EppServer) -> None:
+    exchange, _ = await route(epp, chat(), hint=[B])
+    await exchange.on_message(flagged(response_headers_msg(503), flags=0x20, address=B))
+    out = await exchange.on_message(pb.ProcessingRequest(response_body=pb.HttpBody(
+        body=b"upstream connect error or disconnect/reset before headers", end_of_stream=True)))
+    # a mutation of the proxy's reply, not an ImmediateResponse (Envoy would map that local reply again)
+    sent = {h.header.key: h.header.raw_value.decode()
+            for h in out[0].response_headers.response.header_mutation.set_headers}
+    body = out[1].response_body.response.body_mutation.streamed_response
+    error = orjson.loads(body.body)["error"]
+    assert error["code"] == "upstream_unavailable" and "cannot connect" in error["message"] and body.end_of_stream
+    assert sent["content-length"] == str(len(body.body)) and "retry-after" in {k.lower() for k in sent}
+    assert messages.SERVED not in sent and exchange.done  # nothing served it
+
+
 class Ledger:
     """Every request record the picker writes (the accountant stage)."""
 
