@@ -37,6 +37,9 @@ from fleetgate.router.types import Decision, RoutingRequest
 log = logging.getLogger(__name__)
 
 MAX_OPEN_CYCLES = 10_000
+# Cycles of calls that failed, kept for a retry of the same request (on another endpoint, or the same one
+# after an adapter reload), which the caller starts at once or after an adapter load: a short memory suffices.
+MAX_FAILED_CYCLES = 1_024
 
 
 @dataclass(slots=True)
@@ -64,6 +67,7 @@ class PluginScheduler:
         self.metrics = metrics
         self.scraper = scraper
         self._cycles: OrderedDict[str, CycleState] = OrderedDict()
+        self._failed: OrderedDict[str, CycleState] = OrderedDict()
         hist = metrics.plugin_seconds
         self._t_prod = [hist.labels(p.name, "produce") for p in profile.producers]
         self._t_filter = [hist.labels(f.name, "filter") for f in profile.filters]
@@ -124,8 +128,8 @@ class PluginScheduler:
         self.state.started(endpoint.id)
         self.metrics.picks.labels(endpoint.id).inc()
         cycle = self._cycles.get(req.key)
-        if cycle is None:
-            cycle = self._cycles[req.key] = {}
+        if cycle is None:  # a retry resumes what the pick computed (cached shares, counted tokens)
+            cycle = self._cycles[req.key] = self._failed.pop(req.key, {})
         for obs in self.profile.observers:
             obs.on_start(req, cycle, endpoint)
 
@@ -146,6 +150,10 @@ class PluginScheduler:
         cycle = self._cycles.pop(req.key, {})
         for obs in self.profile.observers:
             obs.on_complete(req, cycle, endpoint, ok=ok, usage=usage)
+        if not ok and cycle:
+            self._failed[req.key] = cycle
+            if len(self._failed) > MAX_FAILED_CYCLES:
+                self._failed.popitem(last=False)
 
     def on_connect_error(self, endpoint: Endpoint) -> None:
         backoff = self.state.health.record_failure(endpoint.id)

@@ -54,7 +54,9 @@ class Scheduler(Protocol):
         ...
 
     def on_start(self, req: RoutingRequest, endpoint: Endpoint) -> None:
-        """The request was sent to `endpoint` (in-flight accounting, prefix index update)."""
+        """The request was sent to `endpoint` (in-flight accounting, prefix index update). After a failed call of
+        the same request (`on_complete(ok=False)`: a retry on the fallback) it starts with what its pick
+        computed, as the first call did."""
         ...
 
     def on_first_token(self, req: RoutingRequest, endpoint: Endpoint) -> None:

@@ -139,6 +139,29 @@ async def test_a_client_leaving_after_the_pick_balances_the_counts(epp: EppServe
     assert epp.door.metrics.decision._sum.get() > 0  # the decision was timed
 
 
+async def test_a_retry_to_the_second_endpoint_keeps_the_requests_routing_cycle(epp: EppServer) -> None:
+    """The proxy served from the list's second endpoint: it starts there with what the pick computed (its cached
+    share of the prompt), as a first try would, not with an empty cycle that counts the whole prompt as prefill
+    queued there."""
+    scheduler = epp.stages.scheduler  # type: ignore[attr-defined]
+    (prefill,) = [s for s, _ in scheduler.profile.scorers if s.name == "prefill"]
+    prefix = " ".join(f"shared-{i}" for i in range(1200))  # ~11 KB: about 21 blocks of 512 characters
+    for warm in (A, B):  # both hold the prefix: whichever comes second in the list is warm
+        exchange, _ = await route(epp, chat(f"{prefix} warm {warm}"), hint=[warm])
+        exchange.close()
+    assert prefill.queued == {}
+    exchange, header = await route(epp, chat(f"{prefix} the question"), hint=[A, B])
+    first, second = header.split(",")
+    queued_first = prefill.queued.get(first, 0.0)
+    assert queued_first < 300  # at most the warm prompt's uncached tail, not its ~3,300 tokens
+    served = with_metadata(response_headers_msg(content_type="text/event-stream"), messages.LB_NAMESPACE,
+                           {messages.SERVED: second})
+    await exchange.on_message(served)
+    assert first not in prefill.queued and prefill.queued.get(second, 0.0) == pytest.approx(queued_first, abs=50)
+    exchange.close()
+    assert prefill.queued == {} and scheduler.state.inflight == {}
+
+
 def flagged(req: pb.ProcessingRequest, *, flags: int, address: str) -> pb.ProcessingRequest:
     """Response headers with Envoy's attributes, as `envoyconfig` asks for them."""
     attributes = struct_pb2.Struct()

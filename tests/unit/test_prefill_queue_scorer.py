@@ -163,3 +163,29 @@ async def test_requests_that_reuse_one_client_request_id_keep_their_own_state() 
     s.on_start(req("x", 4_000), {}, EPS[0])
     s.on_first_token(req("x", 4_000), {}, EPS[0])  # another request with the same client id: not this one's token
     assert s.queued == {"e0": 1_000.0}
+
+
+async def test_a_retry_after_a_failed_call_starts_with_what_the_pick_computed() -> None:
+    """The gateway's connect-failure retry (`Forwarder.open`) and the picker's (`Exchange._retarget`): on_start on
+    the pick, on_complete(ok=False) and on_connect_error there, on_start on the fallback with the same request.
+    The fallback holds the prompt's prefix: only its uncached tail is queued there, as on a first try."""
+    sched = build_scheduler(RoutingConfig(), scrape=False, seed=1)
+    (plugin,) = sched.profile.first_token
+    assert isinstance(plugin, PrefillQueueScorer)
+    prompt = " ".join(f"word-{i}" for i in range(2_000))  # ~16 KB, ~4,000 estimated tokens
+    for i, endpoint in enumerate(EPS):  # both hold the prefix
+        warm = RoutingRequest(request_id=f"warm{i}", model="m", prompt_text=prompt)
+        sched.on_start(warm, endpoint)
+        sched.on_complete(warm, endpoint, ok=True, usage=None)
+    retried = RoutingRequest(request_id="r", model="m", prompt_text=prompt + " and a question")
+    decision = await sched.pick(retried, EPS)
+    sched.on_start(retried, decision.endpoint)
+    first_try = plugin.queued.get(decision.endpoint.id, 0.0)
+    assert first_try < 500
+    sched.on_complete(retried, decision.endpoint, ok=False, usage=None)
+    sched.on_connect_error(decision.endpoint)
+    (fallback,) = decision.fallbacks
+    sched.on_start(retried, fallback)
+    assert plugin.queued.get(fallback.id, 0.0) == pytest.approx(first_try, abs=50)
+    sched.on_complete(retried, fallback, ok=True, usage=None)
+    assert plugin.queued == {} and sched.state.inflight == {}
