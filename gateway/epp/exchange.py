@@ -14,7 +14,8 @@ every decision needs it. Per request, in the order the protocol requires (header
    reservation's max_tokens, usage on every chunk: `forwarding.upstream_body`). The client's API key is
    removed: engines never see tenants' keys.
 3. response headers and body: `answer.Answer` (when the proxy could not connect to the endpoint, its own
-   503 flagged UF: the endpoint is ejected, as the gateway ejects one it cannot connect to).
+   503 flagged UF: the endpoint is ejected, as the gateway ejects one it cannot connect to). The response ends
+   with the body's end_of_stream, or with trailers when the engine sent some (an HTTP/2 hop passes them on).
 Anything that ends the stream early (the client left, the proxy reset it) is `close()`: the engine's work so
 far is charged and the request recorded as 499. Upstream timeouts are the proxy's (its route timeouts).
 """
@@ -91,7 +92,7 @@ class Exchange:
         if kind == "response_headers":
             return self._response_headers(req)
         if kind == "response_trailers":
-            return [messages.trailers()]
+            return self._response_trailers()
         return []  # request trailers: HTTP/1.1 clients send none; nothing to answer in FULL_DUPLEX mode
 
     # ---- request ------------------------------------------------------------------------------
@@ -201,6 +202,18 @@ class Exchange:
                               retry_after=headers.get("retry-after"), assembled_upstream=self._assembled,
                               served_header={messages.SERVED: served}, unreached=unreached)
         return self._answer.headers()
+
+    def _response_trailers(self) -> list[messages.ProcessingResponse]:
+        """The engine's trailers (an HTTP/2 hop passes them on): they end the response, whose last body chunk
+        came without end_of_stream, so the answer ends here and is settled as complete."""
+        answer = self._answer
+        if answer is None or answer.done:
+            return [messages.trailers()]
+        out = answer.body(b"", end=True)
+        self._settled_if(answer.done)
+        if any(o.HasField("immediate_response") for o in out):
+            return out  # the answer was replaced: no trailers follow it
+        return [*out, messages.trailers()]
 
     def _retarget(self, served: str) -> None:
         """The proxy served from a later endpoint of the list (the earlier ones failed): the scheduler's in-flight

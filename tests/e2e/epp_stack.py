@@ -3,13 +3,14 @@
 `epp_stack(settings, engines=..., failure_mode=...)` starts the Endpoint Picker in the test's event loop and
 Envoy as a subprocess with `gateway.epp.envoyconfig` (what `fleetgate epp --envoy-config` prints), and stops
 both at the end. `extra_filters` go before ext_proc (e.g. a `set_metadata` filter that plays a gateway's
-subset hint). `epp_port` points Envoy at another address (a picker that is down).
+subset hint). `epp_port` points Envoy at another address (a picker that is down). `configure` edits the
+bootstrap dict last (e.g. HTTP/2 to the engines).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,8 @@ def settings_for(models: dict[str, list[str]], **sections: Any) -> GatewaySettin
 @asynccontextmanager
 async def epp_stack(
     settings: GatewaySettings | None, *, pool: list[int], failure_mode: FailureMode = "FailClose",
-    extra_filters: list[dict[str, Any]] | None = None, epp_port: int | None = None, **stages: Any,
+    extra_filters: list[dict[str, Any]] | None = None, epp_port: int | None = None,
+    configure: Callable[[dict[str, Any]], None] | None = None, **stages: Any,
 ) -> AsyncIterator[Stack]:
     """`settings` None: no picker at all (Envoy points at `epp_port`, where nothing listens)."""
     epp = build_epp(settings, port=0, metrics_port=None, **stages) if settings is not None else None
@@ -62,6 +64,8 @@ async def epp_stack(
         if extra_filters:
             hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
             hcm["http_filters"][1:1] = extra_filters  # after the client-header guard, before ext_proc
+        if configure is not None:
+            configure(config)
         envoy = EnvoyProcess(config)
         await asyncio.to_thread(envoy.__enter__)  # the picker and engines run in this loop meanwhile
         try:

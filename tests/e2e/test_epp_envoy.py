@@ -434,3 +434,48 @@ async def test_an_endpoint_envoy_cannot_connect_to_is_ejected_and_answered_as_th
         for i in range(6):
             status, headers, body = await post(stack.url, chat(f"after {i}"))
             assert status == 200 and headers[SERVED] == f"127.0.0.1:{alive.port}", body
+
+
+def http2_to_engines(config: dict[str, Any]) -> None:
+    (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "original_dst"]
+    cluster["typed_extension_protocol_options"] = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}}}}
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_that_ends_in_trailers_is_a_completed_request(stream: bool) -> None:
+    """An HTTP/2 hop to the engine passes the engine's trailers on: the body's last chunk then comes without
+    end_of_stream and Envoy sends the picker `response_trailers`. The request is complete there: the client
+    gets the whole answer, and it is charged and recorded as answered (200), not as a client that left."""
+    from prometheus_client import CollectorRegistry
+
+    from .h2_engine import TEXT, H2Engine
+
+    engine = await H2Engine().start()
+    registry = CollectorRegistry()
+    settings = settings_for({"m1": [engine.url]}, server={"auth": "api_key"}, tenancy=tenancy(),
+                            routing={"scrape": {"intervalS": 30, "healthIntervalS": 30}})
+    try:
+        async with epp_stack(settings, pool=[engine.port], configure=http2_to_engines, registry=registry) as stack:
+            async with aiohttp.ClientSession() as s, s.post(stack.url + CHAT, headers=auth("acme"), json=chat(
+                    "a b c", stream=stream, stream_options={"include_usage": True} if stream else None)) as r:
+                assert r.status == 200, await r.read()
+                raw = await r.read()
+            if stream:
+                events = [orjson.loads(e[6:]) for e in raw.split(b"\n\n") if e and e != b"data: [DONE]"]
+                text = "".join(c["choices"][0]["delta"].get("content", "") for c in events if c["choices"])
+                assert raw.endswith(b"data: [DONE]\n\n") and events[-1]["usage"]["completion_tokens"] == 2
+            else:
+                text = orjson.loads(raw)["choices"][0]["message"]["content"]
+            assert text == "".join(TEXT) and len(engine.received) == 1
+            acme = await ledger(stack, "acme")
+            assert tokens(acme) == (3, 2) and acme["requests"] == 1 and acme["errors"] == 0, acme
+            assert stack.epp is not None
+            state = stack.epp.stages.scheduler.state  # type: ignore[attr-defined]
+            assert state.inflight == {}
+            answered = [s for m in registry.collect() if m.name == "fleetgate_requests" for s in m.samples
+                        if s.name == "fleetgate_requests_total"]
+            assert [(s.labels["status"], s.value) for s in answered] == [("200", 1.0)]
+    finally:
+        await engine.stop()

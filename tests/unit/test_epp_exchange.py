@@ -162,6 +162,21 @@ async def test_a_retry_to_the_second_endpoint_keeps_the_requests_routing_cycle(e
     assert prefill.queued == {} and scheduler.state.inflight == {}
 
 
+async def test_trailers_end_an_engines_error_answer_too(epp: EppServer) -> None:
+    """The body came without end_of_stream and the trailers end it (an HTTP/2 hop): an engine's 503 is answered
+    then, as the gateway answers it, and no trailers response follows the ImmediateResponse."""
+    in_flight = epp.pipeline.flow.metrics.in_flight
+    exchange, _ = await route(epp, chat(), hint=[C])
+    assert await exchange.on_message(response_headers_msg(503)) == []
+    assert await exchange.on_message(pb.ProcessingRequest(response_body=pb.HttpBody(
+        body=b'{"error": {"message": "busy"}}'))) == []
+    [out] = await exchange.on_message(pb.ProcessingRequest(response_trailers=pb.HttpTrailers()))
+    assert out.immediate_response.status.code == 503 and exchange.done
+    assert epp.stages.scheduler.state.inflight == {} and in_flight._value.get() == 0  # type: ignore[attr-defined]
+    exchange.close()  # the stream ends: nothing left to settle
+    assert epp.stages.scheduler.state.inflight == {}  # type: ignore[attr-defined]
+
+
 def flagged(req: pb.ProcessingRequest, *, flags: int, address: str) -> pb.ProcessingRequest:
     """Response headers with Envoy's attributes, as `envoyconfig` asks for them."""
     attributes = struct_pb2.Struct()
