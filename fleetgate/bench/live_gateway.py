@@ -3,7 +3,9 @@
 Each profile runs the real gateway (`fleetgate.gateway.serve.build_server`: API keys, limits, accounting,
 endpoint picking, the streaming relay) in its own process, so its CPU time is its own (read from
 `/proc/PID/stat`) and the load generator's event loop does not share its core. In-memory state (no
-Redis): one gateway replica per profile.
+Redis) by default; with `redis_url` the state a deployment shares between replicas (tenancy, limits, the usage
+ledger, the router's prefix index) lives in that Redis, and `fleetgate.bench.live_replicas` starts several such
+processes of one profile as one door.
 
 Profiles (`resolve_profile`): `round-robin` (the baseline: the gateway's stages with
 `fleetgate.router.roundrobin.RoundRobinScheduler` in place of the plugin scheduler); any name with a
@@ -107,8 +109,9 @@ def kv_event_routes(*, urls: list[str], publishers: list[str], replays: list[str
 
 def gateway_settings(*, port: int, metrics_port: int, model: str, urls: list[str], keys: Keys,
                      routing: dict[str, Any] | None, kv_events: list[dict[str, Any]] | None = None,
-                     server: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`kv_events`: where the engines publish KV events, for a precise-prefix profile; given to the route only
+                     server: dict[str, Any] | None = None, redis_url: str | None = None) -> dict[str, Any]:
+    """`redis_url`: the Redis that replicas of one door share (None: in-memory state). `kv_events`: where the
+    engines publish KV events, for a precise-prefix profile; given to the route only
     where this build's `ModelRoute` has the field (older builds have no precise scorer to use them). `server`:
     settings of the gateway's `server` section added for one point (e.g. `cancel_finish_tokens`)."""
     from fleetgate.gateway.settings import ModelRoute
@@ -128,6 +131,8 @@ def gateway_settings(*, port: int, metrics_port: int, model: str, urls: list[str
     }
     if routing is not None:
         settings["routing"] = routing
+    if redis_url:
+        settings["redis_url"] = redis_url
     return settings
 
 
@@ -167,11 +172,11 @@ def http_ok(url: str) -> bool:
 
 def start_gateway(profile: Profile, *, model: str, urls: list[str], keys: Keys, workdir: Path,
                   timeout_s: float = 60.0, kv_events: list[dict[str, Any]] | None = None,
-                  server: dict[str, Any] | None = None) -> GatewayProcess:
+                  server: dict[str, Any] | None = None, redis_url: str | None = None) -> GatewayProcess:
     """Launch the gateway of `profile` and wait until it answers `/readyz` (its log is kept in `workdir`)."""
     port, metrics_port = free_port(), free_port()
     settings = gateway_settings(port=port, metrics_port=metrics_port, model=model, urls=urls, keys=keys,
-                                routing=profile.routing, kv_events=kv_events, server=server)
+                                routing=profile.routing, kv_events=kv_events, server=server, redis_url=redis_url)
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", profile.name)
     config = workdir / f"gateway-{safe}-{port}.yaml"
     config.write_text(yaml.safe_dump(settings), encoding="utf-8")

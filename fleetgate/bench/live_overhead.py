@@ -10,6 +10,9 @@ tokens per second.
 Gateway CPU per request: the gateway process's CPU seconds over the loaded window / the requests it
 served in it (background and probes). The engines' counters over the phase, minus the direct probes'
 own usage, are compared with what the gateway charged (the accounting check covers this phase too).
+With several gateway replicas per door (`LiveContext.gateway_replicas`, `fleetgate.bench.live_replicas`) the
+background is spread over them in turn, the probes take them in turn (`Prober.replica_of`), the CPU is their sum,
+and each replica's loop watch is summarised (`gateway_loops`).
 """
 
 from __future__ import annotations
@@ -22,8 +25,14 @@ from typing import Any
 
 from fleetgate.bench import live_engines, live_pyspy
 from fleetgate.bench.live_client import LiveRequest, LiveResult, LoopLag, completion_body, replay, stream_one
-from fleetgate.bench.live_gateway import start_gateway
-from fleetgate.bench.live_points import LiveContext, PointSpec, build_requests, read_usage, settled_usage, usage_totals
+from fleetgate.bench.live_points import (
+    LiveContext,
+    PointSpec,
+    build_requests,
+    settled_charges,
+    start_gateway_door,
+    usage_each,
+)
 from fleetgate.bench.loop_watch import load_summary
 from fleetgate.engine.vllm_counters import deltas, total
 from fleetgate.sim.report import quantile
@@ -42,9 +51,14 @@ def median_ci(values: list[float], *, seed: int = 0, rounds: int = 400) -> tuple
 
 
 class Prober:
-    def __init__(self, ctx: LiveContext, gateway_url: str) -> None:
+    def __init__(self, ctx: LiveContext, gateway_url: str, *, replicas: tuple[str, ...] = ()) -> None:
+        """`replicas`: a door's gateway replicas, which the gateway's probes take in turn (`replica_of`); else
+        `gateway_url` alone."""
         self.ctx = ctx
         self.gateway_url = gateway_url
+        self.replicas = replicas or (gateway_url,)
+        self.replica_used: list[int] = []  # the replica of each gateway probe, in order
+        self.pair_replicas: list[int] = []  # the replica of each pair the last `pairs` call returned
         rng = random.Random("probe-prefix")
         self.prefix = "[probe] " + _text(rng, 256, chars_per_token=ctx.chars_per_token)
         self.n = 0
@@ -56,9 +70,11 @@ class Prober:
         self.n += 1
         prompt = f"{self.prefix}\nprobe {self.n}"
         if via_gateway:
+            replica = self.replica_of(self.gateway_requests)
+            self.replica_used.append(replica)
             self.gateway_requests += 1
             tenant = "t0"
-            return LiveRequest(id=f"probe-{self.n}", url=self.gateway_url, at_s=0, tenant=tenant,
+            return LiveRequest(id=f"probe-{self.n}", url=self.replicas[replica], at_s=0, tenant=tenant,
                                body=completion_body(model=f"probe-{engine}", prompt=prompt,
                                                     max_tokens=PROBE_MAX_TOKENS),
                                headers={"Content-Type": "application/json",
@@ -66,6 +82,11 @@ class Prober:
         return LiveRequest(id=f"probe-{self.n}", url=self.ctx.urls[engine], at_s=0, path="direct",
                            body=completion_body(model=self.ctx.model, prompt=prompt, max_tokens=PROBE_MAX_TOKENS),
                            headers={"Content-Type": "application/json"})
+
+    def replica_of(self, j: int) -> int:
+        """The replica of the j-th gateway probe: the next one every 2 x engines probes, so that each replica
+        probes every engine with its request sent first and second (`pairs` rotates both over that span)."""
+        return (j // (2 * len(self.ctx.urls))) % len(self.replicas)
 
     async def one(self, req: LiveRequest) -> LiveResult:
         out = LiveResult(id=req.id, path=req.path, tenant=req.tenant, group="", sent_s=0.0)
@@ -93,6 +114,7 @@ class Prober:
         delay. The gateway's request always reaches the engine after its twin and may queue behind it in
         the engine's own front end; the controls show how much of the gateway's figure that ordering makes."""
         added: list[float] = []
+        self.pair_replicas = []
         kinds: list[float | None] = [None, *controls_ms]  # None: a gateway pair
         i = 0
         while (count is None or i < count) and (until is None or time.perf_counter() < until):
@@ -104,6 +126,7 @@ class Prober:
                 continue
             gw_first = (i // (len(kinds) * len(self.ctx.urls))) % 2 == 0
             reqs = [self._request(engine=k, via_gateway=True), self._request(engine=k, via_gateway=False)]
+            replica = self.replica_used[-1]
             if not gw_first:
                 reqs.reverse()
             if at_once:
@@ -114,6 +137,7 @@ class Prober:
             g, d = by_path["gateway"], by_path["direct"]
             if g.error is None and d.error is None and g.ttft_s is not None and d.ttft_s is not None:
                 added.append(g.ttft_s - d.ttft_s)
+                self.pair_replicas.append(replica)
         return added
 
     async def _control_pair(self, engine: int, offset_s: float) -> None:
@@ -146,6 +170,16 @@ def control_rows(pairs: dict[float, list[tuple[float, float]]]) -> list[dict[str
     return rows
 
 
+def by_replica(added: list[float], replicas: list[int], count: int) -> list[dict[str, Any]]:
+    """The loaded pairs' added time per gateway replica: pairs, mean (ms)."""
+    out = []
+    for i in range(count):
+        mine = [a for a, r in zip(added, replicas, strict=True) if r == i]
+        out.append({"replica": i, "pairs": len(mine),
+                    "added_ms": round(statistics.fmean(mine) * 1000, 3) if mine else None})
+    return out
+
+
 def over_5ms(values: list[float]) -> float:
     """The share of pairs that charged more than 5 ms (most often a whole engine step)."""
     return sum(v > 0.005 for v in values) / len(values) if values else 0.0
@@ -170,22 +204,22 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
     await live_engines.wait_idle(session, urls, timeout_s=30)
     if ctx.resets:
         await live_engines.reset_prefix_caches(session, urls)
-    gateway = await asyncio.to_thread(start_gateway, ctx.profiles[profile], model=ctx.model, urls=urls,
-                                      keys=ctx.keys, workdir=ctx.workdir, kv_events=ctx.kv_events)
+    gateway = await start_gateway_door(ctx, ctx.profiles[profile])
     try:
-        prober = Prober(ctx, gateway.url)
-        usage_before = usage_totals(await read_usage(session, gateway, ctx.keys.admin))
+        prober = Prober(ctx, gateway.url, replicas=gateway.urls)
+        usage_before = await usage_each(session, gateway, ctx.keys.admin)
         before = await live_engines.counters(session, urls)
         await prober.warm()
         idle = await prober.pairs(count=idle_pairs, at_once=False)
         spec = PointSpec(workload="shared-prefix", profile=profile, load=1.0, rate=base_rate, window_s=window_s,
                          drain_s=drain_s, seed=seed, tag="overhead")
-        background = build_requests(ctx, spec, gateway.url)
-        cpu0 = gateway.cpu_s()
+        background = build_requests(ctx, spec, gateway.url, spread=gateway.urls)
+        cpu0, each0, redis0 = gateway.cpu_s(), gateway.cpu_each(), gateway.redis_cpu_s()
         probes_before = prober.gateway_requests
         mid0 = await live_engines.counters(session, urls)
-        sampler = (live_pyspy.start(gateway.popen.pid, live_pyspy.point_file(ctx.py_spy_dir, f"overhead {profile}"),
-                                    duration_s=window_s) if ctx.py_spy_dir else None)
+        spy_dir, pid = ctx.py_spy_dir, gateway.replicas[0].popen.pid  # replica 0's profile
+        sampler = (live_pyspy.start(pid, live_pyspy.point_file(spy_dir, f"overhead {profile}"), duration_s=window_s)
+                   if spy_dir else None)
         lag = LoopLag()
         lag.start()
         t0, wall0 = time.perf_counter(), time.time()
@@ -195,24 +229,24 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         mid1 = await live_engines.counters(session, urls)
         elapsed = time.perf_counter() - t0
         cpu = gateway.cpu_s() - cpu0
+        cpu_each = [b - a for a, b in zip(each0, gateway.cpu_each(), strict=True)]
+        redis1 = gateway.redis_cpu_s()
         await asyncio.to_thread(live_pyspy.finish, sampler)
         results, _ = await load_task
         await lag.stop()
         quiet = await live_engines.wait_idle(session, urls, timeout_s=30)
         after = await live_engines.counters(session, urls)
-        usage = await settled_usage(session, gateway, ctx.keys.admin)
+        charged, usage_shared = await settled_charges(session, gateway, ctx.keys.admin, usage_before)
     finally:
         await asyncio.to_thread(gateway.stop)
-    # the gateway's own event loop over the loaded window: its lag (what a probe arriving then waited for) and GC
-    loop = load_summary(gateway.loop_path, since=wall0, until=wall0 + elapsed) if gateway.loop_path else None
+    # each gateway's own event loop over the loaded window: its lag (what a probe arriving then waited for) and GC
+    loops = [load_summary(path, since=wall0, until=wall0 + elapsed) if path else None for path in gateway.loop_paths]
     served = len(results) + prober.gateway_requests - probes_before
     window = total(deltas(mid0, mid1))
     whole = total(deltas(before, after))
     ok = [r.ttft_s for r in results if r.ttft_s is not None and r.error is None]
     ttft_p50 = quantile(ok, 0.5) if ok else float("nan")
     loaded_ci = mean_ci(loaded)
-    charged = usage_totals(usage)
-    charged = {k: charged[k] - usage_before[k] for k in charged}
     direct_prompt = sum(r.prompt_tokens or 0 for r in prober.direct)
     direct_completion = sum(r.completion_tokens or 0 for r in prober.direct)
     direct_known = all(r.prompt_tokens is not None and r.completion_tokens is not None for r in prober.direct)
@@ -232,7 +266,8 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         "gateway_cpu_s": cpu, "gateway_requests": served,
         "gateway_cpu_ms_per_request": 1000 * cpu / max(1, served),
         "gateway_cpu_ms_per_1k_output_tokens": 1000 * cpu / max(1.0, window.generation_tokens / 1000),
-        "client_loop_lag_p99_s": lag.p99(), "gateway_loop": loop,
+        "client_loop_lag_p99_s": lag.p99(), "gateway_loop": loops[0],
+        "gateway_replicas": len(gateway.replicas), "usage_shared": usage_shared,
         "engine_prompt_tokens": whole.prompt_tokens, "engine_generation_tokens": whole.generation_tokens,
         "direct_prompt_tokens": direct_prompt, "direct_completion_tokens": direct_completion,
         "charged_prompt_tokens": charged["prompt_tokens"], "charged_completion_tokens": charged["completion_tokens"],
@@ -242,4 +277,9 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
     row["lost_prompt_tokens"] = whole.prompt_tokens - direct_prompt - charged["prompt_tokens"]
     row["lost_completion_tokens"] = whole.generation_tokens - direct_completion - charged["completion_tokens"]
     row["comparable"] = bool(direct_known and quiet and left_early == 0)
+    if len(gateway.replicas) > 1 or gateway.redis is not None:
+        row["gateway_loops"] = loops
+        row["loaded_added_by_replica_ms"] = by_replica(loaded, prober.pair_replicas, len(gateway.replicas))
+        row["gateway_cpu_s_each"] = cpu_each
+        row["redis_cpu_s"] = redis1 - redis0 if redis0 is not None and redis1 is not None else None
     return row

@@ -17,6 +17,10 @@ per engine too; the prefix-cache hit rate from the engines' `prefix_cache_hits /
 over the point; the engines' prompt, uncached prompt and generated tokens; the tenants' charged prompt and
 completion tokens and the difference (`lost_*` = engine counted minus charged); the gateway's CPU per
 request; the client's event-loop lag p99; requests per endpoint.
+With `gateway_replicas` > 1 (`fleetgate.bench.live_replicas`) the door is that many gateway processes sharing one
+Redis: requests go to them in turn, the CPU is their sum (`gateway_cpu_s_each` per replica, the Redis's apart), and
+the charges are read through replica 0 when every replica reports the same totals (the ledger is shared:
+`usage_shared`), else summed over the replicas.
 A point's accounting is `comparable` when every request that left early had received a chunk first (a
 request cancelled before its first token is charged the gateway's estimate, while vLLM counts a prompt
 only once its first token is out, so such points are reported but kept out of the exact check).
@@ -35,7 +39,8 @@ import aiohttp
 
 from fleetgate.bench import live_engines, live_pyspy
 from fleetgate.bench.live_client import LiveRequest, LiveResult, LoopLag, replay
-from fleetgate.bench.live_gateway import GatewayProcess, Keys, Profile, start_gateway
+from fleetgate.bench.live_gateway import Keys, Profile
+from fleetgate.bench.live_replicas import GatewayGroup, start_gateways
 from fleetgate.bench.live_workloads import Sizes, Target, sized_items, to_requests
 from fleetgate.engine.vllm_counters import CounterSnapshot, deltas, total
 from fleetgate.sim.report import quantile
@@ -65,8 +70,11 @@ class PointSpec:
 class Door(Protocol):
     """What a point needs of its front door: the gateway's process, or Envoy + `fleetgate epp`."""
 
-    url: str
-    started_s: float
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def started_s(self) -> float: ...
 
     def cpu_s(self) -> float: ...
 
@@ -90,14 +98,23 @@ class LiveContext:
     gateways_started: list[float] = field(default_factory=list)
     epp_site: str = ""  # a site directory put first on the picker's path (the GPU machine's gRPC packages)
     py_spy_dir: Path | None = None  # py-spy samples of each gateway point's window go here (`live_pyspy`)
+    gateway_replicas: int = 1  # gateway processes per door, sharing `redis_server` when > 1 (`live_replicas`)
+    redis_server: str | None = None  # the redis-server binary the doors' replicas share; None: in-memory state
+
+
+async def start_gateway_door(ctx: LiveContext, profile: Profile, *, server: dict[str, Any] | None = None
+                             ) -> GatewayGroup:
+    """The gateway door of `profile`: `ctx.gateway_replicas` processes (sharing a fresh Redis when it is set)."""
+    return await asyncio.to_thread(start_gateways, profile, replicas=ctx.gateway_replicas,
+                                   redis_binary=ctx.redis_server, model=ctx.model, urls=ctx.urls, keys=ctx.keys,
+                                   workdir=ctx.workdir, kv_events=ctx.kv_events, server=server)
 
 
 async def start_door(ctx: LiveContext, spec: PointSpec) -> Door:
     """The point's front door for its profile, started and answering."""
     profile = ctx.profiles[spec.profile]
     if spec.door == "gateway":
-        return await asyncio.to_thread(start_gateway, profile, model=ctx.model, urls=ctx.urls, keys=ctx.keys,
-                                       workdir=ctx.workdir, kv_events=ctx.kv_events, server=dict(spec.server))
+        return await start_gateway_door(ctx, profile, server=dict(spec.server))
     from fleetgate.bench.live_epp import start_epp_door
 
     return await start_epp_door(ctx, profile)
@@ -112,14 +129,14 @@ def usage_totals(report: dict[str, Any]) -> dict[str, int]:
     return {k: int(totals.get(k, 0)) for k in ("requests", "prompt_tokens", "completion_tokens", "errors")}
 
 
-async def read_usage(session: aiohttp.ClientSession, gateway: GatewayProcess, admin_key: str) -> dict[str, Any]:
+async def read_usage(session: aiohttp.ClientSession, gateway: GatewayGroup, admin_key: str) -> dict[str, Any]:
     async with session.get(f"{gateway.url}/v1/usage", headers={"Authorization": f"Bearer {admin_key}"}) as resp:
         resp.raise_for_status()
         data = await resp.json()
     return data if isinstance(data, dict) else {}
 
 
-async def settled_usage(session: aiohttp.ClientSession, gateway: GatewayProcess, admin_key: str,
+async def settled_usage(session: aiohttp.ClientSession, gateway: GatewayGroup, admin_key: str,
                         *, timeout_s: float = 10.0) -> dict[str, Any]:
     """The usage report once two reads 0.2 s apart agree (requests that just ended are settled)."""
     deadline = time.monotonic() + timeout_s
@@ -131,6 +148,33 @@ async def settled_usage(session: aiohttp.ClientSession, gateway: GatewayProcess,
             return now
         last = now
     return last
+
+
+async def usage_each(session: aiohttp.ClientSession, gateway: GatewayGroup, admin_key: str) -> list[dict[str, int]]:
+    """`usage_totals` read through every replica of the door, in order."""
+    out = []
+    for url in gateway.urls:
+        async with session.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {admin_key}"}) as resp:
+            resp.raise_for_status()
+            out.append(usage_totals(await resp.json()))
+    return out
+
+
+def charged_delta(before: list[dict[str, int]], after: list[dict[str, int]]) -> tuple[dict[str, int], bool]:
+    """What the door charged between two `usage_each` reads, and whether its replicas share one ledger. Shared
+    (every replica reports the same totals at the end): the change seen through replica 0; not shared: the sum of
+    each replica's own change (each then charged only what it served)."""
+    shared = all(a == after[0] for a in after)
+    if shared:
+        return {k: after[0][k] - before[0][k] for k in after[0]}, True
+    return {k: sum(a[k] - b[k] for a, b in zip(after, before, strict=True)) for k in after[0]}, False
+
+
+async def settled_charges(session: aiohttp.ClientSession, gateway: GatewayGroup, admin_key: str,
+                          before: list[dict[str, int]]) -> tuple[dict[str, int], bool]:
+    """`charged_delta` once replica 0's report has settled (`settled_usage`)."""
+    await settled_usage(session, gateway, admin_key)
+    return charged_delta(before, await usage_each(session, gateway, admin_key))
 
 
 def in_flight(results: list[LiveResult]) -> float:
@@ -195,16 +239,27 @@ def engine_figures(window: list[CounterSnapshot], whole: list[CounterSnapshot], 
     }
 
 
-def build_requests(ctx: LiveContext, spec: PointSpec, gateway_url: str) -> list[LiveRequest]:
+def build_requests(ctx: LiveContext, spec: PointSpec, gateway_url: str, *, spread: tuple[str, ...] = ()
+                   ) -> list[LiveRequest]:
+    """The point's requests to `gateway_url`, or spread over `spread` in turn (a door's gateway replicas)."""
     items = sized_items(spec.workload, seed=spec.seed, rate=spec.rate, window_s=spec.window_s, sizes=ctx.sizes,
                       chars_per_token=ctx.chars_per_token, capacity_tokens=ctx.capacity_tokens,
                       replicas=len(ctx.urls), users=spec.users)
-    target = Target(url=gateway_url, model=ctx.model, keys=ctx.keys.tenants)
+    target = Target(url=gateway_url, model=ctx.model, keys=ctx.keys.tenants, door_urls=spread)
     return to_requests(items, target=target, tenants=ctx.sizes.tenants, cancel_share=spec.cancel_share,
                        seed=spec.seed, output_tokens=ctx.sizes.output_tokens)
 
 
 KV_EVENT_COUNTERS = ("fleetgate_router_kv_events_batches", "fleetgate_router_kv_events_wakes")
+
+
+async def kv_event_counts_of(session: aiohttp.ClientSession, metrics_urls: tuple[str, ...]) -> dict[str, float]:
+    """`kv_event_counts` summed over a door's replicas (each subscribes to the engines' events itself)."""
+    out: dict[str, float] = {}
+    for url in metrics_urls:
+        for k, v in (await kv_event_counts(session, url)).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
 
 
 async def kv_event_counts(session: aiohttp.ClientSession, metrics_url: str) -> dict[str, float]:
@@ -242,14 +297,17 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
     reset = await live_engines.reset_prefix_caches(session, urls) if ctx.resets else False
     gateway = await start_door(ctx, spec)
     # the picker serves no usage API: its points are kept out of the accounting check
-    charging = gateway if isinstance(gateway, GatewayProcess) else None
+    charging = gateway if isinstance(gateway, GatewayGroup) else None
     try:
-        requests = build_requests(ctx, spec, gateway.url)
-        usage_before = usage_totals(await read_usage(session, charging, ctx.keys.admin)) if charging else {}
-        events_before = await kv_event_counts(session, charging.metrics_url) if charging else {}
+        requests = build_requests(ctx, spec, gateway.url, spread=charging.urls if charging else ())
+        usage_before = await usage_each(session, charging, ctx.keys.admin) if charging else []
+        events_before = await kv_event_counts_of(session, charging.metrics_urls) if charging else {}
         cpu_before = gateway.cpu_s()
+        cpu_each_before = charging.cpu_each() if charging else []
+        redis_before = charging.redis_cpu_s() if charging else None
         before = await live_engines.counters(session, urls)
-        sampler = (live_pyspy.start(charging.popen.pid, live_pyspy.point_file(ctx.py_spy_dir, spec.name),
+        # py-spy samples replica 0 (one process's profile; the replicas run the same code on an even share)
+        sampler = (live_pyspy.start(charging.replicas[0].popen.pid, live_pyspy.point_file(ctx.py_spy_dir, spec.name),
                                     duration_s=spec.window_s) if charging and ctx.py_spy_dir else None)
         lag = LoopLag()
         lag.start()
@@ -262,9 +320,11 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
         await lag.stop()
         quiet = await live_engines.wait_idle(session, urls, timeout_s=30)
         after = await live_engines.counters(session, urls)
-        usage = await settled_usage(session, charging, ctx.keys.admin) if charging else {}
+        charges = await settled_charges(session, charging, ctx.keys.admin, usage_before) if charging else None
         cpu = gateway.cpu_s() - cpu_before
-        events_after = await kv_event_counts(session, charging.metrics_url) if charging else {}
+        cpu_each = [b - a for a, b in zip(cpu_each_before, charging.cpu_each(), strict=True)] if charging else []
+        redis_after = charging.redis_cpu_s() if charging else None
+        events_after = await kv_event_counts_of(session, charging.metrics_urls) if charging else {}
     finally:
         await asyncio.to_thread(gateway.stop)
     whole = deltas(before, after)
@@ -284,10 +344,14 @@ async def run_point(ctx: LiveContext, spec: PointSpec) -> dict[str, Any]:
     row["gateway_cpu_ms_per_request"] = 1000 * cpu / max(1, row["requests"])
     if events_after:  # a precise gateway: its KV-event batches and the wakes that applied them, over the point
         row["kv_events"] = {k: v - events_before.get(k, 0.0) for k, v in events_after.items()}
-    if charging is None:
+    if charging is None or charges is None:
         return row
-    charged = usage_totals(usage)
-    charged = {k: charged[k] - usage_before[k] for k in charged}
+    row["gateway_replicas"] = len(charging.replicas)
+    if len(charging.replicas) > 1 or charging.redis is not None:
+        row["gateway_cpu_s_each"] = cpu_each
+        row["redis_cpu_s"] = (redis_after - redis_before) if redis_after is not None and redis_before is not None \
+            else None
+    charged, row["usage_shared"] = charges
     row.update(charged_prompt_tokens=charged["prompt_tokens"], charged_completion_tokens=charged["completion_tokens"],
                charged_requests=charged["requests"])
     row["lost_prompt_tokens"] = row["engine_prompt_tokens"] - row["charged_prompt_tokens"]

@@ -310,6 +310,32 @@ def gateway_loop_line(loop: dict[str, Any] | None) -> str:
             f"{lag['p90']:.2f}, p99 {lag['p99']:.2f}, longest {lag['max']:.1f}; GC collections {collections}.")
 
 
+def door_line(meta: dict[str, Any]) -> str:
+    """How many gateway processes served each door, and what state they shared."""
+    n = int(meta.get("gateway_replicas") or 1)
+    redis = meta.get("redis_server")
+    if n == 1 and not redis:
+        return "Gateway: one process per door, state in memory."
+    return (f"Gateway: {n} replica process{'es' if n > 1 else ''} per door sharing one redis-server started for the "
+            f"door (tenancy, limits, usage ledger, prefix index); requests and probes go to them in turn, the door's "
+            f"CPU is their sum.")
+
+
+def replica_lines(r: dict[str, Any]) -> list[str]:
+    """An overhead row's figures per gateway replica (rows of several replicas, or with Redis)."""
+    if "gateway_cpu_s_each" not in r:
+        return []
+    each = ", ".join(f"replica {x['replica']}: +{_f(x['added_ms'], '.2f')} ms over {x['pairs']} pairs"
+                     for x in r.get("loaded_added_by_replica_ms") or [])
+    cpu = ", ".join(f"{c:.2f}" for c in r["gateway_cpu_s_each"])
+    redis = r.get("redis_cpu_s")
+    loops = [gateway_loop_line(loop) for loop in r.get("gateway_loops") or []]
+    return ["", f"{r['gateway_replicas']} gateway replica(s): loaded added time {each or '-'}; CPU s per replica "
+            f"{cpu} (Redis {_f(redis, '.2f')} s apart); ledger "
+            f"{'shared' if r.get('usage_shared') else 'NOT shared: charges summed per replica'}."
+            + "".join(f" Replica {i}:{line}" for i, line in enumerate(loops) if line)]
+
+
 def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
     meta = next((r for r in rows if r.get("kind") == "meta"), {})
     cap = next((r for r in rows if r.get("kind") == "capacity"), None)
@@ -320,6 +346,7 @@ def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
           "chars/token; "
           f"{meta.get('groups', '?')} shared-prefix groups; host {meta.get('cpus', '?')} CPUs, load average "
           f"{_f(meta.get('load_average'), '.1f')} at the start.", ""]
+    md += [door_line(meta), ""]
     if meta.get("unknown_profiles"):
         md += [f"Profiles not available in this build: {', '.join(meta['unknown_profiles'])}.", ""]
     if cal:
@@ -357,6 +384,7 @@ def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
                    f"{r['gateway_cpu_ms_per_1k_output_tokens']:.2f} ms per 1k output tokens. Client loop lag p99 "
                    f"{r['client_loop_lag_p99_s'] * 1000:.1f} ms.{gateway_loop_line(r.get('gateway_loop'))}"]
             md += control_lines(r)
+            md += replica_lines(r)
         if r.get("kind") == "accounting":
             md += ["", "## Accounting", "", accounting_line(r)]
     door = door_section(rows)

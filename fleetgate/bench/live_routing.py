@@ -20,6 +20,9 @@ row per measurement to `results.jsonl` as soon as it is known (a run cut short k
 5. `accounting`: the sum over every comparable row of the engines' prompt and generation token counters
    against what the gateway charged the tenants; `PASS` when nothing is lost either way.
 A point that would not end before the budget is skipped (a `skipped` row says so).
+`gateway_replicas` > 1 makes every gateway door (points and the overhead phase; not issue 27's door-latency phase)
+that many gateway processes sharing a fresh redis-server (`fleetgate.bench.live_replicas`); a run that needs one
+and finds none fails at its start.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from fleetgate.bench.live_client import LiveRequest, LiveResult, stream_one
 from fleetgate.bench.live_gateway import Keys, Profile, kv_event_routes, resolve_profile, template_vars
 from fleetgate.bench.live_overhead import run_overhead
 from fleetgate.bench.live_points import LiveContext, PointSpec, run_point
+from fleetgate.bench.live_replicas import require_redis
 from fleetgate.bench.live_workloads import Sizes, Target, sized_items, to_requests
 from fleetgate.core.errors import ConfigError
 from fleetgate.engine.vllm_counters import deltas, total
@@ -102,6 +106,8 @@ class LiveOptions:
     epp_latency_profile: str = "default"
     epp_site: str = ""  # a site directory first on the picker's path (the GPU machine's gRPC packages)
     py_spy_dir: Path | None = None  # py-spy samples of each gateway point (`fleetgate.bench.live_pyspy`)
+    gateway_replicas: int = 1  # gateway processes per door, sharing one Redis when > 1 (`live_replicas`)
+    gateway_redis: bool = False  # state in Redis even with one replica (the shared state's own cost)
 
 
 class Recorder:
@@ -314,6 +320,7 @@ def _point_line(row: dict[str, Any]) -> str:
 
 async def _context(session: aiohttp.ClientSession, urls: list[str], options: LiveOptions, workdir: Path
                    ) -> tuple[LiveContext, dict[str, Any]]:
+    redis = require_redis(options.gateway_replicas, redis=options.gateway_redis)  # before anything runs
     model = await live_engines.model_name(session, urls[0])
     cpt = await live_engines.chars_per_token(session, urls[0], model=model)
     snaps = await live_engines.counters(session, urls)
@@ -332,7 +339,8 @@ async def _context(session: aiohttp.ClientSession, urls: list[str], options: Liv
             unknown[name] = str(exc)
     ctx = LiveContext(session=session, urls=urls, model=model, keys=Keys.make(options.sizes.tenants),
                       sizes=options.sizes, chars_per_token=cpt, capacity_tokens=capacity, workdir=workdir,
-                      profiles=profiles, epp_site=options.epp_site, py_spy_dir=options.py_spy_dir)
+                      profiles=profiles, epp_site=options.epp_site, py_spy_dir=options.py_spy_dir,
+                      gateway_replicas=options.gateway_replicas, redis_server=redis)
     if options.py_spy_dir and live_pyspy.binary() is None:
         ctx.log(f"--py-spy-dir {options.py_spy_dir}: no py-spy on PATH or in $FLEETGATE_PY_SPY: no samples")
     ctx.resets = await live_engines.reset_prefix_caches(session, urls)
@@ -342,7 +350,7 @@ async def _context(session: aiohttp.ClientSession, urls: list[str], options: Liv
             "kv_capacity_reported": [s.kv_capacity_tokens for s in snaps], "replicas": len(urls),
             "groups": options.sizes.groups(capacity_tokens=capacity, replicas=len(urls)),
             "prefix_cache_reset": ctx.resets, "profiles": list(profiles), "unknown_profiles": unknown,
-            "kv_events": ctx.kv_events,
+            "kv_events": ctx.kv_events, "gateway_replicas": options.gateway_replicas, "redis_server": redis,
             "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
             "options": {k: v for k, v in asdict(options).items() if k != "sizes"}, "sizes": asdict(options.sizes)}
     return ctx, meta
@@ -413,7 +421,9 @@ async def run_live(urls: list[str], options: LiveOptions, *, out_dir: Path, work
                                              idle_pairs=options.overhead_idle_pairs,
                                              controls_ms=options.overhead_controls_ms)
                     rec.add(row)
-                    log(f"overhead: +{row['idle_added_ms'][0]:.2f} ms idle, +{row['loaded_added_ms'][0]:.2f} ms "
+                    log(f"overhead ({row['gateway_replicas']} gateway replica(s)): "
+                        f"+{row['idle_added_ms'][0]:.2f} ms idle, "
+                        f"+{row['loaded_added_ms'][0]:.2f} ms "
                         f"under load (95% {row['loaded_added_ms'][1]:.2f}..{row['loaded_added_ms'][2]:.2f}) = "
                         f"{(row['added_share_of_ttft_p50'] or 0):.2%} of TTFT p50, gateway CPU "
                         f"{row['gateway_cpu_ms_per_request']:.2f} ms/request at {row['output_tps']:.0f} tok/s")

@@ -15,6 +15,8 @@ tokens. Every request asks for exactly `output_tokens` tokens (`ignore_eos`).
 - `unique`: no sharing; prompt lengths uniform in [unique_min_tokens, unique_max_tokens].
 `cancel_share`: that share of requests (seeded choice) leaves after a random number of chunks in
 [1, output_tokens - 1]: cancellations mid-stream.
+Requests to a door of several gateway replicas (`Target.door_urls`) go to them in turn (request i to replica
+i mod N), as a Kubernetes Service spreads new connections.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ class Target:
     model: str
     keys: dict[str, str]  # tenant -> API key (gateway); empty for direct
     engine_urls: tuple[str, ...] = ()  # direct: the engines, taken in turn
+    door_urls: tuple[str, ...] = ()  # a door of several gateway replicas: taken in turn, as a Service spreads them
+
+    def url_of(self, i: int) -> str:
+        """Where the i-th request goes."""
+        if self.engine_urls:
+            return self.engine_urls[i % len(self.engine_urls)]
+        return self.door_urls[i % len(self.door_urls)] if self.door_urls else self.url
 
     def headers(self, tenant: str) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
@@ -58,7 +67,7 @@ def to_requests(items: list[WorkItem], *, target: Target, tenants: int, cancel_s
     for i, item in enumerate(items):
         tenant = tenant_of(item, tenants)
         cancel = rng.randint(1, max(1, output_tokens - 1)) if rng.random() < cancel_share else None
-        url = target.engine_urls[i % len(target.engine_urls)] if target.engine_urls else target.url
+        url = target.url_of(i)
         body = completion_body(model=target.model, prompt=item.prompt, max_tokens=item.max_tokens,
                                user=item.session_key)
         out.append(LiveRequest(id=item.id, url=url, body=body, headers=target.headers(tenant), at_s=item.arrival_s,
