@@ -286,7 +286,8 @@ def main(argv: list[str]) -> int:
 
     options = options_from_args(args)
     try:
-        redis_server = require_redis(options.gateway_replicas, redis=options.gateway_redis)
+        redis_server = require_redis(max((options.gateway_replicas, *options.overhead_replicas)),
+                                     redis=options.gateway_redis)
     except ConfigError as exc:  # before any engine starts
         stamp(f"FAILED at the start: {exc}")
         return 2

@@ -96,6 +96,8 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--gateway-replicas", type=int, default=1, help="gateway processes per door, sharing one "
                    "redis-server started for the door ($FLEETGATE_REDIS_SERVER or PATH): requests and probes go to "
                    "them in turn, the door's CPU is their sum")
+    g.add_argument("--overhead-replicas", default="", help="run the overhead phase once per gateway count given "
+                   "(comma-separated, same requests; counts > 1 share a redis-server), e.g. 1,2")
     g.add_argument("--gateway-redis", action="store_true", help="the gateways' state in that Redis even with one "
                    "replica (to tell the shared state's cost from the split's gain)")
     g.add_argument("--out", type=Path, default=Path("artifacts/live-routing"), help="output folder")
@@ -133,6 +135,7 @@ def options_from_args(args: argparse.Namespace) -> LiveOptions:
         epp_idle_rounds=args.epp_idle_rounds, epp_latency_profile=_names(args.epp_profiles)[-1] if
         _names(args.epp_profiles) else "default", epp_site=args.epp_site, py_spy_dir=args.py_spy_dir,
         gateway_replicas=args.gateway_replicas, gateway_redis=args.gateway_redis,
+        overhead_replicas=tuple(int(x) for x in _floats(args.overhead_replicas)),
     )
 
 

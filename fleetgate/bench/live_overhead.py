@@ -199,12 +199,13 @@ def _ms(values: tuple[float, float, float]) -> list[float]:
 
 
 async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, window_s: float, drain_s: float,
-                       seed: int, idle_pairs: int = 40, controls_ms: tuple[float, ...] = ()) -> dict[str, Any]:
+                       seed: int, idle_pairs: int = 40, controls_ms: tuple[float, ...] = (), replicas: int = 0
+                       ) -> dict[str, Any]:
     session, urls = ctx.session, ctx.urls
     await live_engines.wait_idle(session, urls, timeout_s=30)
     if ctx.resets:
         await live_engines.reset_prefix_caches(session, urls)
-    gateway = await start_gateway_door(ctx, ctx.profiles[profile])
+    gateway = await start_gateway_door(ctx, ctx.profiles[profile], replicas=replicas)
     try:
         prober = Prober(ctx, gateway.url, replicas=gateway.urls)
         usage_before = await usage_each(session, gateway, ctx.keys.admin)
@@ -218,7 +219,8 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         probes_before = prober.gateway_requests
         mid0 = await live_engines.counters(session, urls)
         spy_dir, pid = ctx.py_spy_dir, gateway.replicas[0].popen.pid  # replica 0's profile
-        sampler = (live_pyspy.start(pid, live_pyspy.point_file(spy_dir, f"overhead {profile}"), duration_s=window_s)
+        sampler = (live_pyspy.start(pid, live_pyspy.point_file(spy_dir, f"overhead {profile} x{len(gateway.replicas)}"),
+                                    duration_s=window_s)
                    if spy_dir else None)
         lag = LoopLag()
         lag.start()

@@ -60,6 +60,7 @@ class PointSpec:
     tag: str = "routing"  # routing | accounting | accounting-finish | overhead | door | door-latency
     server: tuple[tuple[str, Any], ...] = ()  # gateway `server` settings for this point (e.g. cancel_finish_tokens)
     door: str = "gateway"  # gateway | envoy+epp (`fleetgate.bench.live_epp`)
+    replicas: int = 0  # gateway processes of this point's door; 0: the run's `gateway_replicas`
 
     @property
     def name(self) -> str:
@@ -102,10 +103,11 @@ class LiveContext:
     redis_server: str | None = None  # the redis-server binary the doors' replicas share; None: in-memory state
 
 
-async def start_gateway_door(ctx: LiveContext, profile: Profile, *, server: dict[str, Any] | None = None
-                             ) -> GatewayGroup:
-    """The gateway door of `profile`: `ctx.gateway_replicas` processes (sharing a fresh Redis when it is set)."""
-    return await asyncio.to_thread(start_gateways, profile, replicas=ctx.gateway_replicas,
+async def start_gateway_door(ctx: LiveContext, profile: Profile, *, server: dict[str, Any] | None = None,
+                             replicas: int = 0) -> GatewayGroup:
+    """The gateway door of `profile`: `replicas` processes, or `ctx.gateway_replicas` when 0 (sharing a fresh
+    Redis when there are several or the context has one)."""
+    return await asyncio.to_thread(start_gateways, profile, replicas=replicas or ctx.gateway_replicas,
                                    redis_binary=ctx.redis_server, model=ctx.model, urls=ctx.urls, keys=ctx.keys,
                                    workdir=ctx.workdir, kv_events=ctx.kv_events, server=server)
 

@@ -107,6 +107,7 @@ class LiveOptions:
     epp_site: str = ""  # a site directory first on the picker's path (the GPU machine's gRPC packages)
     py_spy_dir: Path | None = None  # py-spy samples of each gateway point (`fleetgate.bench.live_pyspy`)
     gateway_replicas: int = 1  # gateway processes per door, sharing one Redis when > 1 (`live_replicas`)
+    overhead_replicas: tuple[int, ...] = ()  # the overhead phase once per count (same requests); (): gateway_replicas
     gateway_redis: bool = False  # state in Redis even with one replica (the shared state's own cost)
 
 
@@ -218,9 +219,10 @@ def plan(options: LiveOptions, base_rate: float) -> list[PointSpec]:
             out.append(replace(accounting, tag="accounting-finish",
                                server=(("cancel_finish_tokens", o.accounting_finish_tokens),)))
     if o.overhead_window_s > 0:
-        out.append(PointSpec(workload="shared-prefix", profile=o.overhead_profile, load=1.0, rate=base_rate,
-                             window_s=o.overhead_window_s, drain_s=o.drain_s, seed=_seed(o.seed, "overhead", 1.0),
-                             tag="overhead"))
+        for replicas in o.overhead_replicas or (o.gateway_replicas,):
+            out.append(PointSpec(workload="shared-prefix", profile=o.overhead_profile, load=1.0, rate=base_rate,
+                                 window_s=o.overhead_window_s, drain_s=o.drain_s, replicas=replicas,
+                                 seed=_seed(o.seed, "overhead", 1.0), tag="overhead"))
     for load in o.unique_loads:
         for profile in o.unique_profiles:
             out.append(PointSpec(workload="unique", profile=profile, load=load, rate=base_rate * load,
@@ -320,7 +322,8 @@ def _point_line(row: dict[str, Any]) -> str:
 
 async def _context(session: aiohttp.ClientSession, urls: list[str], options: LiveOptions, workdir: Path
                    ) -> tuple[LiveContext, dict[str, Any]]:
-    redis = require_redis(options.gateway_replicas, redis=options.gateway_redis)  # before anything runs
+    # before anything runs
+    redis = require_redis(max((options.gateway_replicas, *options.overhead_replicas)), redis=options.gateway_redis)
     model = await live_engines.model_name(session, urls[0])
     cpt = await live_engines.chars_per_token(session, urls[0], model=model)
     snaps = await live_engines.counters(session, urls)
@@ -419,7 +422,7 @@ async def run_live(urls: list[str], options: LiveOptions, *, out_dir: Path, work
                     row = await run_overhead(ctx, profile=spec.profile, base_rate=spec.rate, window_s=spec.window_s,
                                              drain_s=spec.drain_s, seed=spec.seed,
                                              idle_pairs=options.overhead_idle_pairs,
-                                             controls_ms=options.overhead_controls_ms)
+                                             controls_ms=options.overhead_controls_ms, replicas=spec.replicas)
                     rec.add(row)
                     log(f"overhead ({row['gateway_replicas']} gateway replica(s)): "
                         f"+{row['idle_added_ms'][0]:.2f} ms idle, "

@@ -30,3 +30,13 @@ def test_report_shows_controls_beside_the_gateway_pairs() -> None:
     assert "8.0% of them over 5 ms" in text
     assert "| 0.5 | 0.55 | 2 | +13.00" in text and "| 50.0% |" in text
     assert control_lines({"loaded_share_over_5ms": 0.1}) == []
+
+
+def test_the_overhead_phase_runs_once_per_replica_count_on_the_same_requests() -> None:
+    from fleetgate.bench.live_routing import LiveOptions, plan
+
+    specs = [s for s in plan(LiveOptions(loads=[], overhead_replicas=(1, 2)), 10.0) if s.tag == "overhead"]
+    assert [s.replicas for s in specs] == [1, 2]
+    assert len({s.seed for s in specs}) == 1  # the same background requests for both counts
+    default = [s for s in plan(LiveOptions(loads=[], gateway_replicas=3), 10.0) if s.tag == "overhead"]
+    assert [s.replicas for s in default] == [3]
