@@ -27,6 +27,8 @@ def test_two_gateway_replicas_per_door_on_simulated_engines(tmp_path: Path) -> N
         calibrate=False, budget_s=120.0, overhead_idle_pairs=8, gateway_replicas=2,
         sizes=Sizes(prefix_tokens=256, question_tokens=32, output_tokens=8, tenants=3),
     )
+    # children this process had before (in a whole-suite run, other tests' session Redis servers among them)
+    before = set(_live_children())
     with sim_engines(replicas=2, kv_blocks=256, time_scale=2.0, log_dir=tmp_path) as urls:
         rows = asyncio.run(run_live(urls, options, out_dir=tmp_path, workdir=tmp_path, log=lambda _: None))
     meta = rows[0]
@@ -54,7 +56,9 @@ def test_two_gateway_replicas_per_door_on_simulated_engines(tmp_path: Path) -> N
     assert "Gateway: 2 replica processes per door sharing one redis-server" in text
     assert "2 gateway replica(s): loaded added time replica 0:" in text and "ledger shared" in text
     # every replica and its Redis stopped with its door: no child of this process is left running either
-    assert not [cmd for cmd in _live_children() if "redis-server" in cmd or "fleetgate.bench.live_gateway" in cmd]
+    left = [cmd for cmd in set(_live_children()) - before
+            if "redis-server" in cmd or "fleetgate.bench.live_gateway" in cmd]
+    assert not left, left
 
 
 def _live_children() -> list[str]:
