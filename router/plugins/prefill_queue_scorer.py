@@ -86,14 +86,14 @@ class PrefillQueueScorer:
 
     def score(self, req: RoutingRequest, cycle: CycleState, endpoints: Sequence[Endpoint]) -> list[float]:
         self._expire()
+        if self.sync is not None and self._sync_task is None:  # the first decision starts it: it needs the loop
+            self._sync_task = asyncio.create_task(self.sync.run(self._snapshot), name="prefill-queue-sync")
         cached = cycle.get(CACHED_SHARE, {})
         if self.warm_share is not None and any(cached.get(e.id, 0.0) >= self.warm_share for e in endpoints):
             return [1.0] * len(endpoints)  # a warm prompt: prefix affinity and its hotspot guard decide
         if self.sync is None:
             queued = [self.queued.get(e.id, 0.0) for e in endpoints]
         else:
-            if self._sync_task is None:  # started by the first decision: it needs the running event loop
-                self._sync_task = asyncio.create_task(self.sync.run(self._snapshot), name="prefill-queue-sync")
             others = self.sync.others()
             queued = [self.queued.get(e.id, 0.0) + others.get(e.id, 0.0) for e in endpoints]
         if self.include_own:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
 from fleetgate.core.errors import ConfigError
@@ -12,6 +13,7 @@ from fleetgate.core.types import Endpoint
 from fleetgate.router.build import build_scheduler
 from fleetgate.router.config import RoutingConfig
 from fleetgate.router.fleet_state import FleetState
+from fleetgate.router.plugins.base import CACHED_SHARE
 from fleetgate.router.plugins.prefill_queue_scorer import PrefillQueueScorer
 from fleetgate.router.prefill_sync import PrefillQueueSync
 from fleetgate.router.scheduler import PluginScheduler
@@ -181,3 +183,18 @@ def test_without_a_sync_the_scorer_counts_its_own_queue_only() -> None:
     s = PrefillQueueScorer(name="p", state=FleetState(clock=Clock()), include_own=False)
     s.on_start(req("r", 4_000), {}, EPS[0])
     assert s.score(req("q", 100), {}, EPS) == pytest.approx([1 - 1_000 / 2048, 1.0])
+
+
+async def test_a_replica_whose_prompts_are_all_warm_still_shares_its_queue() -> None:
+    """With warmShare the scorer abstains for warm prompts; the sync must start anyway: those prompts' uncached
+    tails are queued prefill the other replicas should count."""
+    store, clock = MemoryKVStore(), Clock()
+    sync = PrefillQueueSync(kvstore=store, replica_id="a", clock=clock)
+    s = PrefillQueueScorer(name="p", state=FleetState(clock=clock), warm_share=0.5, sync=sync)
+    warm = {CACHED_SHARE: {"e0": 0.9, "e1": 0.0}}
+    assert s.score(req("w", 8_000), warm, EPS) == [1.0, 1.0]
+    s.on_start(req("w", 8_000), warm, EPS[0])
+    await asyncio.sleep(0.1)
+    await s.aclose()
+    [(_, raw)] = (await store.log_read(sync.log_key))[-1:]
+    assert orjson.loads(raw) == {"r": "a", "q": {"e0": 200.0}}
