@@ -1,0 +1,112 @@
+"""Two gateway replicas' schedulers see each other's queued prefill through a real Redis (issue 24)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from fleetgate.core.kvstore import RedisKVStore
+from fleetgate.core.localredis import LocalRedis
+from fleetgate.core.types import Endpoint
+from fleetgate.router.build import build_scheduler
+from fleetgate.router.config import RoutingConfig
+from fleetgate.router.plugins.prefill_queue_scorer import PrefillQueueScorer
+from fleetgate.router.scheduler import PluginScheduler
+from fleetgate.router.types import RoutingRequest
+
+EPS = [Endpoint(id=f"e{i}", url=f"http://e{i}", model="m") for i in range(4)]
+
+
+def req(rid: str, chars: int) -> RoutingRequest:
+    return RoutingRequest(request_id=rid, model="m", prompt_text=f"{rid} " + "unique words " * (chars // 13))
+
+
+def prefill_of(sched: PluginScheduler) -> PrefillQueueScorer:
+    [plugin] = [p for p in sched.profile.first_token if isinstance(p, PrefillQueueScorer)]
+    return plugin
+
+
+async def test_replica_b_routes_around_the_prefill_replica_a_queued(redis_url: str) -> None:
+    """The shipped default profile: A sends a long cold prompt to e0; after a sync, B's queued-prefill
+    scorer counts it and B's cold prompts go elsewhere; when its first token comes, B stops counting it."""
+    store_a, store_b = RedisKVStore(redis_url), RedisKVStore(redis_url)
+    a = build_scheduler(RoutingConfig(), kvstore=store_a, scrape=False, seed=1, namespace="t")
+    b = build_scheduler(RoutingConfig(), kvstore=store_b, scrape=False, seed=2, namespace="t")
+    try:
+        await a.pick(req("warm-a", 100), EPS)  # a replica's first decision starts its background sync
+        await b.pick(req("warm-b", 100), EPS)
+        await asyncio.sleep(0.1)
+        long = req("long", 4 * 8_000)
+        a.on_start(long, EPS[0])
+        await asyncio.sleep(0.2)  # > 2 x the 50 ms interval + round trips
+        scorer_b = prefill_of(b)
+        assert scorer_b.queued == {}  # B itself queued nothing
+        scores = scorer_b.score(req("probe", 4_000), {}, EPS)
+        assert scores[0] < 0.1 and min(scores[1:]) > 0.9
+        for i in range(6):
+            assert (await b.pick(req(f"b{i}", 4_000), EPS)).endpoint.id != "e0"
+        a.on_first_token(long, EPS[0])
+        await asyncio.sleep(0.2)
+        assert scorer_b.score(req("probe", 4_000), {}, EPS) == [1.0] * 4
+    finally:
+        await a.aclose()
+        await b.aclose()
+        await store_a.close()
+        await store_b.close()
+
+
+@pytest.fixture
+async def own_redis() -> AsyncIterator[LocalRedis]:
+    """A redis-server of this test's own, which it kills."""
+    server = LocalRedis().start()
+    yield server
+    server.stop()
+
+
+def short_lived(store: RedisKVStore, seed: int) -> PluginScheduler:
+    cfg = RoutingConfig.model_validate({
+        "plugins": [{"type": "prefill-queue-scorer", "name": "prefill",
+                     "parameters": {"includeOwn": False, "syncMaxAgeS": 0.5}},
+                    {"type": "max-score-picker", "name": "pick"}],
+        "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "prefill"}, {"pluginRef": "pick"}]}],
+    })
+    return build_scheduler(cfg, kvstore=store, scrape=False, seed=seed)
+
+
+async def test_a_dead_replica_stops_counting_and_a_dead_store_fails_open(own_redis: LocalRedis) -> None:
+    store_a = RedisKVStore(own_redis.url, socket_timeout_s=0.1)
+    store_b = RedisKVStore(own_redis.url, socket_timeout_s=0.1)
+    a, b = short_lived(store_a, 1), short_lived(store_b, 2)
+    scorer_b = prefill_of(b)
+    try:
+        await a.pick(req("warm-a", 100), EPS)
+        await b.pick(req("warm-b", 100), EPS)
+        await asyncio.sleep(0.1)
+        a.on_start(req("long", 4 * 8_000), EPS[0])
+        await asyncio.sleep(0.2)
+        assert scorer_b.score(req("p", 100), {}, EPS)[0] < 0.1
+        await a.aclose()  # replica A dies with its prefill still queued: it never writes its empty map
+        await asyncio.sleep(0.3)
+        assert scorer_b.score(req("p", 100), {}, EPS)[0] < 0.1  # still fresh (< 0.5 s)
+        await asyncio.sleep(0.4)
+        assert scorer_b.score(req("p", 100), {}, EPS) == [1.0] * 4  # stale: ignored
+
+        # The store dies under B: decisions go on, at once, on B's own figures.
+        b_req = req("b-long", 4 * 8_000)
+        b.on_start(b_req, EPS[1])
+        own_redis.kill()
+        await asyncio.sleep(0.3)  # several failing background syncs
+        loop = asyncio.get_running_loop()
+        for i in range(5):
+            t0 = loop.time()
+            d = await b.pick(req(f"q{i}", 4_000), EPS)
+            assert loop.time() - t0 < 0.05  # no decision waits on the dead store
+            assert d.endpoint.id != "e1"
+        assert scorer_b.sync is not None and scorer_b.sync.others() == {}
+    finally:
+        await a.aclose()
+        await b.aclose()
+        await store_a.close()
+        await store_b.close()
