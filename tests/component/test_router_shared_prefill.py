@@ -28,12 +28,20 @@ def prefill_of(sched: PluginScheduler) -> PrefillQueueScorer:
     return plugin
 
 
+def default_shared() -> RoutingConfig:
+    """The shipped default profile with queued prefill shared (`shared: true`; it ships off)."""
+    data = RoutingConfig().model_dump(by_alias=True, mode="json")
+    [spec] = [p for p in data["plugins"] if p["type"] == "prefill-queue-scorer"]
+    spec["parameters"] = {**(spec.get("parameters") or {}), "shared": True}
+    return RoutingConfig.model_validate(data)
+
+
 async def test_replica_b_routes_around_the_prefill_replica_a_queued(redis_url: str) -> None:
-    """The shipped default profile: A sends a long cold prompt to e0; after a sync, B's queued-prefill
+    """The shipped default profile with sharing on: A sends a long cold prompt to e0; after a sync, B's queued-prefill
     scorer counts it and B's cold prompts go elsewhere; when its first token comes, B stops counting it."""
     store_a, store_b = RedisKVStore(redis_url), RedisKVStore(redis_url)
-    a = build_scheduler(RoutingConfig(), kvstore=store_a, scrape=False, seed=1, namespace="t")
-    b = build_scheduler(RoutingConfig(), kvstore=store_b, scrape=False, seed=2, namespace="t")
+    a = build_scheduler(default_shared(), kvstore=store_a, scrape=False, seed=1, namespace="t")
+    b = build_scheduler(default_shared(), kvstore=store_b, scrape=False, seed=2, namespace="t")
     try:
         await a.pick(req("warm-a", 100), EPS)  # a replica's first decision starts its background sync
         await b.pick(req("warm-b", 100), EPS)
@@ -68,7 +76,7 @@ async def own_redis() -> AsyncIterator[LocalRedis]:
 def short_lived(store: RedisKVStore, seed: int) -> PluginScheduler:
     cfg = RoutingConfig.model_validate({
         "plugins": [{"type": "prefill-queue-scorer", "name": "prefill",
-                     "parameters": {"includeOwn": False, "syncMaxAgeS": 0.5}},
+                     "parameters": {"shared": True, "includeOwn": False, "syncMaxAgeS": 0.5}},
                     {"type": "max-score-picker", "name": "pick"}],
         "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "prefill"}, {"pluginRef": "pick"}]}],
     })

@@ -165,12 +165,20 @@ async def test_two_schedulers_route_around_each_others_queued_prefill() -> None:
     assert scorer_a._sync_task is not None and scorer_a._sync_task.done()
 
 
-def test_sharing_follows_the_store() -> None:
-    cfg = RoutingConfig()
-    for kvstore, shared in ((None, False), (MemoryKVStore(), False)):
-        sched = build_scheduler(cfg, kvstore=kvstore, scrape=False)
+def test_sharing_is_opt_in_and_auto_follows_the_store() -> None:
+    from fleetgate.core.kvstore import RedisKVStore
+
+    redis = RedisKVStore("redis://127.0.0.1:9")  # never reached: the sync starts at the first decision
+    cases = [(None, None, False), (MemoryKVStore(), None, False), (redis, None, False),  # the shipped default: off
+             (redis, "auto", True), (MemoryKVStore(), "auto", False), (redis, True, True), (None, True, False)]
+    for kvstore, shared, on in cases:
+        data = RoutingConfig().model_dump(by_alias=True, mode="json")
+        if shared is not None:
+            [spec] = [p for p in data["plugins"] if p["type"] == "prefill-queue-scorer"]
+            spec["parameters"] = {**(spec.get("parameters") or {}), "shared": shared}
+        sched = build_scheduler(RoutingConfig.model_validate(data), kvstore=kvstore, scrape=False)
         [plugin] = [p for p in sched.profile.first_token if isinstance(p, PrefillQueueScorer)]
-        assert (plugin.sync is not None) is shared
+        assert (plugin.sync is not None) is on, (kvstore, shared)
 
 
 @pytest.mark.parametrize("parameters", [{"shared": "yes"}, {"syncIntervalS": 0}, {"syncMaxAgeS": -1}])
