@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -83,15 +84,27 @@ def short_lived(store: RedisKVStore, seed: int) -> PluginScheduler:
     return build_scheduler(cfg, kvstore=store, scrape=False, seed=seed)
 
 
-async def test_a_dead_replica_stops_counting_and_a_dead_store_fails_open(own_redis: LocalRedis) -> None:
-    store_a = RedisKVStore(own_redis.url, socket_timeout_s=0.1)
-    store_b = RedisKVStore(own_redis.url, socket_timeout_s=0.1)
+@contextlib.asynccontextmanager
+async def two_replicas(redis: LocalRedis) -> AsyncIterator[tuple[PluginScheduler, PluginScheduler]]:
+    """Replicas A and B (short-lived maps) on one Redis, their syncs started; closed with their stores."""
+    store_a = RedisKVStore(redis.url, socket_timeout_s=0.1)
+    store_b = RedisKVStore(redis.url, socket_timeout_s=0.1)
     a, b = short_lived(store_a, 1), short_lived(store_b, 2)
-    scorer_b = prefill_of(b)
     try:
-        await a.pick(req("warm-a", 100), EPS)
+        await a.pick(req("warm-a", 100), EPS)  # a replica's first decision starts its background sync
         await b.pick(req("warm-b", 100), EPS)
         await asyncio.sleep(0.1)
+        yield a, b
+    finally:
+        await a.aclose()
+        await b.aclose()
+        await store_a.close()
+        await store_b.close()
+
+
+async def test_a_dead_replica_stops_counting_and_a_dead_store_fails_open(own_redis: LocalRedis) -> None:
+    async with two_replicas(own_redis) as (a, b):
+        scorer_b = prefill_of(b)
         a.on_start(req("long", 4 * 8_000), EPS[0])
         await asyncio.sleep(0.2)
         assert scorer_b.score(req("p", 100), {}, EPS)[0] < 0.1
@@ -113,8 +126,30 @@ async def test_a_dead_replica_stops_counting_and_a_dead_store_fails_open(own_red
             assert loop.time() - t0 < 0.05  # no decision waits on the dead store
             assert d.endpoint.id != "e1"
         assert scorer_b.sync is not None and scorer_b.sync.others() == {}
-    finally:
-        await a.aclose()
-        await b.aclose()
-        await store_a.close()
-        await store_b.close()
+
+
+async def test_a_stalled_store_neither_delays_decisions_nor_keeps_stale_maps(own_redis: LocalRedis) -> None:
+    """Redis stops answering (SIGSTOP: the socket stays open, nothing comes back) rather than dying: decisions go on
+    at once, the other replica's map ages out, and sharing resumes when Redis answers again."""
+    import os
+    import signal
+
+    assert own_redis.pid is not None
+    async with two_replicas(own_redis) as (a, b):
+        scorer_b = prefill_of(b)
+        a.on_start(req("long", 4 * 8_000), EPS[0])
+        await asyncio.sleep(0.2)
+        assert scorer_b.score(req("p", 100), {}, EPS)[0] < 0.1  # A's queue seen through Redis
+        os.kill(own_redis.pid, signal.SIGSTOP)
+        try:
+            loop = asyncio.get_running_loop()
+            for i in range(5):
+                t0 = loop.time()
+                await b.pick(req(f"q{i}", 100), EPS)
+                assert loop.time() - t0 < 0.05  # no decision waits on the stalled store
+            await asyncio.sleep(0.8)  # past syncMaxAgeS (0.5 s) with every sync timing out
+            assert scorer_b.score(req("p", 100), {}, EPS) == [1.0] * 4  # A's map is no longer trusted
+        finally:
+            os.kill(own_redis.pid, signal.SIGCONT)
+        await asyncio.sleep(0.4)  # both replicas sync again
+        assert scorer_b.score(req("p", 100), {}, EPS)[0] < 0.1  # A's still-queued prefill counts again
