@@ -16,10 +16,10 @@ With `shared` (opt-in) and several gateway replicas sharing a store (`redis_url`
 through it (`fleetgate.router.prefill_sync`: a background sync every `syncIntervalS`, maps older than
 `syncMaxAgeS` ignored, local figures alone while the store is down) and P_e below counts every replica's queue:
 this replica's own entries plus the others' last-known totals. Without it each replica sees about 1/N of the queue
-(issue 24: two replicas' background TTFT p50 0.15 s against one's 0.089 s on 2 H200s). It ships off: the GPU run
-meant to judge it ran out of device time before its engines were up, and on the CPU box's simulator it helped at
-10 requests/s (two/one TTFT p50 ratio 1.28 -> 1.15) but was worse past saturation in both runs (1.15 -> 1.96,
-1.02 -> 1.60; docs/reports/gateway-replicas.md). A default needs the GPU measurement.
+(issue 24: two replicas' background TTFT p50 0.15 s against one's 0.089 s on 2 H200s, the likely cause).
+It ships off: the GPU run meant to judge it ran out of device time before its engines were up, and on the CPU
+box's simulator it helped at 10 requests/s (two/one TTFT p50 ratio 1.28 -> 1.15) but was worse past saturation in
+both runs (1.15 -> 1.96, 1.02 -> 1.60; docs/reports/gateway-replicas.md). A default needs the GPU measurement.
 
 Formula: W_e = P_e + t x (1 - c_e g_e), the prefill e would do before this request's first token: P_e, the sum
 of e's entries, plus this request's own uncached tokens there (`includeOwn`, default on; off: W_e = P_e), with
