@@ -52,6 +52,8 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--short-window", type=float, default=8.0, help="seconds per point for the other points")
     g.add_argument("--drain", type=float, default=20.0, help="most seconds a point waits for its backlog")
     g.add_argument("--overhead-window", type=float, default=12.0)
+    g.add_argument("--overhead-profiles", default="default", help="routing profiles of the overhead phase "
+                   "(comma-separated; each once per --overhead-replicas count, profile by profile)")
     g.add_argument("--overhead-controls", default="", help="control pairs beside the gateway's: two direct "
                    "requests, the second sent this many ms later (comma-separated), what the paired probe charges a "
                    "known pure delay")
@@ -121,6 +123,7 @@ def options_from_args(args: argparse.Namespace) -> LiveOptions:
         unique_profiles=_names(args.unique_profiles), chat_loads=_floats(args.chat_loads), chat_users=args.chat_users,
         chat_profiles=_names(args.chat_profiles), accounting_cancel_share=args.accounting_cancel_share,
         accounting_finish_tokens=args.accounting_finish_tokens,
+        overhead_profiles=_names(args.overhead_profiles),
         overhead_window_s=args.overhead_window, overhead_controls_ms=tuple(_floats(args.overhead_controls)),
         probe_s=args.probe_seconds, probe_concurrency=args.probe_concurrency,
         base_rate=args.base_rate, calibrate=not args.no_calibrate,

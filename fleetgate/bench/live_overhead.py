@@ -263,6 +263,7 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         "loaded_share_over_5ms": round(over_5ms(loaded), 4),
         "controls": control_rows(prober.control_pairs),
         "background_requests": len(results), "background_ttft_p50_s": ttft_p50,
+        "background_ttft_p90_s": quantile(ok, 0.9) if ok else None,
         "added_share_of_ttft_p50": loaded_ci[0] / ttft_p50 if ok and ttft_p50 > 0 else None,
         "output_tps": window.generation_tokens / elapsed,
         "gateway_cpu_s": cpu, "gateway_requests": served,

@@ -171,7 +171,8 @@ def targets(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None, str]]:
             met = True if upper <= 0.01 else False if share > 0.01 else None  # None: the interval straddles 1%
             replicas = r.get("gateway_replicas", 1)
             door = f", {replicas} gateway replicas" if replicas > 1 else ""
-            out.append((f"gateway overhead <= 1% of TTFT p50 (mean of paired probes, 95% interval{door})", met,
+            out.append((f"gateway overhead <= 1% of TTFT p50 ({r.get('profile', 'default')}{door}; mean of paired "
+                        f"probes, 95% interval)", met,
                         f"+{r['loaded_added_ms'][0]:.2f} ms (95% {r['loaded_added_ms'][1]:.2f}.."
                         f"{r['loaded_added_ms'][2]:.2f}) = {share:.2%} of {r['background_ttft_p50_s']:.3f}s at "
                         f"{r['output_tps']:,.0f} tok/s"))
@@ -374,7 +375,8 @@ def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
     for r in rows:
         if r.get("kind") == "overhead":
             replicas = r.get("gateway_replicas", 1)
-            md += ["", "## Gateway at engine speed" + (f" ({replicas} gateway replicas)" if replicas > 1 else ""), "",
+            md += ["", f"## Gateway at engine speed ({r.get('profile', 'default')}"
+                   + (f", {replicas} gateway replicas)" if replicas > 1 else ")"), "",
                    f"Paired TTFT probes (gateway minus direct, sent at once to the same engine, same-shaped cached "
                    f"prompt), mean with 95% interval and median: idle +{r['idle_added_ms'][0]:.2f} ms "
                    f"({r['idle_added_ms'][1]:.2f}..{r['idle_added_ms'][2]:.2f}; median "
@@ -382,7 +384,8 @@ def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
                    f"+{r['loaded_added_ms'][0]:.2f} ms ({r['loaded_added_ms'][1]:.2f}..{r['loaded_added_ms'][2]:.2f}; "
                    f"median {r['loaded_added_median_ms'][0]:.2f}, p90 {_f(r['loaded_added_p90_ms'], '.2f')}) over "
                    f"{r['loaded_pairs']} pairs while the engines generated {r['output_tps']:,.0f} tok/s; background "
-                   f"TTFT p50 {_f(r['background_ttft_p50_s'], '.3f')} s. "
+                   f"TTFT p50 {_f(r['background_ttft_p50_s'], '.3f')} s, p90 "
+                   f"{_f(r.get('background_ttft_p90_s'), '.3f')} s. "
                    f"Gateway CPU: {r['gateway_cpu_ms_per_request']:.2f} ms per request, "
                    f"{r['gateway_cpu_ms_per_1k_output_tokens']:.2f} ms per 1k output tokens. Client loop lag p99 "
                    f"{r['client_loop_lag_p99_s'] * 1000:.1f} ms.{gateway_loop_line(r.get('gateway_loop'))}"]

@@ -71,7 +71,7 @@ class LiveOptions:
     # > 0: a second accounting row whose gateway lets the engine finish an answer a client left with at most
     # this many tokens to come (`server.cancel_finish_tokens`): no abort, so no step in flight is lost
     accounting_finish_tokens: int = 0
-    overhead_profile: str = "default"
+    overhead_profiles: list[str] = field(default_factory=lambda: ["default"])  # each once per replica count
     overhead_window_s: float = 12.0
     overhead_idle_pairs: int = 40
     overhead_controls_ms: tuple[float, ...] = ()  # control pairs' offsets (`live_overhead.Prober.pairs`)
@@ -219,10 +219,11 @@ def plan(options: LiveOptions, base_rate: float) -> list[PointSpec]:
             out.append(replace(accounting, tag="accounting-finish",
                                server=(("cancel_finish_tokens", o.accounting_finish_tokens),)))
     if o.overhead_window_s > 0:
-        for replicas in o.overhead_replicas or (o.gateway_replicas,):
-            out.append(PointSpec(workload="shared-prefix", profile=o.overhead_profile, load=1.0, rate=base_rate,
-                                 window_s=o.overhead_window_s, drain_s=o.drain_s, replicas=replicas,
-                                 seed=_seed(o.seed, "overhead", 1.0), tag="overhead"))
+        for profile in o.overhead_profiles:  # the same requests for every profile and replica count
+            for replicas in o.overhead_replicas or (o.gateway_replicas,):
+                out.append(PointSpec(workload="shared-prefix", profile=profile, load=1.0, rate=base_rate,
+                                     window_s=o.overhead_window_s, drain_s=o.drain_s, replicas=replicas,
+                                     seed=_seed(o.seed, "overhead", 1.0), tag="overhead"))
     for load in o.unique_loads:
         for profile in o.unique_profiles:
             out.append(PointSpec(workload="unique", profile=profile, load=load, rate=base_rate * load,
@@ -332,7 +333,7 @@ async def _context(session: aiohttp.ClientSession, urls: list[str], options: Liv
                               block_size=options.block_size)
     doors = [*options.epp_profiles, options.epp_latency_profile] if options.epp_loads else []
     wanted = dict.fromkeys([*options.profiles, *options.unique_profiles, *options.chat_profiles,
-                            options.accounting_profile, options.overhead_profile, *doors])
+                            options.accounting_profile, *options.overhead_profiles, *doors])
     profiles: dict[str, Profile] = {}
     unknown: dict[str, str] = {}
     for name in wanted:
@@ -424,12 +425,13 @@ async def run_live(urls: list[str], options: LiveOptions, *, out_dir: Path, work
                                              idle_pairs=options.overhead_idle_pairs,
                                              controls_ms=options.overhead_controls_ms, replicas=spec.replicas)
                     rec.add(row)
-                    log(f"overhead ({row['gateway_replicas']} gateway replica(s)): "
+                    log(f"overhead ({row['profile']}, {row['gateway_replicas']} gateway replica(s)): "
                         f"+{row['idle_added_ms'][0]:.2f} ms idle, "
                         f"+{row['loaded_added_ms'][0]:.2f} ms "
                         f"under load (95% {row['loaded_added_ms'][1]:.2f}..{row['loaded_added_ms'][2]:.2f}) = "
                         f"{(row['added_share_of_ttft_p50'] or 0):.2%} of TTFT p50, gateway CPU "
-                        f"{row['gateway_cpu_ms_per_request']:.2f} ms/request at {row['output_tps']:.0f} tok/s")
+                        f"{row['gateway_cpu_ms_per_request']:.2f} ms/request at {row['output_tps']:.0f} tok/s; "
+                        f"background TTFT p50 {row['background_ttft_p50_s']:.3f} s")
                 else:
                     row = await run_point(ctx, spec)
                     rec.add(row)

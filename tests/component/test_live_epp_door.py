@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(envoy_binary() is None, reason="the Envoy binary
 async def _run(urls: list[str], workdir: Path) -> tuple[list[dict], dict]:
     options = LiveOptions(profiles=[], unique_profiles=[], chat_profiles=[], epp_loads=[1.0],
                           epp_profiles=["least-loaded"], epp_latency_profile="least-loaded",
-                          accounting_profile="least-loaded", overhead_profile="least-loaded",
+                          accounting_profile="least-loaded", overhead_profiles=["least-loaded"],
                           sizes=Sizes(prefix_tokens=256, question_tokens=32, output_tokens=8, tenants=2))
     async with aiohttp.ClientSession() as session:
         ctx, _ = await _context(session, urls, options, workdir)

@@ -40,3 +40,27 @@ def test_the_overhead_phase_runs_once_per_replica_count_on_the_same_requests() -
     assert len({s.seed for s in specs}) == 1  # the same background requests for both counts
     default = [s for s in plan(LiveOptions(loads=[], gateway_replicas=3), 10.0) if s.tag == "overhead"]
     assert [s.replicas for s in default] == [3]
+
+
+def test_the_overhead_phase_runs_each_profile_at_each_replica_count_on_the_same_requests() -> None:
+    from fleetgate.bench.live_routing import LiveOptions, plan
+
+    options = LiveOptions(loads=[], overhead_profiles=["default", "default-shared"], overhead_replicas=(1, 2))
+    specs = [s for s in plan(options, 10.0) if s.tag == "overhead"]
+    assert [(s.profile, s.replicas) for s in specs] == [("default", 1), ("default", 2), ("default-shared", 1),
+                                                        ("default-shared", 2)]
+    assert len({s.seed for s in specs}) == 1
+
+
+def test_the_cli_splits_the_overhead_profiles() -> None:
+    import argparse
+
+    from fleetgate.bench.live_cli import add_live_arguments, options_from_args
+
+    parser = argparse.ArgumentParser()
+    add_live_arguments(parser)
+    parser.add_argument("--prefix-tokens", type=int, default=None)  # added by the commands that embed these options
+    parser.add_argument("--kv-tokens", type=int, default=None)
+    assert options_from_args(parser.parse_args([])).overhead_profiles == ["default"]
+    args = parser.parse_args(["--overhead-profiles", "default, default-shared"])
+    assert options_from_args(args).overhead_profiles == ["default", "default-shared"]
