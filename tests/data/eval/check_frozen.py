@@ -6,7 +6,7 @@ Usage (from the repository root):
 
 Checks every row of `cache_pairs.<set>.jsonl` and `cache_conversations.<set>.jsonl` (set `frozen`, the default,
 ids `cp-frz-`/`cc-frz-`; `frozen2`, ids `cp-fz2-`/`cc-fz2-`; `frozen3`, ids `cp-fz3-`/`cc-fz3-`;
-or `frozen4`, ids `cp-fz4-`/`cc-fz4-`)
+`frozen4`, ids `cp-fz4-`/`cc-fz4-`; `frozen5`, ids `cp-fz5-`/`cc-fz5-`; or `frozen6`, ids `cp-fz6-`/`cc-fz6-`)
 against the schema of the shared README (keys, id format, kind/label consistency, message shape, the structural
 rule of each conversation kind), that ids and pairs are unique, and, with `--dev`, that no prompt or message text equals
 (case-insensitively) one in the dev files. Prints the count tables used in this folder's README.
@@ -71,9 +71,14 @@ PAIR_KEYS = {"id", "a", "b", "same", "kind", "domain"}
 CONV_KEYS = {"id", "conv_a", "conv_b", "same", "kind"}
 ROLES = {"system", "user", "assistant"}
 # Each frozen set: its file-name suffix and the id prefixes of its pair and conversation rows.
-SETS = {"frozen": ("cp-frz", "cc-frz"), "frozen2": ("cp-fz2", "cc-fz2"), "frozen3": ("cp-fz3", "cc-fz3"),
-        "frozen4": ("cp-fz4", "cc-fz4"),
-        "frozen5": ("cp-fz5", "cc-fz5")}
+SETS = {
+    "frozen": ("cp-frz", "cc-frz"),
+    "frozen2": ("cp-fz2", "cc-fz2"),
+    "frozen3": ("cp-fz3", "cc-fz3"),
+    "frozen4": ("cp-fz4", "cc-fz4"),
+    "frozen5": ("cp-fz5", "cc-fz5"),
+    "frozen6": ("cp-fz6", "cc-fz6"),
+}
 # The domains a set's pair rows may use, by pair id prefix; a prefix not listed uses `DOMAINS`.
 PAIR_DOMAINS = {"cp-fz3": DOMAINS_V3}
 
