@@ -50,7 +50,7 @@ def test_every_frozen_set_is_pinned() -> None:
     assert sorted(p.name for p in EVAL.glob("*.frozen*.jsonl")) == sorted(_pins())
 
 
-@pytest.mark.parametrize("name", ["frozen", "frozen2", "frozen3", "frozen4", "frozen5"])
+@pytest.mark.parametrize("name", ["frozen", "frozen2", "frozen3", "frozen4", "frozen5", "frozen6"])
 def test_cache_sets_pass_the_schema_checker(name: str) -> None:
     checker = _checker()
     pair_prefix, conv_prefix = checker.SETS[name]
