@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from fleetgate.cache.tokenalign import ALIGN_FEATURES, NEUTRAL, Words, align_features, content_weight
+from fleetgate.cache.wordmatch import zipf
 
 RESIDUAL_TAU = 0.75  # best-match cosine below this: a word the other prompt does not explain
 # The head's output range. Its out-of-fold scores on the development rows lie in [-1.4, 1.5] (1st to 99th
@@ -47,6 +48,57 @@ RESIDUAL_FEATURES = ("align_residual",)
 # available (tests with the hashing embedder): perfect alignment, nothing left unexplained
 STATE_FEATURES: tuple[str, ...] = (*ALIGN_FEATURES, *RESIDUAL_FEATURES)
 STATE_NEUTRAL: tuple[float, ...] = (*NEUTRAL, 0.0)
+
+# Round 7 of issue 30 measured asymmetric alignment features: per side, the rarity-weighted share of its content
+# words that the other side leaves unexplained (`side_shares`: the larger share, the smaller and their
+# difference, so the input stays symmetric), the same as unexplained weight (`side_mass`), and the residual head
+# fed each side's unexplained words separately (`side_residual_inputs`). None is an input of the shipped model:
+# refitted with them, the model made the same number of false hits within one on every left-out source and in
+# grouped cross-validation (docs/reports/cache-precision-round7.md; `scripts/asymmetry/experiment.py` repeats
+# it). They stay here, tested, so that a later refit can name them in `pairfeatures.FEATURES`.
+SIDE_TAU = 0.75  # a content word whose best match on the other side is below this is unexplained
+SIDE_FEATURES = ("asym_share_max", "asym_share_min", "asym_share_gap")
+
+
+def _best(a: Words, b: Words) -> tuple[np.ndarray, np.ndarray]:
+    """Each word's best-match cosine on the other side: (over a's words, over b's words)."""
+    sims = a.vectors @ b.vectors.T
+    return sims.max(axis=1), sims.max(axis=0)
+
+
+def _unexplained(words: Words, best: np.ndarray, tau: float | None, cut: float | None) -> tuple[float, float]:
+    """(unexplained content weight, content weight) of one side; `tau` None: soft, weight x (1 - best); `cut`:
+    weights max(0, cut - Zipf frequency) instead of `content_weight`'s (a higher cut counts commoner words)."""
+    weights = np.array([content_weight(w) if cut is None else max(0.0, cut - zipf(w)) for w in words.text])
+    total = float(weights.sum())
+    left = weights * (best < tau) if tau is not None else weights * np.clip(1.0 - best, 0.0, 1.0)
+    return float(left.sum()), total
+
+
+def side_shares(a: Words, b: Words, *, tau: float | None = SIDE_TAU,
+                cut: float | None = None) -> tuple[float, float, float]:
+    """Per side, the rarity-weighted share of its content words left unexplained by the other side (best match
+    below `tau`): (the larger share, the smaller, their difference). Symmetric in a and b; a side without
+    content words counts 0, and (0, 0, 0) when a side has no word."""
+    if not len(a.text) or not len(b.text):
+        return (0.0, 0.0, 0.0)
+    best_a, best_b = _best(a, b)
+    shares = []
+    for words, best in ((a, best_a), (b, best_b)):
+        left, total = _unexplained(words, best, tau, cut)
+        shares.append(left / total if total > 0 else 0.0)
+    high, low = max(shares), min(shares)
+    return (high, low, high - low)
+
+
+def side_mass(a: Words, b: Words, *, tau: float | None = SIDE_TAU,
+              cut: float | None = None) -> tuple[float, float, float]:
+    """`side_shares` with the unexplained content weight itself (not divided by the side's content)."""
+    if not len(a.text) or not len(b.text):
+        return (0.0, 0.0, 0.0)
+    best_a, best_b = _best(a, b)
+    mass = [_unexplained(a, best_a, tau, cut)[0], _unexplained(b, best_b, tau, cut)[0]]
+    return (max(mass), min(mass), max(mass) - min(mass))
 
 
 def residual_inputs(a: Words, b: Words) -> np.ndarray:
@@ -67,6 +119,29 @@ def residual_inputs(a: Words, b: Words) -> np.ndarray:
     sign = 0.0 if abs(gap) < 1e-9 else (1.0 if gap > 0 else -1.0)
     d = sign * (a.vectors.mean(axis=0) - b.vectors.mean(axis=0))
     return np.concatenate([r, d])
+
+
+def side_residual_inputs(a: Words, b: Words, *, tau: float = RESIDUAL_TAU) -> np.ndarray:
+    """[r_more, r_less, d]: `residual_inputs` with the unexplained words' mean state kept per side, the side with
+    more unexplained content weight first (so what one side adds and what the other adds are two inputs, not one
+    pooled mean). Symmetric in a and b (ties: the pooled mean on both)."""
+    dim = a.vectors.shape[1] if a.vectors.ndim == 2 else b.vectors.shape[1]
+    if not len(a.text) or not len(b.text):
+        return np.zeros(3 * dim)
+    best_a, best_b = _best(a, b)
+    means, masses = [], []
+    for words, best in ((a, best_a), (b, best_b)):
+        weights = np.array([content_weight(w) for w in words.text]) * (best < tau)
+        mass = float(weights.sum())
+        masses.append(mass)
+        means.append(weights @ words.vectors / mass if mass > 0 else np.zeros(dim))
+    gap = masses[0] - masses[1]
+    if abs(gap) < 1e-9:
+        pooled = (means[0] + means[1]) / 2
+        return np.concatenate([pooled, pooled, np.zeros(dim)])
+    more, less = (0, 1) if gap > 0 else (1, 0)
+    sign = 1.0 if gap > 0 else -1.0
+    return np.concatenate([means[more], means[less], sign * (a.vectors.mean(axis=0) - b.vectors.mean(axis=0))])
 
 
 @dataclass(frozen=True, slots=True)

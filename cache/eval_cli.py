@@ -5,8 +5,9 @@ Columns, for pairs and for conversations, at the shipped settings:
 - one column per frozen set in `--frozen` (default tests/data/eval): `cache_pairs.NAME.jsonl` with
   `cache_conversations.NAME.jsonl` for every NAME starting with `frozen` (`frozen`, `frozen2`, ...), so a
   set added later shows up by itself. The sets named in `DEVELOPMENT_FROZEN` (`frozen`, `frozen2` and
-  `frozen3`, each reported once, in rounds 1-3 of issue 12) have since been used for development and training:
-  they are marked in-sample; any other (`frozen4`, issue 30) is a held-out set nobody tuned on;
+  `frozen3`, each reported once, in rounds 1-3 of issue 12; `frozen4` and `frozen5`, each held out once in
+  issue 30) have since been used for development and training: they are marked in-sample; any other is a
+  held-out set nobody tuned on;
 - `cv`: out-of-fold results of the pair model on dev + the development frozen sets + the hand-written
   training rows (cache/data), folds grouped by shared prompt, with the shipped threshold: each row is judged
   by a model that saw neither it nor any row sharing a prompt with it.
@@ -36,8 +37,9 @@ DEFAULT_CONFIDENCES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
 _REPO = Path(__file__).resolve().parent.parent
 KINDS = ("pairs", "conversations")
 # frozen sets since used to develop and train (in-sample columns): `frozen` since round 2 of issue 12, `frozen2`
-# since round 3, `frozen3` since issue 30 (its held-out set is `frozen4`)
-DEVELOPMENT_FROZEN = ("frozen", "frozen2", "frozen3")
+# since round 3, `frozen3` since issue 30, `frozen4` and `frozen5` since round 7 of issue 30 (held out once each,
+# in rounds 4 and 6)
+DEVELOPMENT_FROZEN = ("frozen", "frozen2", "frozen3", "frozen4", "frozen5")
 EMBEDDERS = ("minilm-onnx-int8", "minilm-onnx", "minilm", "hashing")  # in-process
 
 
@@ -58,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder with train_pairs.jsonl and train_conversations.jsonl (cross-validation, --fit)")
     parser.add_argument("--fit", action="store_true", help="refit the pair model on dev + the development "
                         "frozen sets + training rows and write it to the package's pair_model.json before evaluating")
+    parser.add_argument("--fit-threshold", type=float, default=None,
+                        help="with --fit: ship this pair model threshold instead of the lowest one whose "
+                        "cross-validated precision's lower bound reaches 98% (the rule's choice is recorded in the "
+                        "model's info)")
     parser.add_argument("--align", action=argparse.BooleanOptionalAction, default=True,
                         help="with --fit: give the model the token-alignment features (MiniLM token states; on "
                         "by default since round 3 of issue 12, where they added recall at equal precision in "
@@ -136,7 +142,7 @@ def training_sets(names: list[str]) -> list[str]:
 
 
 def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: MemoEmbedder, config: CacheConfig,
-                    *, refit: bool, align: bool = True) -> dict[str, Score]:
+                    *, refit: bool, align: bool = True, threshold: float | None = None) -> dict[str, Score]:
     """Out-of-fold scores on the training sets per kind (refitting and writing the model first with `refit`)."""
     import numpy as np
 
@@ -156,10 +162,12 @@ def _cross_validate(sets: dict[str, dict[str, list[dict[str, Any]]]], embedder: 
     data = training.featurize(items, vectors, threshold=config.semantic.threshold,
                               align=None if states is None else lambda a, b: pair_alignment(a, b, states))
     if refit:
-        model, probs = training.fit(data)
+        model, probs = training.fit(data, threshold=threshold)
         pairmodel.MODEL_PATH.write_text(model.to_json(), encoding="utf-8")
         pairmodel.load_model.cache_clear()
-        print(f"pair model refitted on {model.info['candidates']} candidates, threshold {model.threshold} "
+        rule = model.info.get("threshold_rule")
+        print(f"pair model refitted on {model.info['candidates']} candidates, threshold {model.threshold}"
+              + (f" (given; the lower-bound rule chose {rule})" if rule is not None else "") + " "
               f"(cross-validated precision {100 * model.info['cv_precision']:.1f}%, "
               f"recall {100 * model.info['cv_recall']:.1f}%): {pairmodel.MODEL_PATH}")
     else:
@@ -179,7 +187,7 @@ async def _quality(args: argparse.Namespace, sets: dict[str, dict[str, list[dict
     from fleetgate.cache.pairmodel import load_model
 
     sem = shipped.semantic
-    cv = _cross_validate(sets, embedder, shipped, refit=args.fit, align=args.align)
+    cv = _cross_validate(sets, embedder, shipped, refit=args.fit, align=args.align, threshold=args.fit_threshold)
     model = load_model()
     print(f"settings: similarity threshold {sem.threshold}, pair model threshold "
           f"{sem.min_confidence if sem.min_confidence is not None else model.threshold}, top_k {sem.top_k}, "
@@ -236,6 +244,9 @@ async def _quality(args: argparse.Namespace, sets: dict[str, dict[str, list[dict
 async def _evaluate(args: argparse.Namespace) -> int:
     from fleetgate.cache.build import build_embedder, build_prefilter
 
+    if args.fit_threshold is not None and not (args.fit and 0.0 < args.fit_threshold < 1.0):
+        print("fleetgate cache-eval: --fit-threshold needs --fit and a probability between 0 and 1", file=sys.stderr)
+        return 2
     dev = _load(args.data or default_data_dir(), "cache_{kind}.dev.jsonl")
     train = _load(args.train, "train_{kind}.jsonl")
     frozen = frozen_sets(args.frozen)

@@ -140,7 +140,8 @@ def featurize(items: Sequence[Example], vectors: Mapping[str, np.ndarray], *, th
 SIGNS: dict[str, int] = {
     "similarity": 1, "language_mismatch": -1, "align_worst": 1, "align_worst2": 1, "align_mean": 1,
     "align_unaligned": -1, "align_capital_worst": 1, "align_same_word_worst": 1, "align_swap": 1,
-    "align_residual": 1,
+    "align_residual": 1, "asym_share_max": -1, "asym_share_min": -1, "asym_share_gap": -1,
+    "asym_mass_max": -1, "asym_mass_min": -1, "asym_mass_gap": -1,
 }
 
 
@@ -177,8 +178,10 @@ def with_head(data: Featurized, train: np.ndarray, test: np.ndarray, *, folds: i
 
 
 def fit_model(x: np.ndarray, y: np.ndarray, *, threshold: float, c: float | None = None,
-              info: dict[str, Any] | None = None, head: ResidualHead | None = None) -> PairModel:
-    """Standardised L2 logistic regression with the sign constraints of `SIGNS` (dropped features weigh 0)."""
+              info: dict[str, Any] | None = None, head: ResidualHead | None = None,
+              names: tuple[str, ...] = FEATURES) -> PairModel:
+    """Standardised L2 logistic regression with the sign constraints of `SIGNS` (dropped features weigh 0);
+    `names`: the columns of `x` (experiments add some to `FEATURES`)."""
     from sklearn.linear_model import LogisticRegression
 
     c = C if c is None else c
@@ -186,18 +189,18 @@ def fit_model(x: np.ndarray, y: np.ndarray, *, threshold: float, c: float | None
     scale = x.std(axis=0)
     scale[scale == 0] = 1.0
     z = (x - mean) / scale
-    active = [i for i in range(len(FEATURES)) if x[:, i].std() > 0]
-    coef = np.zeros(len(FEATURES))
+    active = [i for i in range(len(names)) if x[:, i].std() > 0]
+    coef = np.zeros(len(names))
     share = min(max(float(np.mean(y)), 1e-6), 1 - 1e-6)
     intercept = float(np.log(share / (1 - share)))  # no usable feature left: the base rate
     while active:
         lr = LogisticRegression(C=c, max_iter=5000).fit(z[:, active], y)
-        wrong = [i for i, w in zip(active, lr.coef_[0], strict=True) if SIGNS.get(FEATURES[i], 0) * w < 0]
+        wrong = [i for i, w in zip(active, lr.coef_[0], strict=True) if SIGNS.get(names[i], 0) * w < 0]
         if not wrong:
             coef[active], intercept = lr.coef_[0], float(lr.intercept_[0])
             break
         active = [i for i in active if i not in wrong]
-    return PairModel(features=FEATURES, mean=tuple(mean.tolist()), scale=tuple(scale.tolist()),
+    return PairModel(features=names, mean=tuple(mean.tolist()), scale=tuple(scale.tolist()),
                      coef=tuple(coef.tolist()), intercept=intercept, threshold=threshold, info=info or {}, head=head)
 
 
@@ -227,7 +230,8 @@ def groups(items: Sequence[Example]) -> np.ndarray:
     return np.array([find(n) for n in range(len(items))])
 
 
-def out_of_fold(data: Featurized, *, folds: int = 5, repeats: int = 5, seed: int = 0) -> np.ndarray:
+def out_of_fold(data: Featurized, *, folds: int = 5, repeats: int = 5, seed: int = 0,
+                names: tuple[str, ...] = FEATURES) -> np.ndarray:
     """Mean out-of-fold probability of every candidate (0 elsewhere), folds grouped by `groups`; with residual
     inputs, each fold fits its own residual head (`with_head`) on its training rows."""
     from sklearn.model_selection import StratifiedGroupKFold
@@ -239,7 +243,7 @@ def out_of_fold(data: Featurized, *, folds: int = 5, repeats: int = 5, seed: int
         splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed + rep)
         for train, test in splitter.split(idx, data.y[idx], group):
             x, _ = with_head(data, idx[train], idx[test], seed=seed + rep)
-            model = fit_model(x[idx[train]], data.y[idx[train]], threshold=0.5)
+            model = fit_model(x[idx[train]], data.y[idx[train]], threshold=0.5, names=names)
             for i in idx[test]:
                 total[i] += model.probability(x[i].tolist())
     return total / repeats
@@ -278,17 +282,21 @@ def choose_threshold(data: Featurized, probs: np.ndarray, *, target_precision: f
     return THRESHOLD_GRID[-1]
 
 
-def fit(data: Featurized, *, target_precision: float = TARGET_PRECISION, folds: int = 5, repeats: int = 3) -> tuple[
-        PairModel, np.ndarray]:
-    """The model fitted on every candidate, with its threshold chosen on out-of-fold probabilities."""
+def fit(data: Featurized, *, target_precision: float = TARGET_PRECISION, folds: int = 5, repeats: int = 3,
+        threshold: float | None = None) -> tuple[PairModel, np.ndarray]:
+    """The model fitted on every candidate, with its threshold chosen on out-of-fold probabilities
+    (`choose_threshold`), or `threshold` when given (the rule's choice is then recorded beside it)."""
     probs = out_of_fold(data, folds=folds, repeats=repeats)
-    threshold = choose_threshold(data, probs, target_precision=target_precision)
-    oof = score(data, hits(data, probs, threshold))
+    chosen = choose_threshold(data, probs, target_precision=target_precision)
+    oof = score(data, hits(data, probs, chosen if threshold is None else threshold))
     sources = Counter(ex.source for ex in data.examples)
     info: dict[str, Any] = {"rows": dict(sources), "candidates": int(data.candidate.sum()), "C": C,
             "target_precision": target_precision, "cv": f"{repeats}x{folds}-fold stratified, grouped by shared prompt",
             "bound": "Clopper-Pearson 95%",
             "cv_precision": round(oof.precision, 4), "cv_recall": round(oof.recall, 4)}
+    if threshold is not None:
+        info["threshold_rule"] = chosen  # what the lower-bound rule would have chosen
+    threshold = chosen if threshold is None else threshold
     idx = np.flatnonzero(data.candidate)
     x, head = with_head(data, idx, idx[:0], folds=folds)
     if head is not None:

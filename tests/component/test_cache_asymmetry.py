@@ -59,3 +59,37 @@ def test_an_added_constraint_is_refused_either_way_round(encoder: object, plain:
     assert similarity >= CacheConfig().semantic.threshold  # the similarity gate lets the pair through
     assert not verify(plain, constrained, similarity=similarity).ok
     assert not verify(constrained, plain, similarity=similarity).ok
+
+
+# round 7's asymmetric shares on real token states (`asymmetry.side_shares`; measured, not a model input)
+WRAPPED = [
+    ("How do I rename a git branch?",
+     "Hi there, hope you're well! Quick question: how do I rename a git branch? Thanks!"),
+    ("What is the boiling point of water?", "Sorry if this is basic, but what is the boiling point of water?"),
+]
+
+
+def _shares(a: str, b: str) -> tuple[float, float, float]:
+    from fleetgate.cache.asymmetry import side_shares
+    from fleetgate.cache.verifier import default_states
+
+    states = default_states()
+    return side_shares(states.words(a), states.words(b))
+
+
+@pytest.mark.parametrize(("plain", "constrained"), ADDED)
+def test_an_added_clause_gives_one_side_unexplained_content(plain: str, constrained: str) -> None:
+    high, low, gap = _shares(plain, constrained)
+    assert _shares(constrained, plain) == pytest.approx((high, low, gap))
+    assert high >= 0.10 and low == 0.0 and gap == high  # the clause is unexplained on its side only
+
+
+@pytest.mark.parametrize(("plain", "wrapped"), WRAPPED)
+def test_a_courtesy_wrapper_gives_a_share_like_an_added_clause(plain: str, wrapped: str) -> None:
+    """Why the shares were not shipped (round 7): they measure that one side adds words, not what the words
+    say. A wrapper's greetings and thanks are as unexplained as a constraint's clause ("Hi there, hope you're
+    well! ... Thanks!" 0.24, "Sorry if this is basic, but" 0.36, against 0.11-0.43 for the clauses above), so a
+    model cannot tell the two apart by the share; the residual head, which reads the words' states, can."""
+    shares = sorted(_shares(p, c)[0] for p, c in ADDED)
+    high, low, _ = _shares(plain, wrapped)
+    assert low == 0.0 and shares[0] < high < shares[-1]

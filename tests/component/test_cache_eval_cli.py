@@ -52,17 +52,29 @@ def test_three_columns_with_the_frozen_set_absent_then_present(tmp_path: Path,
 
 def test_one_column_per_frozen_set_found_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dev = _write(tmp_path / "dev", "dev")
-    folder = _write(_write(_write(_write(tmp_path / "frozen", "frozen"), "frozen2"), "frozen3"), "frozen4")
+    folder = tmp_path / "frozen"
+    for name in ("frozen", "frozen2", "frozen3", "frozen4", "frozen5", "frozen9"):  # frozen9: made up, held out
+        _write(folder, name)
     assert main(["cache-eval", "--embedder", "hashing", "--entries", "0", "--data", str(dev), "--sweep", "0.5",
                  "--confidences", "0.9", "--frozen", str(folder)]) == 0
     out = capsys.readouterr().out
-    assert "frozen4 100.0% / 100.0% (1/1 hits, 1 true)" in out and "frozen4 sweep, similarity threshold" in out
-    assert "frozen3 (in-sample: used for development and training)" in out and "frozen4 (held out)" in out
-    assert "cross-tenant hits: dev 0/3, frozen 0/3, frozen2 0/3, frozen3 0/3, frozen4 0/3" in out
-    # the held-out set never trains or folds
-    assert "cv: out-of-fold over dev + train + frozen + frozen2 + frozen3, folds" in out
+    assert "frozen9 100.0% / 100.0% (1/1 hits, 1 true)" in out and "frozen9 sweep, similarity threshold" in out
+    assert "frozen5 (in-sample: used for development and training)" in out and "frozen9 (held out)" in out
+    assert ("cross-tenant hits: dev 0/3, frozen 0/3, frozen2 0/3, frozen3 0/3, frozen4 0/3, frozen5 0/3, "
+            "frozen9 0/3") in out
+    # a held-out set never trains or folds
+    assert "cv: out-of-fold over dev + train + frozen + frozen2 + frozen3 + frozen4 + frozen5, folds" in out
     # one hit proves little: the precision's one-sided 95% lower bound is 5% (0.05 ** (1 / 1))
-    assert "frozen4 100.0% / 100.0% (1/1 hits, 1 true), precision >=   5.0% (95% one-sided)" in out
+    assert "frozen9 100.0% / 100.0% (1/1 hits, 1 true), precision >=   5.0% (95% one-sided)" in out
+
+
+def test_a_fit_threshold_without_fit_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dev = _write(tmp_path / "dev", "dev")
+    for extra in ([], ["--fit"]):
+        threshold = "0.95" if not extra else "1.5"
+        assert main(["cache-eval", "--embedder", "hashing", "--entries", "0", "--data", str(dev),
+                     "--fit-threshold", threshold, *extra]) == 2
+        assert "--fit-threshold needs --fit" in capsys.readouterr().err
 
 
 def test_missing_dev_data_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

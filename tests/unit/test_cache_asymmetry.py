@@ -15,6 +15,9 @@ from fleetgate.cache.asymmetry import (
     STATE_NEUTRAL,
     ResidualHead,
     residual_inputs,
+    side_mass,
+    side_residual_inputs,
+    side_shares,
     state_features,
 )
 from fleetgate.cache.tokenalign import ALIGN_FEATURES, Words, content_weight
@@ -101,3 +104,63 @@ def test_a_head_round_trips_and_refuses_other_settings() -> None:
     raw = head.to_dict() | {"tau": RESIDUAL_TAU + 0.1}
     with pytest.raises(ValueError, match="refit"):
         ResidualHead.from_dict(raw)
+
+
+# -- round 7's asymmetric alignment features (measured, not inputs of the shipped model) -------------------------
+
+
+def test_side_shares_are_symmetric_and_name_the_side_that_adds() -> None:
+    high, low, gap = side_shares(BASE, ADDED)
+    assert side_shares(ADDED, BASE) == (high, low, gap)
+    # ADDED's content words: write, story, dialogue (only weighs 0); dialogue is unexplained; BASE's all explained
+    weights = {w: content_weight(w) for w in ("write", "story", "dialogue")}
+    assert high == pytest.approx(weights["dialogue"] / sum(weights.values()))
+    assert low == 0.0 and gap == pytest.approx(high)
+
+
+def test_a_clause_added_on_one_side_raises_the_larger_share() -> None:
+    longer = words(("write", 0), ("a", 1), ("story", 2), ("dialogue", 3), ("only", 4), ("villain", 5))
+    assert side_shares(BASE, longer)[0] > side_shares(BASE, ADDED)[0] > side_shares(BASE, BASE)[0] == 0.0
+
+
+def test_a_rewording_on_both_sides_has_no_gap() -> None:
+    a = words(("write", 0), ("poem", 2))
+    b = words(("write", 0), ("poem", 3))  # each side one unexplained word of one weight
+    high, low, gap = side_shares(a, b)
+    assert high == low > 0 and gap == 0.0
+
+
+def test_the_soft_share_grows_with_the_distance_of_the_best_match() -> None:
+    near = np.zeros(DIM, dtype=np.float32)
+    near[2], near[5] = 1.0, 0.5  # cosine 0.89 with "story": explained at tau 0.75, partly unexplained when soft
+    near /= np.linalg.norm(near)
+    reworded = Words(["write", "a", "tale"], np.stack([np.eye(DIM)[0], np.eye(DIM)[1], near]).astype(np.float32),
+                     [False] * 3)
+    assert side_shares(BASE, reworded) == (0.0, 0.0, 0.0)
+    soft = side_shares(BASE, reworded, tau=None)
+    assert 0.0 < soft[0] < side_shares(BASE, ADDED, tau=None)[0]
+
+
+def test_side_mass_counts_weight_not_share() -> None:
+    high, low, gap = side_mass(BASE, ADDED)
+    assert high == pytest.approx(content_weight("dialogue")) and low == 0.0 and gap == pytest.approx(high)
+    assert side_mass(ADDED, BASE) == (high, low, gap)
+
+
+def test_side_features_of_a_prompt_without_words_are_zero() -> None:
+    empty = Words([], np.zeros((0, DIM), dtype=np.float32), [])
+    assert side_shares(empty, ADDED) == side_mass(ADDED, empty) == (0.0, 0.0, 0.0)
+    assert side_residual_inputs(empty, ADDED).shape == (3 * DIM,)
+    assert np.allclose(side_residual_inputs(empty, ADDED), 0.0)
+
+
+def test_side_residual_inputs_keep_the_sides_apart_whichever_is_stored() -> None:
+    other = words(("write", 0), ("a", 1), ("fable", 5), ("dialogue", 3), ("only", 4))
+    x = side_residual_inputs(BASE, other)
+    assert np.allclose(x, side_residual_inputs(other, BASE))
+    more, less, d = x[:DIM], x[DIM : 2 * DIM], x[2 * DIM :]
+    # other leaves "fable" and "dialogue" unexplained, BASE leaves "story": other first, then BASE
+    w_fable, w_dialogue = content_weight("fable"), content_weight("dialogue")
+    assert np.allclose(more[[5, 3]], [w_fable / (w_fable + w_dialogue), w_dialogue / (w_fable + w_dialogue)])
+    assert np.allclose(less, np.eye(DIM)[2])
+    assert np.allclose(d, other.vectors.mean(axis=0) - BASE.vectors.mean(axis=0))

@@ -90,6 +90,33 @@ def test_fit_learns_and_cross_validates_a_separable_problem() -> None:
     assert model.probability(data.x[0].tolist()) > model.threshold > model.probability(data.x[1].tolist())
 
 
+def test_a_given_threshold_is_shipped_and_the_rules_choice_recorded() -> None:
+    rng = np.random.default_rng(0)
+    n = 600
+    y = np.arange(n) % 2 == 0
+    data = _featurized(y.tolist())
+    data.x[:, FEATURES.index("similarity")] = np.where(y, 0.9, 0.6) + rng.normal(0, 0.02, n)
+    ruled, _ = training.fit(data, folds=3, repeats=1)
+    given, _ = training.fit(data, folds=3, repeats=1, threshold=0.97)
+    assert given.threshold == 0.97 and given.info["threshold_rule"] == ruled.threshold != 0.97
+    assert "threshold_rule" not in ruled.info
+    assert given.coef == ruled.coef  # the threshold never changes the weights
+
+
+def test_extra_columns_are_fitted_under_their_names_and_signs() -> None:
+    rng = np.random.default_rng(2)
+    n = 300
+    y = rng.random(n) < 0.5
+    names = (*FEATURES, "asym_share_gap")
+    x = np.zeros((n, len(names)))
+    x[:, FEATURES.index("similarity")] = np.where(y, 0.9, 0.6) + rng.normal(0, 0.05, n)
+    x[:, -1] = np.where(y, 0.6, 0.1) + rng.normal(0, 0.05, n)  # against its declared sign (-1): dropped
+    model = training.fit_model(x, y, threshold=0.5, names=names)
+    assert model.features == names and model.coef[-1] == 0.0 and model.coef[FEATURES.index("similarity")] > 0
+    x[:, -1] = np.where(y, 0.1, 0.6) + rng.normal(0, 0.05, n)  # with it: kept
+    assert training.fit_model(x, y, threshold=0.5, names=names).coef[-1] < 0
+
+
 def test_folds_keep_rows_that_share_a_prompt_together() -> None:
     items = [training.Example(a=a, b=b, same=True, kind="k", source="s", shares_partition=True) for a, b in (
         ("What is X?", "what is x"), ("What is x", "Explain X."), ("Explain X", "Define Y."), ("Unrelated?", "Other."))]
