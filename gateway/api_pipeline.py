@@ -58,10 +58,11 @@ class ApiPipeline:
     def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse:
         return self._p.refuse(headers=headers, exc=exc, render=self.route.render_error)
 
-    async def handle(self, *, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None) -> GatewayResponse:
+    async def handle(self, *, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None,
+                     arrived_ns: int = 0) -> GatewayResponse:
         """`headers` with lower-case names. Never raises: every failure is a response in the route's shape."""
         return await self._p.handle(kind=self.route.kind, raw=raw, headers=headers, tenant=tenant, run=self._run,
-                                    render=self.route.render_error)
+                                    render=self.route.render_error, arrived_ns=arrived_ns)
 
     async def _run(
         self, ctx: RequestContext, kind: Kind, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None

@@ -60,6 +60,8 @@ class Attempt:
 class RequestContext:
     request_id: str
     received_at: float  # perf_counter
+    arrived_ns: int = 0  # perf_counter_ns when the ASGI handler was entered (0: the door has no such clock)
+    before_upstream_ns: int = 0  # arrival -> the first answered engine request's bytes sent (0: not measured)
     tenant: Tenant = ANONYMOUS
     parsed: ParsedRequest | None = None
     reservation: Reservation | None = None

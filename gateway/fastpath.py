@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from time import perf_counter_ns
 from typing import Protocol
 
 from fastapi import FastAPI
@@ -98,7 +99,8 @@ class BodyRoute(Protocol):
 
     def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse: ...
 
-    async def handle(self, *, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None) -> GatewayResponse:
+    async def handle(self, *, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None,
+                     arrived_ns: int = 0) -> GatewayResponse:
         ...
 
 
@@ -116,8 +118,10 @@ class CompletionRoute:
     def refuse(self, *, headers: Mapping[str, str], exc: FleetGateError) -> GatewayResponse:
         return self.pipeline.refuse(headers=headers, exc=exc)
 
-    async def handle(self, *, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None) -> GatewayResponse:
-        return await self.pipeline.handle(kind=self.kind, raw=raw, headers=headers, tenant=tenant)
+    async def handle(self, *, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None,
+                     arrived_ns: int = 0) -> GatewayResponse:
+        return await self.pipeline.handle(kind=self.kind, raw=raw, headers=headers, tenant=tenant,
+                                          arrived_ns=arrived_ns)
 
 
 def completion_handler(
@@ -128,6 +132,7 @@ def completion_handler(
 
 def body_handler(route: BodyRoute, *, max_body_bytes: int, body_timeout_s: float | None = None) -> Handler:
     async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+        arrived_ns = perf_counter_ns()  # the gateway's own time starts here (`own_time`)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         # The key first, from the header alone: an unauthenticated body is never read into memory or
         # parsed (the server discards its bytes), so it costs no more than a 401.
@@ -153,7 +158,7 @@ def body_handler(route: BodyRoute, *, max_body_bytes: int, body_timeout_s: float
         # streamed or not, must not keep a GPU busy.
         watch = ClientWatch(receive)
         try:
-            result = await route.handle(raw=raw, headers=headers, tenant=tenant)
+            result = await route.handle(raw=raw, headers=headers, tenant=tenant, arrived_ns=arrived_ns)
             if result.stream is None:
                 await send_json(send, result)
             else:

@@ -119,8 +119,10 @@ class Flow:
 
     # ---- before an engine is chosen -------------------------------------------------------------
 
-    def new_context(self, headers: Mapping[str, str]) -> RequestContext:
-        return RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter())
+    def new_context(self, headers: Mapping[str, str], *, arrived_ns: int = 0) -> RequestContext:
+        """`arrived_ns`: when the web layer received the request (`own_time`), 0 where the door has no such clock."""
+        return RequestContext(request_id=request_id_from(headers), received_at=time.perf_counter(),
+                              arrived_ns=arrived_ns)
 
     async def authenticate(self, *, headers: Mapping[str, str]) -> Tenant:
         """The caller's tenant from the `authorization` header alone (cheap: one hash and a dict lookup)."""

@@ -38,7 +38,7 @@ from fleetgate.gateway.context import Attempt, RequestContext
 from fleetgate.gateway.discovery import EndpointSource, adapter_named
 from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.settings import ServerSettings
-from fleetgate.gateway.upstream import ConnectFailed, send
+from fleetgate.gateway.upstream import ConnectFailed, send, sent_ns
 from fleetgate.gateway.wake import Waker
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.types import Decision, RoutingRequest, Scheduler
@@ -220,6 +220,8 @@ class Forwarder:
                         attempts.add(f"{endpoint.id} answered 404 for adapter {spec.name!r} after loading it",
                                      f"adapter {model!r} could not be loaded on an engine of {spec.base!r}")
                     continue
+                if not ctx.before_upstream_ns:  # the request's first answered engine call: the gateway's own time
+                    ctx.before_upstream_ns = self._metrics.own.before_upstream(ctx.arrived_ns, sent_ns(response))
                 attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)
                 self._attempted(ctx, attempt)
                 return attempt, response

@@ -12,6 +12,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fleetgate.core.telemetry import LATENCY_BUCKETS, TPOT_BUCKETS
+from fleetgate.gateway.own_time import OWN_BUCKETS, OwnTime
 
 REQUEST_LABELS = ("model", "tier", "tenant")
 
@@ -46,6 +47,16 @@ class GatewayMetrics:
             buckets=TPOT_BUCKETS,
             registry=registry,
         )
+        # the gateway's own time on a request it sends to an engine, by phase: where each clock is, `own_time`
+        self.own = OwnTime(Histogram(
+            "fleetgate_gateway_own_seconds",
+            "The gateway's own time on a request sent to an engine, by phase: before_upstream (ASGI handler entered "
+            "-> request bytes written to the engine), first_chunk (first chunk read from the engine -> handed to "
+            "the client's ASGI send), total_to_first_byte (their sum per streamed request). Cache hits: none.",
+            ["phase"],
+            buckets=OWN_BUCKETS,
+            registry=registry,
+        ))
         self.in_flight = Gauge(
             "fleetgate_requests_in_flight", "Requests being processed by the gateway.", registry=registry
         )

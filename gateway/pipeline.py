@@ -115,13 +115,14 @@ class Pipeline:
 
     async def handle(
         self, *, kind: Kind, raw: bytes, headers: Mapping[str, str], tenant: Tenant | None = None,
-        run: Runner | None = None, render: ErrorRenderer = error_body,
+        run: Runner | None = None, render: ErrorRenderer = error_body, arrived_ns: int = 0,
     ) -> GatewayResponse:
         """`headers` must have lower-case names; `tenant`: already authenticated (`authenticate`).
         Never raises: every failure becomes a response. `run`: another API route's own steps (`api_pipeline`),
-        whose errors `render` writes in that API's shape."""
+        whose errors `render` writes in that API's shape. `arrived_ns`: when the ASGI handler got the request
+        (`own_time`; 0: unknown, the gateway's own time is then not measured)."""
         flow = self.flow
-        ctx = flow.new_context(headers)
+        ctx = flow.new_context(headers, arrived_ns=arrived_ns)
         self._entered()
         try:
             response = await (run or self._run)(ctx, kind, raw, headers, tenant)
@@ -332,6 +333,8 @@ class Pipeline:
             cancel_finish_tokens=self._server.cancel_finish_tokens,
             spawn=self.flow.spawn,
             on_first_token=partial(self._s.scheduler.on_first_token, attempt.routing, ep),
+            own=self._m.own,
+            before_upstream_ns=ctx.before_upstream_ns,
         )
         self.activity.opened(relay)
         return GatewayResponse(200, self.flow.headers(ctx, attempt), stream=relay, media_type="text/event-stream")

@@ -24,11 +24,13 @@ with at most that many completion tokens still to come (its reservation less wha
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
+from time import perf_counter_ns
 from typing import Any
 
 import aiohttp
 
 from fleetgate.gateway.assembly import StreamAssembler
+from fleetgate.gateway.own_time import OwnTime
 from fleetgate.gateway.sse import DONE, SseRewriter, StreamOutcome, error_event
 from fleetgate.gateway.stream_drain import EngineDrain
 from fleetgate.gateway.stream_reads import StreamEnd, StreamReads
@@ -63,7 +65,11 @@ class RelayStream:
         cancel_finish_tokens: int = 0,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
         on_first_token: Callable[[], None] | None = None,
+        own: OwnTime | None = None,
+        before_upstream_ns: int = 0,
     ) -> None:
+        """`own`: where the first chunk's `first_chunk` phase is observed (`own_time`; None: not measured), with the
+        request's `before_upstream_ns` for the total."""
         self._resp = response
         self._reads = StreamReads(response, endpoint_id=endpoint_id, first_byte_timeout_s=first_byte_timeout_s,
                                   inter_chunk_timeout_s=inter_chunk_timeout_s, deadline=deadline)
@@ -76,6 +82,9 @@ class RelayStream:
                                   inter_chunk_s=inter_chunk_timeout_s, deadline=deadline)
         self._spawn = spawn
         self._closed = False
+        self._own = own  # None once the first chunk was handed on
+        self._before_ns = before_upstream_ns
+        self._read_ns = 0
 
     def interrupt(self, message: str) -> None:
         """End the stream at once with an error event saying `message` (the gateway is shutting down)."""
@@ -93,8 +102,13 @@ class RelayStream:
             data = self._reads.shutdown() or await self._reads.read(started=bool(rw.outcome.chunks))
             if isinstance(data, StreamEnd):
                 return rw.fail(data.kind, data.message, data.code)
+            if self._own is not None:  # until the first chunk is handed on: when its last read returned
+                self._read_ns = perf_counter_ns()
             out = rw.feed(data)
             if out or rw.ended:
+                if out and self._own is not None:
+                    self._own.first_chunk(self._read_ns, self._before_ns)
+                    self._own = None
                 return out
 
     async def _drain_then_finish(self, *, cancelled: bool) -> None:

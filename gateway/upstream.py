@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from time import perf_counter_ns
+from typing import Any
 
 import aiohttp
+from aiohttp.connector import Connection
 
 from fleetgate.core.errors import UpstreamBadResponseError, UpstreamTimeoutError
 from fleetgate.core.types import Endpoint
@@ -29,6 +32,42 @@ class ConnectFailed(Exception):
         self.timeout = isinstance(cause, asyncio.TimeoutError)
 
 
+class TimedResponse(aiohttp.ClientResponse):
+    """A response that knows when its request's bytes were written (`TimedRequest`)."""
+
+    sent_ns = 0  # perf_counter_ns; 0 until the request's body was written
+
+
+class TimedRequest(aiohttp.ClientRequest):
+    """Notes the moment aiohttp's body writer has handed the request's bytes (headers coalesced with the body) to
+    the connection's transport, on the response (`own_time`: the end of the gateway's `before_upstream`). aiohttp
+    writes the body in `write_bytes`, a task of its own on Python < 3.12 (run at once, within `send`, on later
+    ones: then the response does not exist yet and `send` copies the time over)."""
+
+    _sent_ns = 0
+
+    async def write_bytes(self, *args: Any, **kwargs: Any) -> None:
+        await super().write_bytes(*args, **kwargs)
+        now = perf_counter_ns()
+        response = self.response
+        if isinstance(response, TimedResponse):
+            response.sent_ns = now
+        else:
+            self._sent_ns = now
+
+    async def send(self, conn: Connection) -> aiohttp.ClientResponse:
+        response = await super().send(conn)
+        if self._sent_ns and isinstance(response, TimedResponse):
+            response.sent_ns = self._sent_ns
+        return response
+
+
+def sent_ns(response: aiohttp.ClientResponse) -> int:
+    """When the request of `response` was written (perf_counter_ns), 0 when unknown (a session without
+    `TimedRequest`)."""
+    return response.sent_ns if isinstance(response, TimedResponse) else 0
+
+
 def make_session(server: ServerSettings) -> aiohttp.ClientSession:
     """Keep-alive pool over every engine; only the connect timeout is set here, read timeouts per call."""
     connector = aiohttp.TCPConnector(
@@ -41,6 +80,8 @@ def make_session(server: ServerSettings) -> aiohttp.ClientSession:
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=server.connect_timeout_s),
         auto_decompress=False,  # we ask for identity encoding and relay bytes as they come
+        request_class=TimedRequest,
+        response_class=TimedResponse,
     )
 
 

@@ -10,6 +10,8 @@ tokens per second.
 Gateway CPU per request: the gateway process's CPU seconds over the loaded window / the requests it
 served in it (background and probes). The engines' counters over the phase, minus the direct probes'
 own usage, are compared with what the gateway charged (the accounting check covers this phase too).
+Beside the pairs, a second method: the gateway's own time measured inside it (`fleetgate_gateway_own_seconds`, read
+from each replica's metrics endpoint before and after the idle pairs and the loaded window: `live_own_time`).
 With several gateway replicas per door (`LiveContext.gateway_replicas`, `fleetgate.bench.live_replicas`) the
 background is spread over them in turn, the probes take them in turn (`Prober.replica_of`), the CPU is their sum,
 and each replica's loop watch is summarised (`gateway_loops`).
@@ -23,7 +25,7 @@ import statistics
 import time
 from typing import Any
 
-from fleetgate.bench import live_engines, live_pyspy
+from fleetgate.bench import live_engines, live_own_time, live_pyspy
 from fleetgate.bench.live_client import LiveRequest, LiveResult, LoopLag, completion_body, replay, stream_one
 from fleetgate.bench.live_points import (
     LiveContext,
@@ -211,7 +213,9 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         usage_before = await usage_each(session, gateway, ctx.keys.admin)
         before = await live_engines.counters(session, urls)
         await prober.warm()
+        own0 = await live_own_time.scrape(session, gateway.metrics_urls)
         idle = await prober.pairs(count=idle_pairs, at_once=False)
+        own1 = await live_own_time.scrape(session, gateway.metrics_urls)
         spec = PointSpec(workload="shared-prefix", profile=profile, load=1.0, rate=base_rate, window_s=window_s,
                          drain_s=drain_s, seed=seed, tag="overhead")
         background = build_requests(ctx, spec, gateway.url, spread=gateway.urls)
@@ -228,7 +232,8 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         load_task = asyncio.create_task(replay(session, background, drain_deadline_s=window_s + drain_s,
                                                send_until_s=window_s))
         loaded = await prober.pairs(until=t0 + window_s, controls_ms=controls_ms)
-        mid1 = await live_engines.counters(session, urls)
+        mid1, own2 = await asyncio.gather(live_engines.counters(session, urls),
+                                          live_own_time.scrape(session, gateway.metrics_urls))
         elapsed = time.perf_counter() - t0
         cpu = gateway.cpu_s() - cpu0
         cpu_each = [b - a for a, b in zip(each0, gateway.cpu_each(), strict=True)]
@@ -280,6 +285,9 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
     row["lost_prompt_tokens"] = whole.prompt_tokens - direct_prompt - charged["prompt_tokens"]
     row["lost_completion_tokens"] = whole.generation_tokens - direct_completion - charged["completion_tokens"]
     row["comparable"] = bool(direct_known and quiet and left_early == 0)
+    # the second method: the gateway's own clocks over the idle pairs and the loaded window (`live_own_time`)
+    row.update(live_own_time.own_row(live_own_time.window(own0, own1), live_own_time.window(own1, own2),
+                                     ttft_p50_s=ttft_p50 if ok else None))
     if len(gateway.replicas) > 1 or gateway.redis is not None:
         row["gateway_loops"] = loops
         row["loaded_added_by_replica_ms"] = by_replica(loaded, prober.pair_replicas, len(gateway.replicas))

@@ -16,6 +16,9 @@ Targets (issue 24), judged on these rows:
   saturation;
 - unique prompts: `default` within +-5% of `least-loaded` (TTFT p50, TTFT p90, tokens/s);
 - gateway overhead <= 1% of TTFT p50 (the paired probe under load);
+- the gateway's own time <= 1% of TTFT p50: a second, different method (the mean of the gateway's own clocks,
+  `fleetgate_gateway_own_seconds` total_to_first_byte, over the loaded window: `live_own_time`), beside the paired
+  probe's target, which stays as it is;
 - accounting exact against the engines' counters (the `accounting` row's verdict).
 Issue 27 (rows of `fleetgate.bench.live_epp`, when the run had `--epp-loads`):
 - prefix-routing gain through Envoy + EPP within +-10% of the gateway's: per load, each door's TTFT-p50 gain
@@ -32,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fleetgate.bench import live_own_time
 from fleetgate.bench.live_routing import accounting_line
 from fleetgate.bench.live_throughput import throughput_file
 
@@ -176,6 +180,9 @@ def targets(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None, str]]:
                         f"+{r['loaded_added_ms'][0]:.2f} ms (95% {r['loaded_added_ms'][1]:.2f}.."
                         f"{r['loaded_added_ms'][2]:.2f}) = {share:.2%} of {r['background_ttft_p50_s']:.3f}s at "
                         f"{r['output_tps']:,.0f} tok/s"))
+        own = live_own_time.target(r) if r.get("kind") == "overhead" else None
+        if own is not None:
+            out.append(own)
         if r.get("kind") == "accounting":
             out.append(("accounting exact against the engines' counters", r["verdict"] == "PASS",
                         f"lost {r['lost_prompt_tokens']:.0f} prompt / {r['lost_completion_tokens']:.0f} completion "
@@ -389,6 +396,7 @@ def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
                    f"Gateway CPU: {r['gateway_cpu_ms_per_request']:.2f} ms per request, "
                    f"{r['gateway_cpu_ms_per_1k_output_tokens']:.2f} ms per 1k output tokens. Client loop lag p99 "
                    f"{r['client_loop_lag_p99_s'] * 1000:.1f} ms.{gateway_loop_line(r.get('gateway_loop'))}"]
+            md += live_own_time.report_lines(r)
             md += control_lines(r)
             md += replica_lines(r)
         if r.get("kind") == "accounting":

@@ -24,7 +24,7 @@ from .conftest import RunningGateway, settings_for
 
 # the objects one request owns, from its context to its relay: none may end in a cycle
 PER_REQUEST = {"RequestContext", "RelayStream", "EventRelay", "ClientWatch", "SseRewriter", "StreamReads",
-               "ClientResponse", "Attempt"}
+               "ClientResponse", "Attempt", "TimedResponse", "TimedRequest"}  # the gateway's session's own classes
 
 
 @contextmanager

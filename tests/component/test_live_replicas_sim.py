@@ -48,6 +48,8 @@ def test_two_gateway_replicas_per_door_on_simulated_engines(tmp_path: Path) -> N
     overhead = measured[2]
     replicas = overhead["loaded_added_by_replica_ms"]
     assert [x["replica"] for x in replicas] == [0, 1]
+    # the own-time histogram is read from both replicas: every idle pair's gateway request, whichever served it
+    assert overhead["own_idle"]["before_upstream"]["count"] == overhead["idle_pairs"], overhead["own_idle"]
     assert len(overhead["gateway_loops"]) == 2 and all(loop and loop["samples"] > 0
                                                        for loop in overhead["gateway_loops"])
     summary = rows[-1]

@@ -44,6 +44,13 @@ def test_a_small_live_run_on_simulated_engines(tmp_path: Path) -> None:
     overhead = next(r for r in rows if r["kind"] == "overhead")
     # the gateway watched its own loop over the loaded window (`loop_watch`): ~200 timer samples a second
     assert overhead["gateway_loop"]["samples"] > 100 and overhead["gateway_loop"]["lag_ms"]["max"] >= 0, overhead
+    # the second method: the gateway's own clocks, one observation per phase for each idle pair's gateway request
+    assert {p: s["count"] for p, s in overhead["own_idle"].items()} == dict.fromkeys(
+        ("before_upstream", "first_chunk", "total_to_first_byte"), overhead["idle_pairs"]), overhead["own_idle"]
+    loaded = overhead["own_loaded"]["total_to_first_byte"]
+    assert loaded["count"] > overhead["loaded_pairs"]  # the background's requests too
+    assert 0 < loaded["mean_ms"] < 1000 * overhead["background_ttft_p50_s"]
+    assert overhead["own_share_of_ttft_p50"] > 0
     for p in [*points[:2], overhead]:  # no client left early: exact
         assert p["lost_prompt_tokens"] == 0 and p["lost_completion_tokens"] == 0, p
     cancelling = points[2]
@@ -61,3 +68,5 @@ def test_a_small_live_run_on_simulated_engines(tmp_path: Path) -> None:
     text = paths[0].read_text()
     assert "## shared-prefix x1" in text and f"ACCOUNTING {summary['verdict']}" in text
     assert "Gateway loop lag (a timer every 5 ms)" in text
+    assert "Second method, the gateway's own time measured inside it" in text
+    assert "gateway's own time <= 1% of TTFT p50" in text
