@@ -195,6 +195,21 @@ def test_a_chunk_repeated_in_one_text_is_encoded_once_and_the_plan_checks_its_in
     assert whole.assemble([ids]) == ids and whole.chars == len(text)
 
 
-def test_a_negative_threshold_is_refused() -> None:
-    with pytest.raises(ValueError, match="tokenizeThreadMinChars"):
-        LocalTokenizer(paths={"m": "/x"}, thread_min_chars=-1)
+@pytest.mark.parametrize("value, expected", [(None, 512), (0, 0), (4096, 4096)])
+def test_the_threshold_comes_from_the_profile_and_null_keeps_every_encode_on_the_loop(
+        value: int | None, expected: int) -> None:
+    from fleetgate.router.build import build_scheduler
+    from fleetgate.router.config import precise_prefix_config
+
+    params: dict[str, object] = {"tokenizer": "local", "tokenizerPaths": {"*": "/m"}}
+    if value is not None:
+        params["tokenizeThreadMinChars"] = value
+    def tokenizer() -> LocalTokenizer:
+        scheduler = build_scheduler(precise_prefix_config(params), scrape=False)
+        scorer = next(s for s, _ in scheduler.profile.scorers if s.name == "prefix")
+        assert isinstance(scorer, PrecisePrefixScorer) and isinstance(scorer.tokenizer, LocalTokenizer)
+        return scorer.tokenizer
+
+    assert tokenizer().thread_min_chars == expected
+    params["tokenizeThreadMinChars"] = None  # YAML's null: the old path, for an A/B on the same machine
+    assert tokenizer().thread_min_chars is None
