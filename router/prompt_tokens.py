@@ -200,14 +200,18 @@ class LocalTokenizer(_CachedTokenizer):
     """Tokens from the model's Hugging Face tokenizer in this process, loaded on first use per model."""
 
     def __init__(self, *, paths: Mapping[str, str], cache_entries: int = 4096, segment_entries: int = 16384,
-                 segment_bytes: int = 64 << 20, thread_min_chars: int | None = THREAD_MIN_CHARS) -> None:
+                 segment_bytes: int = 64 << 20, thread_min_chars: int | None = THREAD_MIN_CHARS,
+                 timeout_s: float | None = 0.5) -> None:
         if thread_min_chars is not None and thread_min_chars < 0:
             raise ValueError("tokenizeThreadMinChars must be 0 or positive (or null: encode on the event loop)")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError("tokenizeTimeoutS must be positive (or null: no bound)")
         super().__init__(cache_entries=cache_entries)
         self.paths = dict(paths)
         self.segment_entries = segment_entries  # per model; 0 disables the segment-wise encode
         self.segment_bytes = segment_bytes
         self.thread_min_chars = thread_min_chars  # None: every encode on the loop
+        self.timeout_s = timeout_s  # a request waits this long for the thread, then routes approximately
         self.encodes = {"thread": 0, "loop": 0}  # encodes that had text to encode, by where they ran
         self._loaded: dict[str, Loaded] = {}
         self._loading: dict[str, asyncio.Task[Loaded]] = {}
@@ -293,7 +297,10 @@ class LocalTokenizer(_CachedTokenizer):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="fleetgate-tokenize")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, encode_texts, loaded.backend, plan.texts, plan.special)
+        # Bounded: behind a flood of huge prompts a request waits `timeout_s` at most, then routes on the approximate
+        # index (TimeoutError: a failure); a job abandoned before it started is dropped from the queue.
+        job = loop.run_in_executor(self._pool, encode_texts, loaded.backend, plan.texts, plan.special)
+        return await asyncio.wait_for(job, self.timeout_s)
 
     async def aclose(self) -> None:
         for task in self._loading.values():

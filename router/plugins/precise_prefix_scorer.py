@@ -24,7 +24,8 @@ so when the request completes without a batch having arrived since it started, t
 to publish within `staleS` (else it is stale and falls back).
 Start-up (`start`) loads a local tokenizer before the gateway reports ready, at most `tokenizerLoadTimeoutS` (120 s;
 then requests route on the approximate index until it has loaded): loading holds the GIL for seconds.
-Parameters: tokenizer (engine | local), tokenizerPaths ({model: dir}, local only), tokenizeTimeoutS (0.5),
+Parameters: tokenizer (engine | local), tokenizerPaths ({model: dir}, local only), tokenizeTimeoutS (0.5: the
+engine's answer, or local, the worker thread's encode; past it, the approximate index),
 tokenizerLoadTimeoutS (120),
 tokenizeCacheEntries (4096), tokenizeSegmentCacheMiB (64 per model, local only; 0: encode whole prompts),
 tokenizeThreadMinChars (512, local only: what is left to encode from this many characters on is encoded in a
@@ -180,7 +181,8 @@ def _tokenizer(*, kind: object, paths: object, timeout_s: float, cache: int, seg
         if segment_mib < 0:
             raise ValueError("tokenizeSegmentCacheMiB must be 0 (off) or positive")
         return LocalTokenizer(paths={str(k): v for k, v in paths.items()}, cache_entries=cache,
-                              segment_bytes=int(segment_mib * (1 << 20)), thread_min_chars=thread_min_chars)
+                              segment_bytes=int(segment_mib * (1 << 20)), thread_min_chars=thread_min_chars,
+                              timeout_s=timeout_s)
     raise ValueError(f"parameter 'tokenizer' must be engine or local, got {kind!r}")
 
 

@@ -177,6 +177,46 @@ async def test_a_failing_encode_in_the_thread_routes_approximately_and_caches_no
     await tok.aclose()
 
 
+async def test_a_stuck_encode_costs_a_request_the_timeout_then_routing_is_approximate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flood of huge prompts (or a tokenizer that hangs) must not hold decisions up: past `tokenizeTimeoutS` the
+    request routes on the approximate index, and the loop ran all along."""
+    path = _save(gemma_style(), tmp_path, GEMMA_SPECIAL[0])
+    tok = LocalTokenizer(paths={"m": path}, cache_entries=1, thread_min_chars=0, timeout_s=0.1)
+    await tok.warm(30.0)
+    real = prompt_tokens.encode_texts
+    release = threading.Event()
+
+    def stuck(backend: Any, texts: list[str], special: bool = False) -> list[list[int]]:
+        release.wait(5)
+        return real(backend, texts, special)
+
+    monkeypatch.setattr(prompt_tokens, "encode_texts", stuck)
+    req = RoutingRequest(request_id="a", model="m", prompt_text="", kind="completions",
+                         body={"prompt": " ".join(CORPUS) * 10 + "\nquestion"})
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.005)
+            ticks += 1
+
+    running = asyncio.create_task(ticker())
+    started = asyncio.get_running_loop().time()
+    assert await tok.tokens(req, EPS[:1]) is None
+    elapsed = asyncio.get_running_loop().time() - started
+    running.cancel()
+    assert 0.09 <= elapsed < 1.0 and ticks >= 5 and tok.failures == 1  # the loop kept ticking while it waited
+    release.set()
+    monkeypatch.setattr(prompt_tokens, "encode_texts", real)
+    assert await tok.tokens(req, EPS[:1]) == list(
+        tok._loaded["m"].tok.backend_tokenizer.encode(req.body["prompt"]).ids)  # type: ignore[index]
+    await tok.aclose()
+    with pytest.raises(ValueError, match="tokenizeTimeoutS"):
+        LocalTokenizer(paths={"m": path}, timeout_s=0)
+
+
 def test_a_chunk_repeated_in_one_text_is_encoded_once_and_the_plan_checks_its_inputs() -> None:
     backend = gemma_style()
     encoder = build_segmented_encoder(backend, max_entries=8, max_bytes=1 << 22, min_chars=64)
