@@ -21,7 +21,11 @@ engine holds, the gateway needs those same tokens. Two ways, chosen by the score
   shared system prompt) read from a per-model cache (`segment_entries`, `segment_bytes`: the scorer's
   `tokenizeSegmentCacheMiB`, 64), the same ids as a full encode; ~0.3-0.5 ms instead of ~4 ms of CPU for a
   2,800-token shared-prefix prompt on the 2-core dev box. A tokenizer for which that could differ (checked
-  at load against the full encode) is encoded whole, with a warning.
+  at load against the full encode) is encoded whole, with a warning. What is left to encode (the unique part, a
+  new system prompt) goes, from `thread_min_chars` characters on (the scorer's `tokenizeThreadMinChars`, 512),
+  to a worker thread in one `encode_batch_fast` call, which releases the GIL: the event loop keeps relaying
+  streams meanwhile (`encode` holds the GIL, so a thread did not help it). The chat template is rendered,
+  and the cache read and filled, on the loop.
 
 Both keep an LRU cache keyed by (model, canonical JSON of what is tokenized), so a retried or repeated
 request is not tokenized twice. A completions prompt given as token ids needs no tokenizer. A request
@@ -35,6 +39,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,7 +47,7 @@ import orjson
 import xxhash
 
 from fleetgate.core.types import Endpoint
-from fleetgate.router.segment_tokens import SegmentedEncoder, build_segmented_encoder
+from fleetgate.router.segment_tokens import Plan, SegmentedEncoder, build_segmented_encoder, encode_texts
 from fleetgate.router.types import RoutingRequest
 
 if TYPE_CHECKING:
@@ -50,6 +55,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ANY_MODEL = "*"
+THREAD_MIN_CHARS = 512  # texts to encode from this many characters on are encoded in a worker thread
+THREADS = 2  # worker threads per tokenizer: a long unique prompt does not hold up the next request's encode
 CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
                 "chat_template_kwargs", "tools", "mm_processor_kwargs")
 
@@ -193,13 +200,22 @@ class LocalTokenizer(_CachedTokenizer):
     """Tokens from the model's Hugging Face tokenizer in this process, loaded on first use per model."""
 
     def __init__(self, *, paths: Mapping[str, str], cache_entries: int = 4096, segment_entries: int = 16384,
-                 segment_bytes: int = 64 << 20) -> None:
+                 segment_bytes: int = 64 << 20, thread_min_chars: int | None = THREAD_MIN_CHARS,
+                 timeout_s: float | None = 0.5) -> None:
+        if thread_min_chars is not None and thread_min_chars < 0:
+            raise ValueError("tokenizeThreadMinChars must be 0 or positive (or null: encode on the event loop)")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError("tokenizeTimeoutS must be positive (or null: no bound)")
         super().__init__(cache_entries=cache_entries)
         self.paths = dict(paths)
         self.segment_entries = segment_entries  # per model; 0 disables the segment-wise encode
         self.segment_bytes = segment_bytes
+        self.thread_min_chars = thread_min_chars  # None: every encode on the loop
+        self.timeout_s = timeout_s  # a request waits this long for the thread, then routes approximately
+        self.encodes = {"thread": 0, "loop": 0}  # encodes that had text to encode, by where they ran
         self._loaded: dict[str, Loaded] = {}
         self._loading: dict[str, asyncio.Task[Loaded]] = {}
+        self._pool: ThreadPoolExecutor | None = None
 
     def preload(self) -> None:
         """Start loading every configured tokenizer in a thread; requests meanwhile route approximately."""
@@ -256,18 +272,43 @@ class LocalTokenizer(_CachedTokenizer):
         if loaded is None:
             return None
         try:
-            # On the loop: a thread does not help, the encode holds the GIL (4 threads at once took as long per call
-            # as one, `scripts/gpu/tokenizer_probe.py` on the GPU host). A full encode costs ~5.5 ms of CPU per
-            # 2,700-token prompt there; the segment-wise encode reads a repeated system prompt from its cache.
-            return _encode(loaded.tok, body, loaded.segments)
+            text, special = _render(loaded.tok, body)
+            plan = _plan(loaded, text, special)
+            if plan is None:  # no fast tokenizer to batch-encode with: its own call, on the loop
+                return _ids(loaded.tok, text, add_special_tokens=special, segments=loaded.segments)
+            return plan.assemble(await self._encode_texts(loaded, plan))
         except Exception as exc:  # a template that rejects the messages: the engine will say so to the client
             log.debug("local tokenization failed", extra={"model": req.model, "error": str(exc)})
             return None
+
+    async def _encode_texts(self, loaded: Loaded, plan: Plan) -> list[list[int]]:
+        """The plan's texts encoded: in a worker thread when there are `thread_min_chars` or more of them. The
+        Rust encode releases the GIL (`encode_texts`), so the loop keeps relaying streams and routing meanwhile;
+        below the threshold the thread's hand-offs cost more loop time than the encode (~40 us against ~65 us
+        for 512 characters of Gemma 3 on the dev box). The cache and the plan stay on the loop: the thread
+        touches only the tokenizer, which needs no lock. Waiting for the thread adds to this request's decision
+        up to a GIL switch interval (5 ms) per hand-off while the loop is busy, and nothing to the others'."""
+        if not plan.texts:
+            return []
+        if self.thread_min_chars is None or plan.chars < self.thread_min_chars:
+            self.encodes["loop"] += 1
+            return encode_texts(loaded.backend, plan.texts, plan.special)
+        self.encodes["thread"] += 1
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="fleetgate-tokenize")
+        loop = asyncio.get_running_loop()
+        # Bounded: behind a flood of huge prompts a request waits `timeout_s` at most, then routes on the approximate
+        # index (TimeoutError: a failure); a job abandoned before it started is dropped from the queue.
+        job = loop.run_in_executor(self._pool, encode_texts, loaded.backend, plan.texts, plan.special)
+        return await asyncio.wait_for(job, self.timeout_s)
 
     async def aclose(self) -> None:
         for task in self._loading.values():
             task.cancel()
         self._loading.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 def _load_tokenizer(path: str) -> Any:
@@ -282,6 +323,8 @@ class Loaded:
 
     tok: Any
     segments: SegmentedEncoder | None
+    backend: Any = None  # the fast tokenizer, where its `encode_batch_fast` gives `encode`'s ids (no truncation
+    # or padding); None: encode through `tok`'s own call
 
 
 def load(path: str, *, segment_entries: int, segment_bytes: int) -> Loaded:
@@ -292,7 +335,9 @@ def load(path: str, *, segment_entries: int, segment_bytes: int) -> Loaded:
     if backend is not None and segment_entries > 0 and segment_bytes > 0:
         segments = build_segmented_encoder(backend, max_entries=segment_entries, max_bytes=segment_bytes,
                                            probes=_template_probes(tok))
-    return Loaded(tok=tok, segments=segments)
+    batchable = (backend is not None and hasattr(backend, "encode_batch_fast") and backend.truncation is None
+                 and backend.padding is None)
+    return Loaded(tok=tok, segments=segments, backend=backend if batchable else None)
 
 
 def _template_probes(tok: Any) -> list[str]:
@@ -306,6 +351,13 @@ def _template_probes(tok: Any) -> list[str]:
 
 def _encode(tok: Any, body: Mapping[str, Any], segments: SegmentedEncoder | None = None) -> list[int]:
     """As vLLM does: render the chat template to text, then tokenize without adding special tokens again."""
+    text, special = _render(tok, body)
+    return _ids(tok, text, add_special_tokens=special, segments=segments)
+
+
+def _render(tok: Any, body: Mapping[str, Any]) -> tuple[str, bool]:
+    """The text vLLM tokenizes for `body` (a chat's rendered template, or the prompt) and whether the
+    tokenizer's special tokens are added to it."""
     if "messages" in body:
         kwargs = dict(body.get("chat_template_kwargs") or {})
         text = tok.apply_chat_template(
@@ -313,8 +365,18 @@ def _encode(tok: Any, body: Mapping[str, Any], segments: SegmentedEncoder | None
             add_generation_prompt=body.get("add_generation_prompt", True),
             continue_final_message=body.get("continue_final_message", False), **kwargs,
         )
-        return _ids(tok, text, add_special_tokens=bool(body.get("add_special_tokens", False)), segments=segments)
-    return _ids(tok, body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)), segments=segments)
+        return text, bool(body.get("add_special_tokens", False))
+    return body["prompt"], bool(body.get("add_special_tokens", True))
+
+
+def _plan(loaded: Loaded, text: str, special: bool) -> Plan | None:
+    """The segment-wise plan, else a whole-text one; None when only `tok`'s own call can encode it."""
+    if loaded.backend is None:
+        return None
+    plan = loaded.segments.plan(text, add_special_tokens=special) if loaded.segments is not None else None
+    if plan is None and loaded.backend is not None:
+        plan = Plan.whole(text, special)
+    return plan
 
 
 def _ids(tok: Any, text: str, *, add_special_tokens: bool, segments: SegmentedEncoder | None = None) -> list[int]:

@@ -30,6 +30,10 @@ Algorithm, per text:
    part with no added token between it and the unique part (a completions prompt to a Llama-3 tokenizer, which has
    no `\n` token) is one piece, encoded whole.
 3. `add_special_tokens=True` adds the post-processor's fixed prefix and suffix (e.g. `<bos>`), measured at build.
+4. Steps 1-3 are split so that the encode can leave the event loop: `plan` (on the loop: the boundaries, the
+   cached chunks' ids, the texts still to encode, each distinct one once), `encode_texts` (one `encode_batch_fast`
+   call over those texts; it touches only the tokenizer and releases the GIL, so a caller may run it in a worker
+   thread), `Plan.assemble` (on the loop: the ids in order, the encoded chunks offered to the cache).
 
 Safety: `build_segmented_encoder` compares this encode with the full encode on probe strings (the tokenizer's
 added tokens between texts with whitespace and unicode at the edges, empty pieces, the model's rendered chat
@@ -46,7 +50,7 @@ import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
@@ -139,11 +143,20 @@ class SegmentedEncoder:
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int] | None:
         """The ids; None when `add_special_tokens` asks for additions this encoder cannot reproduce."""
+        plan = self.plan(text, add_special_tokens=add_special_tokens)
+        return None if plan is None else plan.assemble(encode_texts(self.backend, plan.texts, plan.special))
+
+    def plan(self, text: str, *, add_special_tokens: bool) -> Plan | None:
+        """What `encode` needs: the cached chunks' ids, and the texts still to encode (`Plan.texts`, in one
+        `encode_texts` call, which needs no lock: a caller may run it in a thread while this loop goes on).
+        None when `add_special_tokens` asks for additions this encoder cannot reproduce."""
         if add_special_tokens and self.affixes is None:
             return None
         prefix, suffix = (self.affixes.prefix, self.affixes.suffix) if add_special_tokens and self.affixes else ((), ())
-        out = list(prefix)
-        start = 0  # the current chunk's start: text before it has its ids in `out`
+        plan = Plan(cache=self.cache)
+        if prefix:
+            plan.parts.append(prefix)
+        start = 0  # the current chunk's start: text before it is in `plan`
         scan = 0  # where the splitter's next token starts
         # `encode_batch_fast`: no offsets (the char offsets of `encode` cost ~30 us per KiB); the added tokens' places
         # are found again with `str.find` instead, exact since they have no lstrip/rstrip/single_word (`_splitter`)
@@ -153,38 +166,85 @@ class SegmentedEncoder:
             content = self.added[token]
             at = text.find(content, scan)
             if at < 0:
-                return _full(self.backend, text, add_special_tokens)  # cannot happen; never guess
+                return Plan.whole(text, add_special_tokens)  # cannot happen; never guess
             if at - start >= self.min_chars:  # both edges of an added token are boundaries
-                self._chunk(out, text[start:at])
+                self._chunk(plan, text[start:at])
                 start = at
             scan = at + len(content)
             if scan - start >= self.min_chars:
-                self._chunk(out, text[start:scan])
+                self._chunk(plan, text[start:scan])
                 start = scan
         if len(text) - start >= self.min_chars:
-            self._chunk(out, text[start:])
+            self._chunk(plan, text[start:])
         elif start < len(text):
-            out += self._ids(text[start:])
-        out += suffix
-        return out
+            plan.add(text[start:], None)
+        if suffix:
+            plan.parts.append(suffix)
+        return plan
 
-    def _chunk(self, out: list[int], chunk: str) -> None:
-        """Append the ids of `chunk` (text between two boundaries), from the cache when it was seen before."""
+    def _chunk(self, plan: Plan, chunk: str) -> None:
+        """Add the ids of `chunk` (text between two boundaries) to `plan`, from the cache when it was seen before."""
         key = xxhash.xxh3_128_intdigest(chunk.encode("utf-8", "surrogatepass"), self._seed)
         ids = self.cache.get(key)
         if ids is None:
-            fresh = self._ids(chunk)
-            self.cache.offer(key, fresh)
-            out += fresh
+            plan.add(chunk, key)
         else:
-            out += ids
-
-    def _ids(self, text: str) -> list[int]:
-        return list(self.backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)
+            plan.parts.append(ids)
 
 
-def _full(backend: Any, text: str, add_special_tokens: bool) -> list[int]:
-    return list(backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids)
+@dataclass(slots=True)
+class Plan:
+    """A text's ids before the encode: known ids (cached chunks, affixes) in order, and, in their places, the
+    indices of the texts still to encode. `special`: those texts are encoded with `add_special_tokens` (only a
+    whole-text plan, `Plan.whole`); `keys[i]`: the cache key under which `texts[i]`'s ids are offered (None: not)."""
+
+    cache: SegmentCache | None = None
+    parts: list[Sequence[int] | int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    keys: list[int | None] = field(default_factory=list)
+    special: bool = False
+    _index: dict[int, int] = field(default_factory=dict)  # cache key -> its text's index
+
+    @classmethod
+    def whole(cls, text: str, add_special_tokens: bool) -> Plan:
+        """The plan of a full encode: one text, nothing cached."""
+        return cls(parts=[0], texts=[text], keys=[None], special=add_special_tokens)
+
+    @property
+    def chars(self) -> int:
+        """Characters still to encode: what the encode will cost."""
+        return sum(map(len, self.texts))
+
+    def add(self, text: str, key: int | None) -> None:
+        if key is not None:
+            if (seen := self._index.get(key)) is not None:  # the same chunk twice in one text: encoded once
+                self.parts.append(seen)
+                return
+            self._index[key] = len(self.texts)
+        self.parts.append(len(self.texts))
+        self.texts.append(text)
+        self.keys.append(key)
+
+    def assemble(self, encoded: Sequence[Sequence[int]]) -> list[int]:
+        """The text's ids, given the ids of `texts` (`encode_texts`); offers the encoded chunks to the cache."""
+        if len(encoded) != len(self.texts):
+            raise ValueError(f"{len(encoded)} encodings for {len(self.texts)} texts")
+        if self.cache is not None:
+            for key, ids in zip(self.keys, encoded, strict=True):
+                if key is not None:
+                    self.cache.offer(key, ids)
+        out: list[int] = []
+        for part in self.parts:
+            out += encoded[part] if isinstance(part, int) else part
+        return out
+
+
+def encode_texts(backend: Any, texts: Sequence[str], special: bool = False) -> list[list[int]]:
+    """Each text's ids, in one `encode_batch_fast` call: the library releases the GIL while it encodes (unlike
+    `encode`), so in a worker thread this leaves the event loop running. Touches only `backend`."""
+    if not texts:
+        return []
+    return [list(e.ids) for e in backend.encode_batch_fast(list(texts), add_special_tokens=special)]
 
 
 def build_segmented_encoder(backend: Any, *, max_entries: int, max_bytes: int, min_chars: int = 512,

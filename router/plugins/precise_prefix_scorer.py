@@ -24,9 +24,12 @@ so when the request completes without a batch having arrived since it started, t
 to publish within `staleS` (else it is stale and falls back).
 Start-up (`start`) loads a local tokenizer before the gateway reports ready, at most `tokenizerLoadTimeoutS` (120 s;
 then requests route on the approximate index until it has loaded): loading holds the GIL for seconds.
-Parameters: tokenizer (engine | local), tokenizerPaths ({model: dir}, local only), tokenizeTimeoutS (0.5),
+Parameters: tokenizer (engine | local), tokenizerPaths ({model: dir}, local only), tokenizeTimeoutS (0.5: the
+engine's answer, or local, the worker thread's encode; past it, the approximate index),
 tokenizerLoadTimeoutS (120),
 tokenizeCacheEntries (4096), tokenizeSegmentCacheMiB (64 per model, local only; 0: encode whole prompts),
+tokenizeThreadMinChars (512, local only: what is left to encode from this many characters on is encoded in a
+worker thread, off the event loop; null: always on the loop),
 staleS (5), replayTimeoutS (2), eventCoalesceS (0.05: after a wake that applied KV-event batches, wait this
 long before reading more, so an engine publishing every scheduler step costs one wake per interval; 0 to 1),
 kvGroup (null: the full-attention group), port / replayPort / topic
@@ -166,7 +169,7 @@ class PrecisePrefixScorer:
 
 
 def _tokenizer(*, kind: object, paths: object, timeout_s: float, cache: int, segment_mib: float,
-               state: FleetState) -> PromptTokenizer:
+               thread_min_chars: int | None, state: FleetState) -> PromptTokenizer:
     if kind == "engine":
         def least_loaded(endpoints: Sequence[Endpoint]) -> Endpoint:
             return min(endpoints, key=lambda e: state.load(e.id))
@@ -178,7 +181,8 @@ def _tokenizer(*, kind: object, paths: object, timeout_s: float, cache: int, seg
         if segment_mib < 0:
             raise ValueError("tokenizeSegmentCacheMiB must be 0 (off) or positive")
         return LocalTokenizer(paths={str(k): v for k, v in paths.items()}, cache_entries=cache,
-                              segment_bytes=int(segment_mib * (1 << 20)))
+                              segment_bytes=int(segment_mib * (1 << 20)), thread_min_chars=thread_min_chars,
+                              timeout_s=timeout_s)
     raise ValueError(f"parameter 'tokenizer' must be engine or local, got {kind!r}")
 
 
@@ -207,7 +211,8 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Preci
         kind=parameters.get("tokenizer", "engine"), paths=parameters.get("tokenizerPaths"),
         timeout_s=param(parameters, "tokenizeTimeoutS", 0.5, float),
         cache=param(parameters, "tokenizeCacheEntries", 4096, int),
-        segment_mib=param(parameters, "tokenizeSegmentCacheMiB", 64.0, float), state=ctx.state,
+        segment_mib=param(parameters, "tokenizeSegmentCacheMiB", 64.0, float),
+        thread_min_chars=param(parameters, "tokenizeThreadMinChars", 512, int), state=ctx.state,
     )
     timer = None  # metrics registered last: a parameter error above leaves the registry as it was
     if ctx.registry is not None:

@@ -221,6 +221,8 @@ def test_the_precise_profile_is_the_default_with_its_prefix_scorer_swapped() -> 
     ({"tokenizer": "psychic"}, "engine or local"),
     ({"tokenizer": "local"}, "tokenizerPaths"),
     ({"tokenizer": "local", "tokenizerPaths": {"*": "/m"}, "tokenizeSegmentCacheMiB": -1}, "tokenizeSegmentCacheMiB"),
+    ({"tokenizer": "local", "tokenizerPaths": {"*": "/m"}, "tokenizeThreadMinChars": -1}, "tokenizeThreadMinChars"),
+    ({"tokenizer": "local", "tokenizerPaths": {"*": "/m"}, "tokenizeThreadMinChars": "many"}, "tokenizeThreadMinChars"),
     ({"kvGroup": -1}, "kvGroup"),
     ({"port": 70000}, "port"),
     ({"staleS": 0}, "staleS"),

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from fleetgate.router import segment_tokens
 from fleetgate.router.segment_tokens import BYTES_PER_ID, SegmentCache, build_segmented_encoder
 
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
@@ -108,13 +109,13 @@ def test_a_repeated_system_prompt_is_read_from_the_cache_not_encoded(monkeypatch
     assert encoder is not None
     system = " ".join(CORPUS) * 3
     encoded: list[str] = []
-    real = encoder._ids
+    real = segment_tokens.encode_texts
 
-    def counting(text: str) -> list[int]:
-        encoded.append(text)
-        return real(text)
+    def counting(backend: Any, texts: list[str], special: bool = False) -> list[list[int]]:
+        encoded.extend(texts)
+        return real(backend, texts, special)
 
-    monkeypatch.setattr(encoder, "_ids", counting)
+    monkeypatch.setattr(segment_tokens, "encode_texts", counting)
     for i in range(4):
         text = (f"<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>"
                 f"<|start_header_id|>user<|end_header_id|>\n\nquestion {i}<|eot_id|>")
