@@ -22,10 +22,11 @@ engine holds, the gateway needs those same tokens. Two ways, chosen by the score
   `tokenizeSegmentCacheMiB`, 64), the same ids as a full encode; ~0.3-0.5 ms instead of ~4 ms of CPU for a
   2,800-token shared-prefix prompt on the 2-core dev box. A tokenizer for which that could differ (checked
   at load against the full encode) is encoded whole, with a warning. What is left to encode (the unique part, a
-  new system prompt) goes, from `thread_min_chars` characters on (the scorer's `tokenizeThreadMinChars`, 512),
-  to a worker thread in one `encode_batch_fast` call, which releases the GIL: the event loop keeps relaying
-  streams meanwhile (`encode` holds the GIL, so a thread did not help it). The chat template is rendered,
-  and the cache read and filled, on the loop.
+  new system prompt) is encoded on the event loop by default; with `thread_min_chars` set (the scorer's
+  `tokenizeThreadMinChars`, opt-in) it goes, from that many characters on, to a worker thread in one
+  `encode_batch_fast` call, which releases the GIL, so the loop keeps relaying streams meanwhile (`encode`
+  holds the GIL, so a thread did not help it); on the GPUs that gave worse routing (`THREAD_MIN_CHARS`). The
+  chat template is rendered, and the cache read and filled, on the loop.
 
 Both keep an LRU cache keyed by (model, canonical JSON of what is tokenized), so a retried or repeated
 request is not tokenized twice. A completions prompt given as token ids needs no tokenizer. A request
@@ -55,7 +56,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ANY_MODEL = "*"
-THREAD_MIN_CHARS = 512  # texts to encode from this many characters on are encoded in a worker thread
+# Texts to encode from this many characters on would go to a worker thread; None: every encode on the event
+# loop, the default since the GPU A/B (docs/reports/gpu-routing.md, run 7b): at 1.5x load on 2 H200s the thread
+# gave a worse TTFT p90 than the loop in 3 samples of 3 (4.81/3.42/3.26 s against 3.01/3.16/3.03 s) and fewer
+# prefix-cache hits in 2, although it halves the loop thread's CPU per request on the dev box.
+THREAD_MIN_CHARS: int | None = None
 THREADS = 2  # worker threads per tokenizer: a long unique prompt does not hold up the next request's encode
 CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
                 "chat_template_kwargs", "tools", "mm_processor_kwargs")

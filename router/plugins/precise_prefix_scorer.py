@@ -28,8 +28,8 @@ Parameters: tokenizer (engine | local), tokenizerPaths ({model: dir}, local only
 engine's answer, or local, the worker thread's encode; past it, the approximate index),
 tokenizerLoadTimeoutS (120),
 tokenizeCacheEntries (4096), tokenizeSegmentCacheMiB (64 per model, local only; 0: encode whole prompts),
-tokenizeThreadMinChars (512, local only: what is left to encode from this many characters on is encoded in a
-worker thread, off the event loop; null: always on the loop),
+tokenizeThreadMinChars (null: always on the event loop; local only: N encodes what is left from N characters on
+in a worker thread, off the loop: measured worse on GPUs, so opt-in),
 staleS (5), replayTimeoutS (2), eventCoalesceS (0.05: after a wake that applied KV-event batches, wait this
 long before reading more, so an engine publishing every scheduler step costs one wake per interval; 0 to 1),
 kvGroup (null: the full-attention group), port / replayPort / topic
@@ -50,7 +50,7 @@ from fleetgate.router.hashing import root_seed, token_block_hashes
 from fleetgate.router.kv_fleet import KvEventFleet, KvEventsCollector
 from fleetgate.router.plugins import prefix_scorer
 from fleetgate.router.plugins.base import CACHED_SHARE, PROMPT_TOKENS, CycleState, PluginContext, hotspot_guard, param
-from fleetgate.router.prompt_tokens import EngineTokenizer, LocalTokenizer, PromptTokenizer
+from fleetgate.router.prompt_tokens import THREAD_MIN_CHARS, EngineTokenizer, LocalTokenizer, PromptTokenizer
 from fleetgate.router.timing import TimingHistogram
 from fleetgate.router.types import RoutingRequest
 
@@ -212,7 +212,7 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Preci
         timeout_s=param(parameters, "tokenizeTimeoutS", 0.5, float),
         cache=param(parameters, "tokenizeCacheEntries", 4096, int),
         segment_mib=param(parameters, "tokenizeSegmentCacheMiB", 64.0, float),
-        thread_min_chars=param(parameters, "tokenizeThreadMinChars", 512, int), state=ctx.state,
+        thread_min_chars=param(parameters, "tokenizeThreadMinChars", THREAD_MIN_CHARS, int), state=ctx.state,
     )
     timer = None  # metrics registered last: a parameter error above leaves the registry as it was
     if ctx.registry is not None:

@@ -12,14 +12,15 @@ t x (1 - c_e): t = the prompt's tokens (the precise scorer's token count when it
 len(prompt_text) / charsPerToken) and c_e = the share of the prompt the prefix scorer in the same profile
 believes e holds (`CACHED_SHARE`; 0 without one). An entry leaves at the first generated token
 (`on_first_token`), at completion, or after `maxPendingS` (a request whose first token is never reported).
-With `shared` (opt-in) and several gateway replicas sharing a store (`redis_url`), each replica's map is shared
-through it (`fleetgate.router.prefill_sync`: a background sync every `syncIntervalS`, maps older than
-`syncMaxAgeS` ignored, local figures alone while the store is down) and P_e below counts every replica's queue:
-this replica's own entries plus the others' last-known totals. Without it each replica sees about 1/N of the queue
-(issue 24: two replicas' background TTFT p50 0.15 s against one's 0.089 s on 2 H200s, the likely cause).
-It ships off: the GPU run meant to judge it ran out of device time before its engines were up, and on the CPU
-box's simulator it helped at 10 requests/s (two/one TTFT p50 ratio 1.28 -> 1.15) but was worse past saturation in
-both runs (1.15 -> 1.96, 1.02 -> 1.60; docs/reports/gateway-replicas.md). A default needs the GPU measurement.
+With `shared` (auto: on when the store is networked) and gateway replicas sharing a store (`redis_url`), each
+replica's map is shared through it (`fleetgate.router.prefill_sync`: a background sync every `syncIntervalS`,
+maps older than `syncMaxAgeS` ignored, local figures alone while the store is down) and P_e below counts every
+replica's queue: this replica's own entries plus the others' last-known totals. Without it each replica sees about
+1/N of the queue (issue 24: two replicas' background TTFT p50 0.15 s against one's 0.089 s on 2 H200s).
+Measured on 2 H200s (runs 7a and 7c, the order reversed between them; docs/reports/gpu-routing.md): with two gateway
+replicas sharing Redis, sharing cut the background TTFT p50 from 0.188 to 0.136 s and 0.132 to 0.119 s, p90 0.566 to
+0.277 s and 0.341 to 0.259 s, so it is on by default wherever the store is networked (`auto`). The CPU box's
+simulator had it worse past saturation (docs/reports/gateway-replicas.md); the GPUs decide.
 
 Formula: W_e = P_e + t x (1 - c_e g_e), the prefill e would do before this request's first token: P_e, the sum
 of e's entries, plus this request's own uncached tokens there (`includeOwn`, default on; off: W_e = P_e), with
@@ -34,8 +35,8 @@ prompts nobody holds. Why the default sets it: on 2 H100s at 1.2x round-robin's 
 move warm prompts lost 9-18 points of cache hits in two runs of three (the prefix ends up held twice and, under KV
 pressure, evicts others), while it won at 1.0x in all three (docs/reports/gpu-routing.md, runs 4a-4c).
 Parameters: scaleTokens (2048), charsPerToken (4), maxPendingS (30), includeOwn (true), hotspotMargin (2; null
-disables the guard), warmShare (null), shared (false; true; auto: share through a networked store such as
-Redis, not the in-memory one), syncIntervalS (0.05), syncMaxAgeS (2).
+disables the guard), warmShare (null), shared (auto: share through a networked store such as Redis, not the
+in-memory one; true; false), syncIntervalS (0.05), syncMaxAgeS (2).
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ class PrefillQueueScorer:
 
 
 def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> PrefillQueueScorer:
-    shared = parameters.get("shared", False)  # opt-in until measured on GPUs (module docstring)
+    shared = parameters.get("shared", "auto")  # on with a networked store, as measured on GPUs (module docstring)
     if shared not in ("auto", True, False):
         raise ValueError(f"parameter 'shared' must be auto, true or false, got {shared!r}")
     sync = None

@@ -235,9 +235,9 @@ def test_a_chunk_repeated_in_one_text_is_encoded_once_and_the_plan_checks_its_in
     assert whole.assemble([ids]) == ids and whole.chars == len(text)
 
 
-@pytest.mark.parametrize("value, expected", [(None, 512), (0, 0), (4096, 4096)])
+@pytest.mark.parametrize("value, expected", [(None, None), (0, 0), (4096, 4096)])
 def test_the_threshold_comes_from_the_profile_and_null_keeps_every_encode_on_the_loop(
-        value: int | None, expected: int) -> None:
+        value: int | None, expected: int | None) -> None:
     from fleetgate.router.build import build_scheduler
     from fleetgate.router.config import precise_prefix_config
 

@@ -165,12 +165,14 @@ async def test_two_schedulers_route_around_each_others_queued_prefill() -> None:
     assert scorer_a._sync_task is not None and scorer_a._sync_task.done()
 
 
-def test_sharing_is_opt_in_and_auto_follows_the_store() -> None:
+def test_sharing_follows_the_store_by_default() -> None:
     from fleetgate.core.kvstore import RedisKVStore
 
     redis = RedisKVStore("redis://127.0.0.1:9")  # never reached: the sync starts at the first decision
-    cases = [(None, None, False), (MemoryKVStore(), None, False), (redis, None, False),  # the shipped default: off
-             (redis, "auto", True), (MemoryKVStore(), "auto", False), (redis, True, True), (None, True, False)]
+    # the default is auto: on with Redis, off in memory
+    cases = [(None, None, False), (MemoryKVStore(), None, False), (redis, None, True),
+             (redis, "auto", True), (MemoryKVStore(), "auto", False), (redis, True, True), (None, True, False),
+             (redis, False, False)]
     for kvstore, shared, on in cases:
         data = RoutingConfig().model_dump(by_alias=True, mode="json")
         if shared is not None:
