@@ -24,6 +24,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import perf_counter_ns
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -184,6 +185,7 @@ class Forwarder:
                         upstream_body(parsed.body, served_name=served, stream=stream, raw=parsed.raw, max_tokens=cap))
                 # on_start before sending and on_complete on every failure keep in-flight counts balanced.
                 self._scheduler.on_start(routing, endpoint)
+                posting_ns = perf_counter_ns()  # `own_time`: the gateway's stages end, aiohttp's request write begins
                 try:
                     response = await send(
                         self._session(), endpoint, path, body, request_id=ctx.request_id, headers_timeout_s=timeout
@@ -221,7 +223,8 @@ class Forwarder:
                                      f"adapter {model!r} could not be loaded on an engine of {spec.base!r}")
                     continue
                 if not ctx.before_upstream_ns:  # the request's first answered engine call: the gateway's own time
-                    ctx.before_upstream_ns = self._metrics.own.before_upstream(ctx.arrived_ns, sent_ns(response))
+                    ctx.before_upstream_ns = self._metrics.own.before_upstream(ctx.arrived_ns, sent_ns(response),
+                                                                                posting_ns)
                 attempt = Attempt(model=model, tier=tier, endpoint=endpoint, routing=routing, decision=decision)
                 self._attempted(ctx, attempt)
                 return attempt, response

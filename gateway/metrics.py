@@ -51,7 +51,8 @@ class GatewayMetrics:
         self.own = OwnTime(Histogram(
             "fleetgate_gateway_own_seconds",
             "The gateway's own time on a request sent to an engine, by phase: before_upstream (ASGI handler entered "
-            "-> request bytes written to the engine), first_chunk (first chunk read from the engine -> handed to "
+            "-> request bytes written to the engine; split into stages, up to the hand-off to the HTTP client, and "
+            "upstream_write, from there), first_chunk (first chunk read from the engine -> handed to "
             "the client's ASGI send), total_to_first_byte (their sum per streamed request). Cache hits: none.",
             ["phase"],
             buckets=OWN_BUCKETS,

@@ -5,6 +5,8 @@ Where the clocks are (all `time.perf_counter_ns`):
 
 - `arrived`: the first statement of the hot route's ASGI handler (`fastpath.body_handler`), reached from uvicorn's
   call of the app after one dict lookup (`GatewayApp.__call__`), before the headers are read;
+- `posting`: just before the engine request is handed to aiohttp (`forwarding.Forwarder.open`, after the body
+  for the engine is built and the endpoint's in-flight count raised);
 - `sent`: just after aiohttp's body writer handed the request's bytes to the engine connection's transport
   (`upstream.TimedRequest.write_bytes`, after `write_eof`; uvloop writes to the socket at once unless its buffer
   is full). On Python < 3.12 aiohttp writes the body in a task of its own, so the loop's queue before that task
@@ -20,6 +22,9 @@ Phases, each observed once per request and only for requests that reach an engin
   endpoint choice, adapter loads and scale-from-zero waits, aiohttp's request writing; a connect retry's failed
   attempt too. Observed for every engine request of the HTTP door, streamed or not (the first attempt that got
   an answer; a cascade's second call is not counted again);
+- `stages` = posting - arrived and `upstream_write` = sent - posting: `before_upstream` split in two, the
+  gateway's own stages against aiohttp's request write (on a loaded 2-core box a write to an engine on the same
+  cores also holds the time the kernel gives the engine's process, woken by the bytes);
 - `first_chunk` = handed - read: the relay's rewrite of the first chunk (streamed requests, chat and completions);
 - `total_to_first_byte` = their sum, per streamed request.
 
@@ -38,7 +43,7 @@ from time import perf_counter_ns
 
 from prometheus_client import Histogram
 
-PHASES = ("before_upstream", "first_chunk", "total_to_first_byte")
+PHASES = ("before_upstream", "stages", "upstream_write", "first_chunk", "total_to_first_byte")
 # sub-millisecond resolution where the gateway's time lies; the histogram's sum and count give the exact mean
 OWN_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
                0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0)
@@ -48,19 +53,25 @@ class OwnTime:
     """The three phases' histogram children, bound once (a `labels()` lookup per observation would cost more than
     the observation)."""
 
-    __slots__ = ("_before", "_first", "_total")
+    __slots__ = ("_before", "_first", "_stages", "_total", "_write")
 
     def __init__(self, histogram: Histogram) -> None:
         self._before = histogram.labels("before_upstream")
+        self._stages = histogram.labels("stages")
+        self._write = histogram.labels("upstream_write")
         self._first = histogram.labels("first_chunk")
         self._total = histogram.labels("total_to_first_byte")
 
-    def before_upstream(self, arrived_ns: int, sent_ns: int) -> int:
-        """Observe sent - arrived; returns it (ns), or 0 (nothing observed) when either clock is missing."""
+    def before_upstream(self, arrived_ns: int, sent_ns: int, posting_ns: int = 0) -> int:
+        """Observe sent - arrived, and its split at `posting_ns` when given; returns it (ns), or 0 (nothing
+        observed) when either end's clock is missing."""
         if not arrived_ns or not sent_ns:
             return 0
         took = sent_ns - arrived_ns
         self._before.observe(took / 1e9)
+        if arrived_ns <= posting_ns <= sent_ns:
+            self._stages.observe((posting_ns - arrived_ns) / 1e9)
+            self._write.observe((sent_ns - posting_ns) / 1e9)
         return took
 
     def first_chunk(self, read_ns: int, before_ns: int) -> None:

@@ -149,7 +149,8 @@ def report_lines(row: dict[str, Any]) -> list[str]:
     if not loaded:
         return []
     phases = "; ".join(f"{phase} {_phase_text(loaded.get(phase))}"
-                       for phase in ("before_upstream", "first_chunk", "total_to_first_byte"))
+                       for phase in ("before_upstream", "stages", "upstream_write", "first_chunk",
+                                     "total_to_first_byte") if phase in loaded)
     share = row.get("own_share_of_ttft_p50")
     share_text = f" = {share:.2%} of the background's TTFT p50" if share is not None else ""
     idle_total = (idle or {}).get("total_to_first_byte")

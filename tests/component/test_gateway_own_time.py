@@ -64,9 +64,10 @@ async def test_a_streamed_request_is_counted_once_per_phase_without_the_engines_
         ttft, whole = await streamed(client, chat(stream=True))
     seen = own(gw)
     assert {p: c for p, (c, _) in seen.items()} == {p: 1.0 for p in PHASES}
-    before, first, total = (seen[p][1] for p in PHASES)
+    before, stages, write, first, total = (seen[p][1] for p in PHASES)
     assert ttft > PREFILL_S  # the engine's prefill is on the client's path ...
     assert 0 < before < PREFILL_S / 2 and 0 < first < PREFILL_S / 2  # ... and in neither phase
+    assert stages > 0 and write > 0 and stages + write == pytest.approx(before, abs=1e-6)  # its split
     assert total == pytest.approx(before + first, abs=1e-6)
     assert total < ttft < whole
 
@@ -82,6 +83,7 @@ async def test_an_unstreamed_request_counts_before_upstream_alone(
     assert r.status_code == 200
     seen = own(gw)
     assert seen["before_upstream"][0] == 1 and 0 < seen["before_upstream"][1] < min(PREFILL_S / 2, whole)
+    assert seen["stages"][0] == seen["upstream_write"][0] == 1
     assert seen["first_chunk"] == seen["total_to_first_byte"] == (0.0, 0.0)
 
 

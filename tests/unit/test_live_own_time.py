@@ -41,7 +41,8 @@ def test_two_scrapes_of_two_replicas_give_the_windows_exact_mean_and_its_quantil
     observe(b, [0.4, 0.4, 0.8], [0.1, 0.1, 0.1])
     after = [parse(exposition(a.registry)), parse(exposition(b.registry))]
     w = window(before, after)
-    assert set(w) == {"before_upstream", "first_chunk", "total_to_first_byte"}
+    assert set(w) == {"before_upstream", "stages", "upstream_write", "first_chunk", "total_to_first_byte"}
+    assert w["stages"].count == w["upstream_write"].count == 0  # no posting clock given: before_upstream unsplit
     before_upstream = w["before_upstream"]
     assert before_upstream.count == 5
     assert before_upstream.sum == pytest.approx((0.4 + 0.6 + 0.4 + 0.4 + 0.8) / 1000)
@@ -112,3 +113,13 @@ async def test_an_unreadable_endpoint_leaves_no_phase_rather_than_part_of_the_re
     assert unreadable == {}
     assert window([readable, readable], [readable, unreadable]) == {}
     assert own_row({}, {}, ttft_p50_s=0.1) == {"own_idle": {}, "own_loaded": {}, "own_share_of_ttft_p50": None}
+
+
+def test_before_upstream_is_split_at_the_hand_off_to_the_http_client() -> None:
+    metrics = GatewayMetrics(CollectorRegistry())
+    assert metrics.own.before_upstream(1 * MS, 3 * MS, posting_ns=2 * MS + MS // 2) == 2 * MS
+    metrics.own.before_upstream(1 * MS, 3 * MS, posting_ns=4 * MS)  # a clock out of order: no split
+    seen = parse(exposition(metrics.registry))
+    assert seen["before_upstream"].count == 2
+    assert (seen["stages"].count, seen["upstream_write"].count) == (1, 1)
+    assert seen["stages"].sum == pytest.approx(0.0015) and seen["upstream_write"].sum == pytest.approx(0.0005)
