@@ -28,8 +28,9 @@ CACHE_PROMPT = "How do I check if a file exists in Python?"
 # A paraphrase the static prefilter cannot settle (words of its own), so the encoder runs, and that the pair model
 # accepts. Issue 30's pair model refuses the earlier pair ("How do I reverse a list in Python without copying
 # it?" / "...in place, without making a copy?": added words) and the several rewordings of it tried that need the
-# encoder.
-CACHE_PARAPHRASE = "What's the way to test whether a file exists using Python?"
+# encoder; round 7's refit refuses "What's the way to test whether a file exists using Python?" ("using": an added
+# tool is what it learnt to refuse) and accepts this one.
+CACHE_PARAPHRASE = "What's the Python way to check that a file exists?"
 
 
 def encoder_spec(config: EncoderEngineConfig, *, python: str | None = None) -> EngineSpec:

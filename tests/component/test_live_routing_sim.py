@@ -45,8 +45,9 @@ def test_a_small_live_run_on_simulated_engines(tmp_path: Path) -> None:
     # the gateway watched its own loop over the loaded window (`loop_watch`): ~200 timer samples a second
     assert overhead["gateway_loop"]["samples"] > 100 and overhead["gateway_loop"]["lag_ms"]["max"] >= 0, overhead
     # the second method: the gateway's own clocks, one observation per phase for each idle pair's gateway request
+    phases = ("before_upstream", "stages", "upstream_write", "first_chunk", "total_to_first_byte")
     assert {p: s["count"] for p, s in overhead["own_idle"].items()} == dict.fromkeys(
-        ("before_upstream", "first_chunk", "total_to_first_byte"), overhead["idle_pairs"]), overhead["own_idle"]
+        phases, overhead["idle_pairs"]), overhead["own_idle"]
     loaded = overhead["own_loaded"]["total_to_first_byte"]
     assert loaded["count"] > overhead["loaded_pairs"]  # the background's requests too
     assert 0 < loaded["mean_ms"] < 1000 * overhead["background_ttft_p50_s"]
