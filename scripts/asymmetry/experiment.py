@@ -242,12 +242,13 @@ def evaluate(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
+    from fleetgate.cache.eval_cli import default_data_dir
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare")
-    prep.add_argument("--data", type=Path, default=Path(os.environ.get("FLEETGATE_EVAL_DATA", ROOT.parent / "shared"
-                                                                       / "data" / "eval")))
+    prep.add_argument("--data", type=Path, default=default_data_dir())  # $FLEETGATE_EVAL_DATA, as cache-eval
     prep.add_argument("--train", default=str(ROOT / "cache" / "data"))
     prep.add_argument("--name", default="prepared.pkl")
     ev = sub.add_parser("eval")
