@@ -33,6 +33,13 @@ def _names(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("live routing benchmark (--live)")
     g.add_argument("--profiles", default="round-robin,least-loaded,default,precise-prefix",
@@ -54,6 +61,12 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--overhead-window", type=float, default=12.0)
     g.add_argument("--overhead-profiles", default="default", help="routing profiles of the overhead phase "
                    "(comma-separated; each once per --overhead-replicas count, profile by profile)")
+    g.add_argument("--overhead-background", choices=["shared-prefix", "reference"], default="shared-prefix",
+                   help="the overhead phase's background load: shared-prefix (that workload at the base rate, open "
+                   "loop) or reference (issue 24's scale: --overhead-streams closed-loop streams per engine, each "
+                   "sending unique ~1k-token prompts for 128 output tokens, one after another)")
+    g.add_argument("--overhead-streams", type=_positive, default=64,
+                   help="the reference background's streams per engine")
     g.add_argument("--overhead-controls", default="", help="control pairs beside the gateway's: two direct "
                    "requests, the second sent this many ms later (comma-separated), what the paired probe charges a "
                    "known pure delay")
@@ -125,6 +138,7 @@ def options_from_args(args: argparse.Namespace) -> LiveOptions:
         accounting_finish_tokens=args.accounting_finish_tokens,
         overhead_profiles=_names(args.overhead_profiles),
         overhead_window_s=args.overhead_window, overhead_controls_ms=tuple(_floats(args.overhead_controls)),
+        overhead_background=args.overhead_background, overhead_streams=args.overhead_streams,
         probe_s=args.probe_seconds, probe_concurrency=args.probe_concurrency,
         base_rate=args.base_rate, calibrate=not args.no_calibrate,
         calibration_lengths=tuple(int(x) for x in _floats(args.calibration_lengths)),

@@ -5,8 +5,11 @@ request B straight to engine k, both sent at once (`Prober.pairs` says why); bot
 probe prefix plus a short unique suffix, so the engine does the same small prefill for each. The added
 latency of a pair is TTFT(gateway) - TTFT(direct); the figure is the mean over pairs (with a bootstrap
 95% interval; the median beside it), first on idle engines, then while the gateway also relays a
-background load (the shared-prefix workload at the base rate) so that the engines stream thousands of
-tokens per second.
+background load so that the engines stream thousands of tokens per second. The background (`BACKGROUNDS`, in the row
+as `background`): `shared-prefix`, that workload at the base rate (open loop, Poisson); or `reference`, issue 24's
+own scale (on one H100, 64 concurrent streams of ~1k-token prompts and 128-token answers: TTFT p50 0.58 s): a closed
+loop of `streams` per engine through the door, each sending one unique ~1k-token prompt after another for exactly
+128 tokens, no think time (`live_workloads.reference_chains`; `streams` in the row is their total).
 Gateway CPU per request: the gateway process's CPU seconds over the loaded window / the requests it
 served in it (background and probes). The engines' counters over the phase, minus the direct probes'
 own usage, are compared with what the gateway charged (the accounting check covers this phase too).
@@ -35,12 +38,17 @@ from fleetgate.bench.live_points import (
     start_gateway_door,
     usage_each,
 )
+from fleetgate.bench.live_replicas import GatewayGroup
+from fleetgate.bench.live_workloads import Target, reference_chains
 from fleetgate.bench.loop_watch import load_summary
 from fleetgate.engine.vllm_counters import deltas, total
 from fleetgate.sim.report import quantile
 from fleetgate.sim.workloads import _text
 
 PROBE_MAX_TOKENS = 4
+BACKGROUNDS = ("shared-prefix", "reference")  # the loaded window's background load (see the module's docstring)
+REFERENCE_PROMPT_TOKENS = 1000
+REFERENCE_OUTPUT_TOKENS = 128
 
 
 def median_ci(values: list[float], *, seed: int = 0, rounds: int = 400) -> tuple[float, float, float]:
@@ -200,10 +208,53 @@ def _ms(values: tuple[float, float, float]) -> list[float]:
     return [round(v * 1000, 3) for v in values]
 
 
+def background_requests(ctx: LiveContext, gateway: GatewayGroup, *, background: str, streams: int, base_rate: float,
+                        window_s: float, drain_s: float, seed: int) -> list[LiveRequest]:
+    """The loaded window's background through `gateway`, spread over its replicas in turn: the shared-prefix workload
+    at `base_rate`, or `reference`: `streams` closed-loop chains in all (`live_workloads.reference_chains`)."""
+    if background == "reference":
+        target = Target(url=gateway.url, model=ctx.model, keys=ctx.keys.tenants, door_urls=gateway.urls)
+        return reference_chains(streams=streams, window_s=window_s, target=target, tenants=list(ctx.keys.tenants),
+                                chars_per_token=ctx.chars_per_token, seed=seed,
+                                prompt_tokens=REFERENCE_PROMPT_TOKENS, output_tokens=REFERENCE_OUTPUT_TOKENS)
+    spec = PointSpec(workload="shared-prefix", profile="", load=1.0, rate=base_rate, window_s=window_s,
+                     drain_s=drain_s, seed=seed, tag="overhead")
+    return build_requests(ctx, spec, gateway.url, spread=gateway.urls)
+
+
+def chains_ran_out(requests: list[LiveRequest], results: list[LiveResult]) -> int:
+    """Closed-loop chains whose last request was sent: they stopped before the window ended (a chain too short for
+    engines this fast), so the background thinned out; 0 for an open loop."""
+    followed = {r.after for r in requests if r.after is not None}
+    sent = {r.id for r in results}
+    return sum(1 for r in requests if r.after is not None and r.id not in followed and r.id in sent)
+
+
+def background_label(row: dict[str, Any]) -> str:
+    """Which background an overhead row was measured under (rows written before there was a choice: shared-prefix)."""
+    if row.get("background", "shared-prefix") == "reference":
+        return f"reference background, {row.get('streams')} closed-loop streams"
+    return "shared-prefix background at the base rate"
+
+
+def overhead_line(row: dict[str, Any]) -> str:
+    """The progress line of an overhead row."""
+    return (f"overhead ({row['profile']}, {row['gateway_replicas']} gateway replica(s), {background_label(row)}): "
+            f"+{row['idle_added_ms'][0]:.2f} ms idle, +{row['loaded_added_ms'][0]:.2f} ms "
+            f"under load (95% {row['loaded_added_ms'][1]:.2f}..{row['loaded_added_ms'][2]:.2f}) = "
+            f"{(row['added_share_of_ttft_p50'] or 0):.2%} of TTFT p50, gateway CPU "
+            f"{row['gateway_cpu_ms_per_request']:.2f} ms/request at {row['output_tps']:.0f} tok/s; "
+            f"background TTFT p50 {row['background_ttft_p50_s']:.3f} s, {row['background_requests']} requests")
+
+
 async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, window_s: float, drain_s: float,
-                       seed: int, idle_pairs: int = 40, controls_ms: tuple[float, ...] = (), replicas: int = 0
-                       ) -> dict[str, Any]:
+                       seed: int, idle_pairs: int = 40, controls_ms: tuple[float, ...] = (), replicas: int = 0,
+                       background: str = "shared-prefix", streams: int = 0) -> dict[str, Any]:
+    """`streams`: the reference background's closed-loop streams per engine (ignored by the shared-prefix one)."""
+    if background not in BACKGROUNDS:
+        raise ValueError(f"overhead background {background!r}: expected one of {list(BACKGROUNDS)}")
     session, urls = ctx.session, ctx.urls
+    total_streams = streams * len(urls) if background == "reference" else 0
     await live_engines.wait_idle(session, urls, timeout_s=30)
     if ctx.resets:
         await live_engines.reset_prefix_caches(session, urls)
@@ -216,9 +267,8 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         own0 = await live_own_time.scrape(session, gateway.metrics_urls)
         idle = await prober.pairs(count=idle_pairs, at_once=False)
         own1 = await live_own_time.scrape(session, gateway.metrics_urls)
-        spec = PointSpec(workload="shared-prefix", profile=profile, load=1.0, rate=base_rate, window_s=window_s,
-                         drain_s=drain_s, seed=seed, tag="overhead")
-        background = build_requests(ctx, spec, gateway.url, spread=gateway.urls)
+        load = background_requests(ctx, gateway, background=background, streams=total_streams, base_rate=base_rate,
+                                   window_s=window_s, drain_s=drain_s, seed=seed)
         cpu0, each0, redis0 = gateway.cpu_s(), gateway.cpu_each(), gateway.redis_cpu_s()
         probes_before = prober.gateway_requests
         mid0 = await live_engines.counters(session, urls)
@@ -229,7 +279,7 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
         lag = LoopLag()
         lag.start()
         t0, wall0 = time.perf_counter(), time.time()
-        load_task = asyncio.create_task(replay(session, background, drain_deadline_s=window_s + drain_s,
+        load_task = asyncio.create_task(replay(session, load, drain_deadline_s=window_s + drain_s,
                                                send_until_s=window_s))
         loaded = await prober.pairs(until=t0 + window_s, controls_ms=controls_ms)
         mid1, own2 = await asyncio.gather(live_engines.counters(session, urls),
@@ -258,8 +308,13 @@ async def run_overhead(ctx: LiveContext, *, profile: str, base_rate: float, wind
     direct_completion = sum(r.completion_tokens or 0 for r in prober.direct)
     direct_known = all(r.prompt_tokens is not None and r.completion_tokens is not None for r in prober.direct)
     left_early = sum(1 for r in results if (r.cancelled or r.forced) and r.chunks == 0)
+    prompts = [r.prompt_tokens for r in results if r.prompt_tokens is not None and r.error is None]
     row: dict[str, Any] = {
-        "kind": "overhead", "profile": profile, "rate": base_rate, "window_s": window_s,
+        "kind": "overhead", "profile": profile, "window_s": window_s,
+        # an open loop's offered rate; a closed loop has none (its streams set the load)
+        "background": background, "rate": None if total_streams else base_rate, "streams": total_streams or None,
+        "background_chains_ran_out": chains_ran_out(load, results),
+        "background_prompt_tokens_mean": statistics.fmean(prompts) if prompts else None,
         "idle_pairs": len(idle), "idle_added_ms": _ms(mean_ci(idle)), "idle_added_median_ms": _ms(median_ci(idle)),
         "loaded_pairs": len(loaded), "loaded_added_ms": _ms(loaded_ci),
         "loaded_added_median_ms": _ms(median_ci(loaded)),

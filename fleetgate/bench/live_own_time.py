@@ -163,15 +163,18 @@ def report_lines(row: dict[str, Any]) -> list[str]:
             f"{_phase_text(idle_total)}."]
 
 
-def target(row: dict[str, Any]) -> tuple[str, bool | None, str] | None:
-    """The own-time target (a different method from the paired probes' target, which stays as it is)."""
+def target(row: dict[str, Any], *, background: str = "") -> tuple[str, bool | None, str] | None:
+    """The own-time target (a different method from the paired probes' target, which stays as it is); `background`
+    names the row's background load in the target's name."""
     share = row.get("own_share_of_ttft_p50")
     total = (row.get("own_loaded") or {}).get("total_to_first_byte")
     if share is None or not total:
         return None
     replicas = row.get("gateway_replicas", 1)
     door = f", {replicas} gateway replicas" if replicas > 1 else ""
-    return (f"gateway's own time <= 1% of TTFT p50 ({row.get('profile', 'default')}{door}; measured inside the "
+    background = f"; {background}" if background else ""
+    return (f"gateway's own time <= 1% of TTFT p50 ({row.get('profile', 'default')}{door}{background}; measured "
+            f"inside the "
             f"gateway: mean total_to_first_byte over the loaded window, not the paired probes)", share <= 0.01,
             f"{total['mean_ms']:.3f} ms (p90 {total['p90_ms']:.3f}) over {total['count']:,} requests = {share:.2%} "
             f"of {row['background_ttft_p50_s']:.3f}s")

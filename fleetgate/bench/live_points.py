@@ -61,10 +61,12 @@ class PointSpec:
     server: tuple[tuple[str, Any], ...] = ()  # gateway `server` settings for this point (e.g. cancel_finish_tokens)
     door: str = "gateway"  # gateway | envoy+epp (`fleetgate.bench.live_epp`)
     replicas: int = 0  # gateway processes of this point's door; 0: the run's `gateway_replicas`
+    streams: int = 0  # closed-loop streams per engine (the overhead phase's `reference` background); 0: open loop
 
     @property
     def name(self) -> str:
-        return (f"{self.workload} x{self.load:g} {self.profile}" + ("" if self.tag == "routing" else f" [{self.tag}]")
+        size = f"{self.streams} streams/engine" if self.streams else f"x{self.load:g}"
+        return (f"{self.workload} {size} {self.profile}" + ("" if self.tag == "routing" else f" [{self.tag}]")
                 + ("" if self.door == "gateway" else f" via {self.door}"))
 
 

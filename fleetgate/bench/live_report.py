@@ -15,7 +15,9 @@ Targets (issue 24), judged on these rows:
 - `precise-prefix` >= `default` at every load (TTFT p90 no worse, tokens/s no lower), and better near
   saturation;
 - unique prompts: `default` within +-5% of `least-loaded` (TTFT p50, TTFT p90, tokens/s);
-- gateway overhead <= 1% of TTFT p50 (the paired probe under load);
+- gateway overhead <= 1% of TTFT p50 (the paired probe under load); each overhead row's target and section name its
+  background load (`live_overhead.background_label`: shared-prefix at the base rate, or issue 24's reference scale),
+  so rows of different backgrounds are never read as one comparison;
 - the gateway's own time <= 1% of TTFT p50: a second, different method (the mean of the gateway's own clocks,
   `fleetgate_gateway_own_seconds` total_to_first_byte, over the loaded window: `live_own_time`), beside the paired
   probe's target, which stays as it is;
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgate.bench import live_own_time
+from fleetgate.bench.live_overhead import REFERENCE_OUTPUT_TOKENS, background_label
 from fleetgate.bench.live_routing import accounting_line
 from fleetgate.bench.live_throughput import throughput_file
 
@@ -175,12 +178,12 @@ def targets(rows: list[dict[str, Any]]) -> list[tuple[str, bool | None, str]]:
             met = True if upper <= 0.01 else False if share > 0.01 else None  # None: the interval straddles 1%
             replicas = r.get("gateway_replicas", 1)
             door = f", {replicas} gateway replicas" if replicas > 1 else ""
-            out.append((f"gateway overhead <= 1% of TTFT p50 ({r.get('profile', 'default')}{door}; mean of paired "
-                        f"probes, 95% interval)", met,
+            out.append((f"gateway overhead <= 1% of TTFT p50 ({r.get('profile', 'default')}{door}; "
+                        f"{background_label(r)}; mean of paired probes, 95% interval)", met,
                         f"+{r['loaded_added_ms'][0]:.2f} ms (95% {r['loaded_added_ms'][1]:.2f}.."
                         f"{r['loaded_added_ms'][2]:.2f}) = {share:.2%} of {r['background_ttft_p50_s']:.3f}s at "
                         f"{r['output_tps']:,.0f} tok/s"))
-        own = live_own_time.target(r) if r.get("kind") == "overhead" else None
+        own = live_own_time.target(r, background=background_label(r)) if r.get("kind") == "overhead" else None
         if own is not None:
             out.append(own)
         if r.get("kind") == "accounting":
@@ -331,6 +334,21 @@ def door_line(meta: dict[str, Any]) -> str:
             f"CPU is their sum.")
 
 
+def background_sentence(r: dict[str, Any]) -> str:
+    """What loaded the engines while the loaded pairs ran."""
+    ran_out = r.get("background_chains_ran_out") or 0
+    if r.get("background") == "reference":
+        return (f"Background: issue 24's reference scale, {r.get('streams')} closed-loop streams through the door "
+                f"(one request after another, no think time), each request a unique prompt of "
+                f"{_f(r.get('background_prompt_tokens_mean'), ',.0f')} prompt tokens on average and "
+                f"{REFERENCE_OUTPUT_TOKENS} output tokens; "
+                f"{r['background_requests']} requests." + (
+                    f" {ran_out} streams ran out of requests before the window ended (the background thinned)."
+                    if ran_out else ""))
+    return (f"Background: the shared-prefix workload at the base rate (open loop, Poisson arrivals); "
+            f"{r['background_requests']} requests.")
+
+
 def replica_lines(r: dict[str, Any]) -> list[str]:
     """An overhead row's figures per gateway replica (rows of several replicas, or with Redis)."""
     if "gateway_cpu_s_each" not in r:
@@ -383,7 +401,8 @@ def markdown(rows: list[dict[str, Any]], *, info: dict[str, Any]) -> str:
         if r.get("kind") == "overhead":
             replicas = r.get("gateway_replicas", 1)
             md += ["", f"## Gateway at engine speed ({r.get('profile', 'default')}"
-                   + (f", {replicas} gateway replicas)" if replicas > 1 else ")"), "",
+                   + (f", {replicas} gateway replicas" if replicas > 1 else "") + f"; {background_label(r)})", "",
+                   background_sentence(r), "",
                    f"Paired TTFT probes (gateway minus direct, sent at once to the same engine, same-shaped cached "
                    f"prompt), mean with 95% interval and median: idle +{r['idle_added_ms'][0]:.2f} ms "
                    f"({r['idle_added_ms'][1]:.2f}..{r['idle_added_ms'][2]:.2f}; median "

@@ -14,7 +14,8 @@ row per measurement to `results.jsonl` as soon as it is known (a run cut short k
 4. `point` rows (`fleetgate.bench.live_points`), in priority order: shared-prefix at the first two
    loads for every profile, the accounting point (the default profile at `accounting_load` with
    `accounting_cancel_share` of the requests leaving mid-stream), the gateway-overhead phase
-   (`fleetgate.bench.live_overhead`), unique prompts, shared-prefix at the other loads, chat. Every
+   (`fleetgate.bench.live_overhead`, on its chosen background load), unique prompts, shared-prefix at the
+   other loads, chat. Every
    profile of one (workload, load) gets the same seed, so the same requests; last, with `epp_loads`, issue 27's
    door points and door-latency phase (`fleetgate.bench.live_epp`);
 5. `accounting`: the sum over every comparable row of the engines' prompt and generation token counters
@@ -43,7 +44,7 @@ import aiohttp
 from fleetgate.bench import live_engines, live_pyspy
 from fleetgate.bench.live_client import LiveRequest, LiveResult, stream_one
 from fleetgate.bench.live_gateway import Keys, Profile, kv_event_routes, resolve_profile, template_vars
-from fleetgate.bench.live_overhead import run_overhead
+from fleetgate.bench.live_overhead import BACKGROUNDS, overhead_line, run_overhead
 from fleetgate.bench.live_points import LiveContext, PointSpec, run_point
 from fleetgate.bench.live_replicas import require_redis
 from fleetgate.bench.live_workloads import Sizes, Target, sized_items, to_requests
@@ -75,6 +76,11 @@ class LiveOptions:
     overhead_window_s: float = 12.0
     overhead_idle_pairs: int = 40
     overhead_controls_ms: tuple[float, ...] = ()  # control pairs' offsets (`live_overhead.Prober.pairs`)
+    # the overhead phase's background load (`live_overhead.BACKGROUNDS`): "shared-prefix" (open loop at the base
+    # rate) or "reference" (issue 24's scale: `overhead_streams` closed-loop streams per engine, ~1k-token unique
+    # prompts, 128-token answers)
+    overhead_background: str = "shared-prefix"
+    overhead_streams: int = 64
     probe_s: float = 10.0
     probe_concurrency: int = 0  # 0: 96 per engine
     base_rate: float | None = None  # skip the capacity probe
@@ -219,11 +225,18 @@ def plan(options: LiveOptions, base_rate: float) -> list[PointSpec]:
             out.append(replace(accounting, tag="accounting-finish",
                                server=(("cancel_finish_tokens", o.accounting_finish_tokens),)))
     if o.overhead_window_s > 0:
+        if o.overhead_background not in BACKGROUNDS:
+            raise ConfigError(f"overhead background {o.overhead_background!r}: expected one of {list(BACKGROUNDS)}")
+        reference = o.overhead_background == "reference"
+        if reference and o.overhead_streams < 1:
+            raise ConfigError(f"the reference background needs at least one stream per engine, got "
+                              f"{o.overhead_streams}")
         for profile in o.overhead_profiles:  # the same requests for every profile and replica count
             for replicas in o.overhead_replicas or (o.gateway_replicas,):
-                out.append(PointSpec(workload="shared-prefix", profile=profile, load=1.0, rate=base_rate,
+                out.append(PointSpec(workload=o.overhead_background, profile=profile, load=1.0, rate=base_rate,
                                      window_s=o.overhead_window_s, drain_s=o.drain_s, replicas=replicas,
-                                     seed=_seed(o.seed, "overhead", 1.0), tag="overhead"))
+                                     seed=_seed(o.seed, "overhead", 1.0), tag="overhead",
+                                     streams=o.overhead_streams if reference else 0))
     for load in o.unique_loads:
         for profile in o.unique_profiles:
             out.append(PointSpec(workload="unique", profile=profile, load=load, rate=base_rate * load,
@@ -260,11 +273,15 @@ def door_plan(o: LiveOptions, base_rate: float) -> list[PointSpec]:
 
 DOOR_START_S = 4.0  # Envoy and the picker starting, and Envoy's first health check of the picker
 LATENCY_FIXED_S = 20.0  # the door-latency phase: three doors starting, the idle rounds, the drain
+# a closed loop's tail: the requests in flight when the window ends run to their end (at issue 24's scale a
+# 128-token answer takes ~3-4 s: TTFT p50 0.58 s plus 128 steps of a 64-stream batch)
+CLOSED_LOOP_TAIL_S = 8.0
 
 
 def estimate_s(spec: PointSpec) -> float:
-    """A point's expected duration: its window, the backlog it leaves past saturation, the fixed costs."""
-    backlog = spec.window_s * max(0.0, spec.load - 1.0)
+    """A point's expected duration: its window, the backlog it leaves past saturation (a closed loop: the requests in
+    flight at the window's end), the fixed costs."""
+    backlog = CLOSED_LOOP_TAIL_S - 3.0 if spec.streams else spec.window_s * max(0.0, spec.load - 1.0)
     base = spec.window_s + min(spec.drain_s, backlog + 3.0) + 5.0
     if spec.tag == "door-latency":
         return spec.window_s + LATENCY_FIXED_S
@@ -411,7 +428,8 @@ async def run_live(urls: list[str], options: LiveOptions, *, out_dir: Path, work
                 continue
             drain = max(2.0, min(spec.drain_s, left() - spec.window_s - 8.0))
             spec = PointSpec(**{**asdict(spec), "drain_s": drain})
-            log(f"run {spec.name} at {spec.rate:.2f}/s for {spec.window_s:g}s")
+            log(f"run {spec.name} " + (f"({spec.streams * len(urls)} closed-loop streams)" if spec.streams
+                                        else f"at {spec.rate:.2f}/s") + f" for {spec.window_s:g}s")
             try:
                 if spec.tag == "door-latency":
                     from fleetgate.bench.live_epp import door_line, run_door_latency
@@ -423,15 +441,10 @@ async def run_live(urls: list[str], options: LiveOptions, *, out_dir: Path, work
                     row = await run_overhead(ctx, profile=spec.profile, base_rate=spec.rate, window_s=spec.window_s,
                                              drain_s=spec.drain_s, seed=spec.seed,
                                              idle_pairs=options.overhead_idle_pairs,
-                                             controls_ms=options.overhead_controls_ms, replicas=spec.replicas)
+                                             controls_ms=options.overhead_controls_ms, replicas=spec.replicas,
+                                             background=spec.workload, streams=spec.streams)
                     rec.add(row)
-                    log(f"overhead ({row['profile']}, {row['gateway_replicas']} gateway replica(s)): "
-                        f"+{row['idle_added_ms'][0]:.2f} ms idle, "
-                        f"+{row['loaded_added_ms'][0]:.2f} ms "
-                        f"under load (95% {row['loaded_added_ms'][1]:.2f}..{row['loaded_added_ms'][2]:.2f}) = "
-                        f"{(row['added_share_of_ttft_p50'] or 0):.2%} of TTFT p50, gateway CPU "
-                        f"{row['gateway_cpu_ms_per_request']:.2f} ms/request at {row['output_tps']:.0f} tok/s; "
-                        f"background TTFT p50 {row['background_ttft_p50_s']:.3f} s")
+                    log(overhead_line(row))
                 else:
                     row = await run_point(ctx, spec)
                     rec.add(row)

@@ -17,17 +17,26 @@ tokens. Every request asks for exactly `output_tokens` tokens (`ignore_eos`).
 [1, output_tokens - 1]: cancellations mid-stream.
 Requests to a door of several gateway replicas (`Target.door_urls`) go to them in turn (request i to replica
 i mod N), as a Kubernetes Service spreads new connections.
+
+- `reference_chains`: issue 24's reference scale as a background (the overhead phase's `reference`): a closed loop
+  of `streams` clients, each sending one request after another with no think time; every prompt unique from its
+  first characters (no prefix shared between requests) of about `prompt_tokens`, every answer exactly
+  `output_tokens` long.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
 from fleetgate.bench.live_client import LiveRequest, completion_body
-from fleetgate.sim.workloads import Sizes, WorkItem, sized_items
+from fleetgate.sim.workloads import Sizes, WorkItem, _text, sized_items
 
-__all__ = ["Sizes", "Target", "sized_items", "tenant_of", "to_requests"]
+__all__ = ["Sizes", "Target", "reference_chains", "sized_items", "tenant_of", "to_requests"]
+
+REFERENCE_MIN_REQUEST_S = 0.5  # no reference request is expected to end sooner: a chain covers the window
+REFERENCE_STAGGER_S = 0.5  # the chains' first requests are spread over this span (not one burst at t=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,4 +81,32 @@ def to_requests(items: list[WorkItem], *, target: Target, tenants: int, cancel_s
                                user=item.session_key)
         out.append(LiveRequest(id=item.id, url=url, body=body, headers=target.headers(tenant), at_s=item.arrival_s,
                                after=item.after, cancel_after=cancel, tenant=tenant, group=item.group, path=path))
+    return out
+
+
+def reference_chains(*, streams: int, window_s: float, target: Target, tenants: list[str], chars_per_token: float,
+                     seed: int, prompt_tokens: int = 1000, output_tokens: int = 128) -> list[LiveRequest]:
+    """`streams` closed-loop chains (each request sent when the one before it in its chain ends, `at_s` 0), long
+    enough to outlast `window_s` (a request takes at least `REFERENCE_MIN_REQUEST_S`; `replay` sends no follower
+    past its `send_until_s`, so the excess is never sent). Chain c's first request leaves at
+    c / streams x `REFERENCE_STAGGER_S`. Request i in sending order (round j of chain c: i = j x streams + c) goes to
+    the door's replica i mod N and belongs to tenant i mod T, as `to_requests` spreads requests; its prompt starts
+    with its own tag, so no two requests share a prefix block."""
+    if streams < 1:
+        raise ValueError(f"the reference background needs at least one stream, got {streams}")
+    rounds = math.ceil(window_s / REFERENCE_MIN_REQUEST_S) + 2
+    rng = random.Random(f"reference:{seed}")
+    out = []
+    for c in range(streams):
+        previous: str | None = None
+        for j in range(rounds):
+            i = j * streams + c
+            tenant = tenants[i % len(tenants)]
+            rid = f"ref-{c}-{j}"
+            prompt = f"[{rid}] " + _text(rng, prompt_tokens, chars_per_token=chars_per_token)
+            body = completion_body(model=target.model, prompt=prompt, max_tokens=output_tokens)
+            out.append(LiveRequest(id=rid, url=target.url_of(i), body=body, headers=target.headers(tenant),
+                                   at_s=c / streams * REFERENCE_STAGGER_S if previous is None else 0.0,
+                                   after=previous, tenant=tenant, group=f"ref-{c}"))
+            previous = rid
     return out

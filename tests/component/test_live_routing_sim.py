@@ -71,3 +71,32 @@ def test_a_small_live_run_on_simulated_engines(tmp_path: Path) -> None:
     assert "Gateway loop lag (a timer every 5 ms)" in text
     assert "Second method, the gateway's own time measured inside it" in text
     assert "gateway's own time <= 1% of TTFT p50" in text
+
+
+def test_the_overhead_phase_at_the_reference_scale_through_the_cli_on_simulated_engines(tmp_path: Path) -> None:
+    """`--overhead-background reference --overhead-streams 4`: 4 closed-loop streams per engine (8 for the two
+    simulated engines) of unique ~1k-token prompts for 128 tokens each, behind the paired probes."""
+    import argparse
+    import math
+
+    from fleetgate.bench.routing import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--live", "--profiles", "default", "--loads", "", "--unique-loads", "", "--chat-loads",
+                              "", "--no-calibrate", "--base-rate", "4", "--no-accounting", "--overhead-window", "4",
+                              "--overhead-background", "reference", "--overhead-streams", "4", "--budget", "150",
+                              "--out", str(tmp_path)])
+    assert run(args) == 0  # the accounting check over the overhead row alone: nothing lost
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    overhead = next(r for r in rows if r["kind"] == "overhead")
+    assert (overhead["background"], overhead["streams"], overhead["rate"]) == ("reference", 8, None)
+    assert overhead["background_requests"] >= 8  # every stream sent at least its first request
+    assert 950 <= overhead["background_prompt_tokens_mean"] <= 1050
+    assert overhead["engine_generation_tokens"] >= 128 * overhead["background_requests"]  # ignore_eos: 128 each
+    assert overhead["loaded_pairs"] > 0 and math.isfinite(overhead["added_share_of_ttft_p50"])
+    assert overhead["background_ttft_p50_s"] > 0 and overhead["own_share_of_ttft_p50"] > 0
+    assert overhead["comparable"] and overhead["lost_prompt_tokens"] == overhead["lost_completion_tokens"] == 0
+    assert overhead["background_chains_ran_out"] == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "## Gateway at engine speed (default; reference background, 8 closed-loop streams)" in text
