@@ -121,13 +121,31 @@ class RoutingConfig(_Model):
 def precise_prefix_config(parameters: dict[str, Any] | None = None) -> RoutingConfig:
     """The shipped default with its prefix scorer made precise: `precise-prefix-scorer` (the engines' own KV
     events, the approximate index as its per-endpoint fallback) under the same name and weight, so load,
-    session and adapter scorers stay as they are. The profile is named `precise-prefix`."""
+    session and adapter scorers stay as they are, plus the approximate index as a scorer of its own (`history`,
+    weight 1, before `prefix` so that the precise scorer's cached shares are the ones the queued-prefill scorer
+    reads). The profile is named `precise-prefix`.
+
+    Why `history`: past saturation the engines evict shared system prompts, the precise scorer then sees every
+    engine cold for a prompt group, load alone places the next request and the group splits across engines,
+    each recomputing and holding a copy; the approximate index remembers where the group went and keeps it
+    there. Hypothesis from runs 7b/7e, then judged on fresh seeds on 2 H200s (docs/reports/gpu-routing.md,
+    runs 8a, 8b, 8d): against the default, TTFT p90 lower in 10 samples of 10 at 1.0-1.5x, output tokens/s
+    higher in 9, uncached prefill lower in 10; without it the precise profile had lost to the default in 7 of
+    10 samples at 1.5x."""
     base = RoutingConfig()
-    plugins = [PluginSpec(type="precise-prefix-scorer", name="prefix", parameters=dict(parameters or {}))
-               if p.ref == "prefix" else p for p in base.plugins]
-    profile = base.scheduling_profiles[0]
-    return RoutingConfig(plugins=plugins,
-                         scheduling_profiles=[SchedulingProfile(name="precise-prefix", plugins=profile.plugins)])
+    plugins: list[PluginSpec] = []
+    for p in base.plugins:
+        if p.ref == "prefix":
+            plugins.append(PluginSpec(type="prefix-affinity-scorer", name="history"))
+            plugins.append(PluginSpec(type="precise-prefix-scorer", name="prefix", parameters=dict(parameters or {})))
+        else:
+            plugins.append(p)
+    refs: list[PluginRef] = []
+    for ref in base.scheduling_profiles[0].plugins:
+        if ref.plugin_ref == "prefix":
+            refs.append(PluginRef(plugin_ref="history", weight=1.0))
+        refs.append(ref)
+    return RoutingConfig(plugins=plugins, scheduling_profiles=[SchedulingProfile(name="precise-prefix", plugins=refs)])
 
 
 def _policy(name: str, plugins: list[PluginSpec], weights: dict[str, float]) -> RoutingConfig:
@@ -138,7 +156,8 @@ def _policy(name: str, plugins: list[PluginSpec], weights: dict[str, float]) -> 
 def preset(name: str) -> RoutingConfig:
     """Named policies: `default` (shipped), `least-loaded` (adapter-blind), `adapter-affinity` (least-loaded
     plus the adapter-affinity scorer: what LoRA affinity adds to load balancing), `prefix-only`, `random`,
-    `precise-prefix` (the default with prefix affinity from the engines' KV events, `precise_prefix_config`)."""
+    `precise-prefix` (the default with prefix affinity from the engines' KV events and the approximate index beside
+    it, `precise_prefix_config`)."""
     base = [PluginSpec(type="healthy-filter", name="healthy")]
     if name == "default":
         return RoutingConfig()
