@@ -291,6 +291,8 @@ def main(argv: list[str]) -> int:
                         help="with --split: engine models to fit and compare (SimProfile.scheduler), comma-separated")
     parser.add_argument("--profiles", default="", help="with --split: only these routing profiles (comma-separated)")
     parser.add_argument("--passes", type=int, default=2, help="with --split: coordinate-descent passes")
+    parser.add_argument("--rescore", type=Path, default=None,
+                        help="with --split: re-render this saved FILE.json (its summaries recomputed), no simulation")
     parser.add_argument("--train", default="shared-prefix:round-robin", help="WORKLOAD:PROFILE,... to fit on")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: run-info.json beside the results")
     parser.add_argument("--max-batched-tokens", type=int, default=8192)
@@ -320,8 +322,12 @@ def _main_split(args: argparse.Namespace) -> int:
     cards = fit_split.load_split(args.split, root=Path.cwd())
     schedulers = [s.strip() for s in args.scheduler.split(",") if s.strip()]
     profiles = {p.strip() for p in args.profiles.split(",") if p.strip()} or None
-    result = asyncio.run(fit_split.calibrate(cards, schedulers=schedulers, profiles=profiles, passes=args.passes,
-                                             max_batched_tokens=args.max_batched_tokens))
+    if args.rescore is not None:
+        result = fit_split.rescore(json.loads(args.rescore.read_text()))
+        schedulers = list(result["schedulers"])
+    else:
+        result = asyncio.run(fit_split.calibrate(cards, schedulers=schedulers, profiles=profiles, passes=args.passes,
+                                                 max_batched_tokens=args.max_batched_tokens))
     text = fit_split.markdown(result)
     print(text)
     if args.out is not None:

@@ -107,7 +107,22 @@ def summary(evaluated: list[dict[str, Any]]) -> dict[str, float]:
         out[m] = quantile(errs, 0.5) if errs else math.nan
     diffs = [abs(r["hit_rate"]["simulated"] - r["hit_rate"]["measured"]) for r in evaluated]
     out["hit_rate_points"] = quantile(diffs, 0.5) * 100 if diffs else math.nan
+    # unique prompts hit nothing, measured and simulated: the median over points that can hit says more
+    shared = [d for d, r in zip(diffs, evaluated, strict=True) if r["hit_rate"]["measured"] > 0]
+    out["hit_rate_points_sharing"] = quantile(shared, 0.5) * 100 if shared else math.nan
     return out
+
+
+def rescore(result: dict[str, Any]) -> dict[str, Any]:
+    """Recompute the summaries and orders of a saved result from its points (no simulation)."""
+    for entry in result["cards"].values():
+        for model in entry["models"].values():
+            for set_name in ("train", "test"):
+                for r in model[set_name]["points"]:
+                    r["group"] = tuple(r["group"])
+                model[set_name]["summary"] = summary(model[set_name]["points"])
+            model["order"] = {m: ordering(model["test"]["points"], figure=m) for m in ("ttft_p50_s", "ttft_p90_s")}
+    return result
 
 
 def ordering(evaluated: list[dict[str, Any]], *, figure: str, tie: float = 0.1) -> dict[str, int]:
@@ -180,14 +195,15 @@ def markdown(result: dict[str, Any]) -> str:
     def pct(v: float) -> str:
         return "-" if math.isnan(v) else f"{v:.0%}"
 
-    lines = ["| card | model | set | points | TTFT p50 | TTFT p90 | output tok/s | hit rate (points) |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| card | model | set | points | TTFT p50 | TTFT p90 | output tok/s | hit rate (points) | "
+             "hit rate, sharing workloads |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for card, entry in result["cards"].items():
         for scheduler, model in entry["models"].items():
             for set_name in ("train", "test"):
                 s = model[set_name]["summary"]
                 lines.append(f"| {card} | {scheduler} | {set_name} | {int(s['n'])} | {pct(s['ttft_p50_s'])} | "
-                             f"{pct(s['ttft_p90_s'])} | {pct(s['output_tps'])} | {s['hit_rate_points']:.1f} |")
+                             f"{pct(s['ttft_p90_s'])} | {pct(s['output_tps'])} | {s['hit_rate_points']:.1f} | "
+                             f"{s.get('hit_rate_points_sharing', math.nan):.1f} |")
     lines += ["", "Order of the profiles of one held-out point (pairs ordered as measured; pairs within 10% "
               "of each other left out as ties):", "",
               "| card | model | TTFT p50 pairs right | TTFT p90 pairs right | points all right (p50) | ties (p50) |",

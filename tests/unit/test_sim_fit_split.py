@@ -71,6 +71,9 @@ def test_the_cli_takes_a_split_and_writes_the_report(tmp_path: Path, monkeypatch
     text = (tmp_path / "r.md").read_text()
     assert "| h200 | reserve | test | 1 |" in text and "| h200 | vllm-v1 | train | 1 |" in text
     assert json.loads((tmp_path / "r.json").read_text())["schedulers"] == ["reserve", "vllm-v1"]
+    # a saved result re-renders to the same report without simulating again
+    assert main(["--split", "split.json", "--rescore", "r.json", "--out", "again.md"]) == 0
+    assert (tmp_path / "again.md").read_text() == text
 
 
 def row(group: str, p50_measured: float, p50_simulated: float) -> dict[str, Any]:
