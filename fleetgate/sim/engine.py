@@ -20,6 +20,26 @@ admitted request's adapter is swapped into a GPU slot and the step pays for it. 
 (`request_load`) are paid by the next step too: vLLM runs them in the engine loop, between batches.
 Block hashes of an adapter request are re-keyed with the adapter's id, so the prefix cache never shares
 blocks between adapters (nor with the base model).
+
+`SimProfile.scheduler = "vllm-v1"` replaces the admission above with what vLLM's v1 scheduler
+(`vllm/v1/core/sched/scheduler.py`, `KVCacheManager.allocate_slots`) does, one step at a time:
+- a token budget of `max_batched_tokens` per step, shared by everything scheduled in it;
+- running requests first, in the order they were admitted: a decoding request takes one token, a
+  request whose prompt is not all computed takes the rest of it up to the budget (chunked prefill);
+  each grows its KV blocks to cover the tokens it will have computed. When a block cannot be had, the
+  newest running request is preempted (its blocks freed, its computed tokens forgotten, back at the head
+  of the waiting queue; it recomputes prompt and output when scheduled again) until it can, or until the
+  request itself was the one preempted;
+- then, only if nobody was preempted in this step, waiting requests in order while the budget lasts and
+  fewer than `max_num_seqs` run: the head's cached prefix is looked up, it takes blocks for the tokens it
+  computes now (not for its answer), and when they cannot be had the queue stops there (FCFS: nobody
+  overtakes). Every lookup counts in the prefix-cache counters, those of a head that then does not fit
+  included, as vLLM 0.26's `get_computed_blocks` records them, except a preempted request's: vLLM's
+  `PrefixCacheStats.record(preempted=True)` keeps those apart (`preempted_queries`, `preempted_hits`) and
+  `vllm:prefix_cache_queries`/`_hits` never see them. Under KV pressure queries therefore outgrow prompt
+  tokens and the hit rate a scraper reads falls though the hits per prompt token do not;
+- a token comes out for a request once all its tokens are computed: its first token when its prompt is
+  done (TTFT), the next one on each decode step, and one when a preempted request has recomputed.
 """
 
 from __future__ import annotations
@@ -31,7 +51,7 @@ from dataclasses import dataclass, field
 import xxhash
 
 from fleetgate.router.hashing import chained_block_hashes
-from fleetgate.sim.kvcache import Allocation, PrefixKVCache
+from fleetgate.sim.kvcache import Allocation, Held, PrefixKVCache
 from fleetgate.sim.lora import LoraError, LoraSlots, adapter_rank
 from fleetgate.sim.profile import SimProfile
 
@@ -55,6 +75,9 @@ class SimRequest:
     alloc: Allocation | None = None
     listener: Callable[[SimRequest], None] | None = None  # called after each token and at finish
     adapter: str | None = None  # the LoRA adapter's name; None: the base model
+    held: Held | None = None  # vllm-v1: the blocks held now (None while waiting)
+    computed: int = 0  # vllm-v1: tokens whose KV is computed (cached hits included)
+    preemptions: int = 0
 
     @property
     def ttft_s(self) -> float | None:
@@ -84,6 +107,7 @@ class Step:
     prefill_tokens: int
     loads: list[PendingLoad] = field(default_factory=list)
     adapters: int = 0  # distinct adapters in the batch
+    prefilling: list[SimRequest] = field(default_factory=list)  # vllm-v1: a prompt chunk, no token yet
 
 
 @dataclass(slots=True)
@@ -94,6 +118,9 @@ class EngineCounters:
     prefix_hits: int = 0  # tokens found
     requests_success: int = 0
     requests_started: int = 0  # requests received (engine calls)
+    preemptions: int = 0  # vllm-v1: running requests sent back to the queue for want of KV blocks
+    preempted_queries: int = 0  # vllm-v1: lookups of preempted requests, which vLLM counts apart
+    preempted_hits: int = 0
     busy_s: float = 0.0  # simulated seconds spent executing steps (what the GPUs are paid for)
 
 
@@ -108,6 +135,8 @@ class SimEngine:
         self.on_first_token: Callable[[SimRequest], None] | None = None
         self.lora: LoraSlots | None = None
         self.pending_loads: list[PendingLoad] = []
+        if profile.enable_lora and profile.scheduler != "reserve":
+            raise ValueError("LoRA is simulated with the 'reserve' scheduler only")
         if profile.enable_lora:
             self.lora = LoraSlots(max_loras=profile.max_loras, max_cpu_loras=profile.cpu_loras,
                                   max_lora_rank=profile.max_lora_rank)
@@ -168,6 +197,8 @@ class SimEngine:
         return bool(self.waiting or self.running or self.pending_loads)
 
     def plan_step(self) -> Step | None:
+        if self.profile.scheduler == "vllm-v1":
+            return self._plan_v1()
         p = self.profile
         lora = self.lora
         admitted: list[SimRequest] = []
@@ -212,7 +243,8 @@ class SimEngine:
             return None
         duration = 0.0
         if admitted or decoding:
-            duration = p.step_overhead_s + p.prefill_s_per_token * prefill + p.decode_s_per_seq * len(decoding)
+            context = sum(r.prompt_tokens + r.generated for r in decoding)
+            duration = self._step_s(prefill_tokens=prefill, decoding=len(decoding), context=context)
         if lora is not None:
             lora.touch(batch)
             duration = (duration * (1 + p.lora_compute_overhead) + p.lora_s_per_adapter * len(batch) + swap_s
@@ -220,6 +252,90 @@ class SimEngine:
         self.running.extend(admitted)
         return Step(duration_s=duration, admitted=admitted, decoding=decoding, prefill_tokens=prefill, loads=loads,
                     adapters=len(batch))
+
+    def _step_s(self, *, prefill_tokens: int, decoding: int, context: int) -> float:
+        p = self.profile
+        return (p.step_overhead_s + p.prefill_s_per_token * prefill_tokens + p.decode_s_per_seq * decoding
+                + p.decode_s_per_ctx_token * context)
+
+    def _plan_v1(self) -> Step | None:
+        p = self.profile
+        bs = p.block_size
+        budget = p.max_batched_tokens
+        scheduled: list[tuple[SimRequest, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.prompt_tokens + req.generated - req.computed, budget)
+            assert req.held is not None
+            while not self.kv.grow(req.held, req.block_hashes, total_blocks=-(-(req.computed + n) // bs)):
+                victim = self.running.pop()  # the newest: vLLM's FCFS policy preempts from the back
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                scheduled.append((req, n))
+                budget -= n
+                i += 1
+                continue
+            break
+        while not preempted and self.waiting and budget > 0 and len(self.running) < p.max_num_seqs:
+            req = self.waiting[0]
+            tokens = req.prompt_tokens + req.generated
+            hit = min(self.kv.match(req.block_hashes), (tokens - 1) // bs)
+            c = self.counters
+            if req.preemptions:  # vLLM's PrefixCacheStats.record(preempted=True): kept apart, not exported
+                c.preempted_queries += tokens
+                c.preempted_hits += hit * bs
+            else:  # every lookup counts, a failed admission's too (vLLM 0.26)
+                c.prefix_queries += tokens
+                c.prefix_hits += hit * bs
+            n = min(tokens - hit * bs, budget)
+            held = self.kv.admit(req.block_hashes, hit_blocks=hit, total_blocks=-(-(hit * bs + n) // bs))
+            if held is None:
+                break
+            self.waiting.popleft()
+            req.held, req.computed = held, hit * bs
+            if req.first_token_s is None and req.preemptions == 0:
+                req.cached_tokens = hit * bs
+            self.running.append(req)
+            scheduled.append((req, n))
+            budget -= n
+        if not scheduled:
+            # Everyone running was preempted: vLLM's next step admits from the queue (now headed by them).
+            return self._plan_v1() if preempted else None
+        admitted: list[SimRequest] = []
+        decoding: list[SimRequest] = []
+        prefilling: list[SimRequest] = []
+        prefill = context = n_decode = 0
+        for req, n in scheduled:
+            is_decode = req.computed >= req.prompt_tokens and n == 1
+            req.computed += n  # advanced when scheduled, as vLLM's _update_after_schedule does
+            if is_decode:
+                n_decode += 1
+                context += req.computed
+            else:
+                prefill += n
+            if req.computed < req.prompt_tokens + req.generated:
+                prefilling.append(req)
+            elif req.first_token_s is None:
+                admitted.append(req)
+            else:
+                decoding.append(req)
+        duration = self._step_s(prefill_tokens=prefill, decoding=n_decode, context=context)
+        return Step(duration_s=duration, admitted=admitted, decoding=decoding, prefill_tokens=prefill,
+                    prefilling=prefilling)
+
+    def _preempt(self, req: SimRequest) -> None:
+        """vLLM's recompute preemption: free the blocks, forget the computed tokens, queue it at the head."""
+        if req.held is not None:
+            self.kv.free(req.held)
+        req.held, req.computed = None, 0
+        req.preemptions += 1
+        self.counters.preemptions += 1
+        self.waiting.appendleft(req)
 
     def finish_step(self, step: Step, *, now: float) -> list[SimRequest]:
         """Apply a planned step that ended at `now`; returns the requests that finished."""
@@ -230,8 +346,8 @@ class SimEngine:
         admitted = [r for r in step.admitted if not r.done]
         decoding = [r for r in step.decoding if not r.done]
         for req in admitted:
-            req.first_token_s = now
-            req.generated = 1
+            req.first_token_s = now + self.profile.request_overhead_s
+            req.generated += 1
             c.prompt_tokens += req.prompt_tokens  # counted with the first token, as vLLM's prompt_tokens_total
             if self.on_first_token is not None:
                 self.on_first_token(req)
@@ -245,6 +361,9 @@ class SimEngine:
                 req.finish_s = now
                 if req.alloc is not None:
                     self.kv.release(req.alloc)
+                if req.held is not None:
+                    self.kv.free(req.held)
+                    req.held = None
                 c.requests_success += 1
         for req in (*admitted, *decoding):
             if req.listener is not None:
@@ -267,6 +386,9 @@ class SimEngine:
             self.running.remove(req)
             if req.alloc is not None:
                 self.kv.release(req.alloc)
+            if req.held is not None:
+                self.kv.free(req.held)
+                req.held = None
         req.finish_s = req.arrival_s if req.first_token_s is None else req.first_token_s
 
     def reset_prefix_cache(self) -> bool:

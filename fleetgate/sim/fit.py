@@ -17,7 +17,8 @@ profile and workload (the prefix-aware profiles, chat and unique prompts). Profi
 run (no preset, e.g. a precise-prefix profile fed by engine events) are left out and listed.
 
 `python -m fleetgate.sim.fit RESULTS.jsonl [--train WORKLOAD:PROFILE,...] [--out FILE.md]` runs it on a
-results file.
+results file; `python -m fleetgate.sim.fit --split SPLIT.json [--scheduler reserve,vllm-v1] [--out FILE.md]` on
+several, per card, tuned on some files and judged on others (`fleetgate.sim.fit_split`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class Observation:
     ttft_p90_s: float
     output_tps: float
     hit_rate: float
+    # The engines' own counters over the point, when the row has them (diagnostics, not fitted).
+    queries_per_prompt_token: float = math.nan
+    preemptions: float = math.nan
 
     @property
     def key(self) -> str:
@@ -75,16 +79,27 @@ class Setup:
     block_size: int = 16
 
 
-def observations(rows: Sequence[dict[str, Any]]) -> list[Observation]:
+# A point to simulate: the observation and the set-up of the run it comes from (several runs may be mixed).
+Point = tuple[Observation, Setup]
+
+
+def observations(rows: Sequence[dict[str, Any]], *, repeats: bool = False) -> list[Observation]:
+    """The routing points of a results file; `repeats`: also the repeat seeds of a point (tag `seed-N`)."""
     out = []
     for r in rows:
-        if r.get("kind") != "point" or r.get("tag") != "routing" or r.get("ttft_p50_s") is None:
+        tag = str(r.get("tag"))
+        if r.get("kind") != "point" or r.get("ttft_p50_s") is None:
+            continue
+        if tag != "routing" and not (repeats and tag.startswith("seed-")):
             continue
         out.append(Observation(workload=r["workload"], profile=r["profile"], load=float(r["load"]),
                                rate=float(r["rate"]), window_s=float(r["window_s"]), seed=int(r["seed"]),
                                users=int(r.get("users") or 0), ttft_p50_s=float(r["ttft_p50_s"]),
                                ttft_p90_s=float(r["ttft_p90_s"]), output_tps=float(r["output_tps"]),
-                               hit_rate=float(r["hit_rate"])))
+                               hit_rate=float(r["hit_rate"]),
+                               queries_per_prompt_token=(float(r["engine_prefix_queries"]) / r["engine_prompt_tokens"]
+                                                         if r.get("engine_prompt_tokens") else math.nan),
+                               preemptions=float(r.get("engine_preemptions", math.nan))))
     return out
 
 
@@ -143,7 +158,9 @@ async def simulate(obs: Observation, profile: SimProfile, setup: Setup) -> dict[
     result = await run_virtual_fleet(scheduler=sched, items=items, replicas=setup.replicas, profile=profile,
                                      clock=clock, window_s=obs.window_s, send_until_s=obs.window_s)
     return {"ttft_p50_s": quantile(result.ttft_s, 0.5), "ttft_p90_s": quantile(result.ttft_s, 0.9),
-            "output_tps": result.window_output_tokens / obs.window_s, "hit_rate": result.hit_rate}
+            "output_tps": result.window_output_tokens / obs.window_s, "hit_rate": result.hit_rate,
+            "queries_per_prompt_token": result.prefix_queries / max(1, result.prompt_tokens),
+            "preemptions": float(result.preemptions)}
 
 
 def log_error(predicted: float, measured: float) -> float:
@@ -152,9 +169,9 @@ def log_error(predicted: float, measured: float) -> float:
     return math.log(predicted / measured)
 
 
-async def loss(obs_list: Sequence[Observation], profile: SimProfile, setup: Setup) -> float:
+async def loss(points: Sequence[Point], profile: SimProfile) -> float:
     total, n = 0.0, 0
-    for obs in obs_list:
+    for obs, setup in points:
         sim = await simulate(obs, profile, setup)
         for m in METRICS:
             total += log_error(sim[m], getattr(obs, m)) ** 2
@@ -162,20 +179,20 @@ async def loss(obs_list: Sequence[Observation], profile: SimProfile, setup: Setu
     return total / max(1, n)
 
 
-async def fit(train: Sequence[Observation], *, base: SimProfile, setup: Setup, passes: int = 2,
-              grid: Sequence[float] = GRID, progress: Callable[[str], None] | None = None
+async def fit(train: Sequence[Point], *, base: SimProfile, passes: int = 2, grid: Sequence[float] = GRID,
+              constants: Sequence[str] = CONSTANTS, progress: Callable[[str], None] | None = None
               ) -> tuple[SimProfile, float]:
-    """The profile (constants of `base` times the best multipliers) and its training loss."""
+    """The profile (`constants` of `base` times the best multipliers) and its training loss."""
     best = base
-    best_loss = await loss(train, best, setup)
+    best_loss = await loss(train, best)
     for _ in range(passes):
-        for name in CONSTANTS:
+        for name in constants:
             center = getattr(best, name)
             for mult in grid:
                 if mult == 1.0:
                     continue
                 candidate = best.with_(**{name: center * mult})
-                value = await loss(train, candidate, setup)
+                value = await loss(train, candidate)
                 if value < best_loss:
                     best, best_loss = candidate, value
             if progress is not None:
@@ -183,9 +200,9 @@ async def fit(train: Sequence[Observation], *, base: SimProfile, setup: Setup, p
     return best, best_loss
 
 
-async def evaluate(obs_list: Sequence[Observation], profile: SimProfile, setup: Setup) -> list[dict[str, Any]]:
+async def evaluate(points: Sequence[Point], profile: SimProfile) -> list[dict[str, Any]]:
     out = []
-    for obs in obs_list:
+    for obs, setup in points:
         sim = await simulate(obs, profile, setup)
         row: dict[str, Any] = {"point": obs.name}
         for m in (*METRICS, "hit_rate"):
@@ -248,7 +265,7 @@ async def run_fit(rows: Sequence[dict[str, Any]], *, train_keys: set[str], max_n
     if not train:
         raise ValueError(f"no training points for {sorted(train_keys)} among {sorted({o.key for o in usable})}")
     progress(f"fitting on {len(train)} points, holding out {len(test)}")
-    fitted, train_loss = await fit(train, base=base, setup=setup, progress=progress)
+    fitted, train_loss = await fit([(o, setup) for o in train], base=base, progress=progress)
     result: dict[str, Any] = {"train_keys": sorted(train_keys), "train": [o.name for o in train],
                               "test": [o.name for o in test],
                               "not_simulable": sorted({o.profile for o in every if not runnable(o.profile)}),
@@ -258,7 +275,7 @@ async def run_fit(rows: Sequence[dict[str, Any]], *, train_keys: set[str], max_n
     for set_name, obs in (("train", train), ("test", test)):
         result["summary"][set_name], result["points"][set_name] = {}, {}
         for which, prof in (("base", base), ("fitted", fitted)):
-            evaluated = await evaluate(obs, prof, setup)
+            evaluated = await evaluate([(o, setup) for o in obs], prof)
             result["points"][set_name][which] = evaluated
             result["summary"][set_name][which] = summary(evaluated)
     result["setup"] = asdict(setup)
@@ -267,12 +284,24 @@ async def run_fit(rows: Sequence[dict[str, Any]], *, train_keys: set[str], max_n
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m fleetgate.sim.fit", description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path, help="results.jsonl of a live routing run")
+    parser.add_argument("results", type=Path, nargs="?", help="results.jsonl of a live routing run")
+    parser.add_argument("--split", type=Path, default=None,
+                        help="JSON naming, per card, the results files to tune on and to judge on (instead of RESULTS)")
+    parser.add_argument("--scheduler", default="reserve,vllm-v1",
+                        help="with --split: engine models to fit and compare (SimProfile.scheduler), comma-separated")
+    parser.add_argument("--profiles", default="", help="with --split: only these routing profiles (comma-separated)")
+    parser.add_argument("--passes", type=int, default=2, help="with --split: coordinate-descent passes")
+    parser.add_argument("--rescore", type=Path, default=None,
+                        help="with --split: re-render this saved FILE.json (its summaries recomputed), no simulation")
     parser.add_argument("--train", default="shared-prefix:round-robin", help="WORKLOAD:PROFILE,... to fit on")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: run-info.json beside the results")
     parser.add_argument("--max-batched-tokens", type=int, default=8192)
     parser.add_argument("--out", type=Path, default=None, help="markdown report (and FILE.json beside it)")
     args = parser.parse_args(argv)
+    if args.split is not None:
+        return _main_split(args)
+    if args.results is None:
+        parser.error("give RESULTS.jsonl or --split SPLIT.json")
     rows = [json.loads(ln) for ln in args.results.read_text().splitlines() if ln.strip()]
     info_path = args.results.with_name("run-info.json")
     info = json.loads(info_path.read_text()) if info_path.is_file() else {}
@@ -283,6 +312,28 @@ def main(argv: list[str]) -> int:
     print(text)
     if args.out is not None:
         args.out.write_text(text, encoding="utf-8")
+        args.out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    return 0
+
+
+def _main_split(args: argparse.Namespace) -> int:
+    from fleetgate.sim import fit_split
+
+    cards = fit_split.load_split(args.split, root=Path.cwd())
+    schedulers = [s.strip() for s in args.scheduler.split(",") if s.strip()]
+    profiles = {p.strip() for p in args.profiles.split(",") if p.strip()} or None
+    if args.rescore is not None:
+        result = fit_split.rescore(json.loads(args.rescore.read_text()))
+        schedulers = list(result["schedulers"])
+    else:
+        result = asyncio.run(fit_split.calibrate(cards, schedulers=schedulers, profiles=profiles, passes=args.passes,
+                                                 max_batched_tokens=args.max_batched_tokens))
+    text = fit_split.markdown(result)
+    print(text)
+    if args.out is not None:
+        tables = "".join(f"\nHeld-out points, {s}, measured -> simulated:\n\n"
+                         + fit_split.points_table(result, scheduler=s) for s in schedulers)
+        args.out.write_text(text + tables, encoding="utf-8")
         args.out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     return 0
 

@@ -10,6 +10,12 @@ blocks) are counted but never shared.
 
 `allocate` is all-or-nothing: it returns `None` when the request does not fit even after evicting
 every evictable block, and the request waits.
+
+`admit` and `grow` are vLLM v1's way (`KVCacheManager.allocate_slots`): a request takes blocks only for
+the tokens computed so far and grows its `Held` blocks step by step (the rest of a chunked prompt, then one
+block every `block_size` generated tokens). Both are all-or-nothing too and count cached blocks that are
+evictable (nobody holds them) as free, as vLLM's free-block queue does; a cached block the request itself
+reuses is not counted twice.
 """
 
 from __future__ import annotations
@@ -24,6 +30,19 @@ class Allocation:
     hashes: tuple[int, ...]  # shared (hashed) blocks pinned by the request
     private_blocks: int
     hit_blocks: int  # leading blocks that were already cached
+
+
+@dataclass(slots=True)
+class Held:
+    """The blocks one request holds, in order: its prompt's full (hashed) blocks, then private ones."""
+
+    hashes: list[int]
+    private_blocks: int = 0
+    hit_blocks: int = 0  # leading blocks that were cached when the request was admitted
+
+    @property
+    def blocks(self) -> int:
+        return len(self.hashes) + self.private_blocks
 
 
 class PrefixKVCache:
@@ -63,13 +82,8 @@ class PrefixKVCache:
         reusable = sum(1 for h in hashes[:hit] if h in self._evictable)
         if need > self.free_blocks() + len(self._evictable) - reusable:
             return None
-        for h in hashes[:hit]:
-            if self._refs[h] == 0:
-                del self._evictable[h]
-            self._refs[h] += 1
-        while self.free_blocks() < need:
-            victim, _ = self._evictable.popitem(last=False)
-            del self._refs[victim]
+        self._pin(hashes[:hit])
+        self._evict_until(need)
         for h in new:
             if h in self._refs:  # present beyond the capped hit: pin it as a reuse
                 if self._refs[h] == 0:
@@ -80,15 +94,64 @@ class PrefixKVCache:
         self._private += private_blocks
         return Allocation(hashes=tuple(hashes), private_blocks=private_blocks, hit_blocks=hit)
 
+    def admit(self, hashes: Sequence[int], *, hit_blocks: int, total_blocks: int) -> Held | None:
+        """Hold the first `hit_blocks` of `hashes` (cached: `match` said so) and `total_blocks` in all."""
+        held = Held(hashes=[], hit_blocks=hit_blocks)
+        return held if self.grow(held, hashes, total_blocks=total_blocks) else None
+
+    def grow(self, held: Held, hashes: Sequence[int], *, total_blocks: int) -> bool:
+        """Extend `held` to `total_blocks` blocks (hashed while the prompt's full blocks last, then private);
+        False, and nothing changes, when they cannot be had even after evicting every evictable block."""
+        extra = total_blocks - held.blocks
+        if extra <= 0:
+            return True
+        start = len(held.hashes)
+        new_hashed = list(hashes[start:min(total_blocks, len(hashes))]) if held.private_blocks == 0 else []
+        private = extra - len(new_hashed)
+        reused = {h for h in new_hashed if h in self._refs}
+        fresh = len(new_hashed) - len(reused) + private
+        evictable_reused = sum(1 for h in reused if self._refs[h] == 0)
+        if fresh > self.free_blocks() + len(self._evictable) - evictable_reused:
+            return False
+        self._pin([h for h in new_hashed if h in reused])  # before evicting, so the eviction cannot take them
+        self._evict_until(fresh)
+        for h in new_hashed:
+            if h not in reused:
+                self._refs[h] = 1
+        self._private += private
+        held.hashes.extend(new_hashed)
+        held.private_blocks += private
+        return True
+
+    def free(self, held: Held) -> None:
+        """Give back a request's blocks, tail first (its deepest blocks become the first to evict)."""
+        self._unpin(held.hashes, private_blocks=held.private_blocks)
+        held.hashes.clear()
+        held.private_blocks = 0
+
     def reset(self) -> None:
         """Drop every evictable cached block (blocks pinned by running requests stay)."""
         for h in self._evictable:
             del self._refs[h]
         self._evictable.clear()
 
+    def _pin(self, hashes: Sequence[int]) -> None:
+        for h in hashes:
+            if self._refs[h] == 0:
+                del self._evictable[h]
+            self._refs[h] += 1
+
+    def _evict_until(self, free: int) -> None:
+        while self.free_blocks() < free:
+            victim, _ = self._evictable.popitem(last=False)
+            del self._refs[victim]
+
     def release(self, alloc: Allocation) -> None:
-        self._private -= alloc.private_blocks
-        for h in reversed(alloc.hashes):
+        self._unpin(alloc.hashes, private_blocks=alloc.private_blocks)
+
+    def _unpin(self, hashes: Sequence[int], *, private_blocks: int) -> None:
+        self._private -= private_blocks
+        for h in reversed(hashes):  # tail first: a chain's deepest blocks become the first to evict
             refs = self._refs[h] - 1
             self._refs[h] = refs
             if refs == 0:

@@ -9,6 +9,19 @@ Step time (seconds of simulated engine time) for one continuous-batching step:
 prefill of the uncached part; the decode term makes time per output token grow with the running
 batch. `time_scale` stretches simulated seconds into wall seconds (0.1 runs 10x faster).
 
+`scheduler` picks the engine model (`fleetgate.sim.engine` describes both): "reserve" (the default; a
+request reserves its prompt and `max_tokens` blocks when admitted, whole prompts only, never preempted)
+or "vllm-v1" (what vLLM's v1 scheduler does: blocks as tokens are computed, a per-step token budget that
+decodes share, chunked prefill, preemption by recompute, prefix-cache counters per scheduling attempt).
+Two more terms (0 by default, so the formula above is unchanged) join the step time and the TTFT:
+
+    + decode_s_per_ctx_token * context tokens of the decoding sequences
+
+the attention of a decode step reads every decoding sequence's whole KV (memory-bound: about the
+model's KV bytes per token over the card's memory bandwidth, e.g. 128 KiB / 3.35 TB/s = 39 ns on an
+H100 for a Llama-3.1-8B shape), and every first token reaches the client `request_overhead_s` after its
+step ends (the API server's tokenising, the hop to the engine core and back, detokenising, HTTP).
+
 LoRA (`enable_lora`; off by default, and then nothing below applies and the figures above are unchanged).
 A step of a LoRA-enabled engine costs
 
@@ -42,6 +55,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+SCHEDULERS = ("reserve", "vllm-v1")
+
 
 @dataclass(frozen=True, slots=True)
 class SimProfile:
@@ -56,6 +71,9 @@ class SimProfile:
     prefill_s_per_token: float = 0.0019
     decode_s_per_seq: float = 0.002
     default_max_tokens: int = 32
+    scheduler: str = "reserve"  # "reserve" | "vllm-v1": see the module docstring
+    decode_s_per_ctx_token: float = 0.0  # attention read per context token of a decoding sequence
+    request_overhead_s: float = 0.0  # added to every time to first token (API server and HTTP)
     time_scale: float = 1.0
     # Answers of a natural length drawn per prompt in [lo, hi] tokens (finish_reason "stop" when it is
     # below max_tokens), instead of always running to max_tokens ("length"). None: always max_tokens.
@@ -75,6 +93,10 @@ class SimProfile:
     lora_activate_s: float = 0.005
     lora_compute_overhead: float = 0.10
     lora_s_per_adapter: float = 0.0003
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {self.scheduler!r}; known: {', '.join(SCHEDULERS)}")
 
     def with_(self, **changes: object) -> SimProfile:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -57,6 +57,8 @@ class RunResult:
     adapter_loads: int = 0  # on-demand runtime loads asked of engines
     disk_loads: int = 0  # adapter loads from disk inside engines (runtime loads + CPU-cache reloads)
     slot_swaps: int = 0  # adapters copied into a GPU slot
+    prompt_tokens: int = 0  # prompts whose first token came out (vLLM's prompt_tokens_total)
+    preemptions: int = 0  # running requests sent back to the queue for want of KV blocks (vllm-v1)
 
     @property
     def hit_rate(self) -> float:
@@ -192,6 +194,8 @@ async def run_virtual_fleet(
         result.prefix_queries += eng.counters.prefix_queries
         result.prefix_hits += eng.counters.prefix_hits
         result.output_tokens += eng.counters.generation_tokens
+        result.prompt_tokens += eng.counters.prompt_tokens
+        result.preemptions += eng.counters.preemptions
         result.busy_s += eng.counters.busy_s
         if eng.lora is not None:
             result.disk_loads += eng.lora.disk_loads
