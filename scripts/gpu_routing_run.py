@@ -205,6 +205,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--kv-blocks", type=int, default=4096, help="--num-gpu-blocks-override per engine")
     parser.add_argument("--startup-timeout", type=float, default=330.0)
+    parser.add_argument("--min-engine-start-s", type=float, default=None,
+                        help="stop at once, before any engine starts, when the deadline leaves the engines less than "
+                             "this to start (default: 150 s for --engine vllm, 0 otherwise; 0 disables the check)")
     parser.add_argument("--prefix-tokens", type=int, default=None, help="shared prefix length (default 2048)")
     parser.add_argument("--kv-tokens", type=int, default=None, help="one engine's KV capacity (default: reported)")
     add_live_arguments(parser)  # the options of `fleetgate bench routing --live`
@@ -265,6 +268,24 @@ async def _run(urls: list[str], options: Any, out: Path, workdir: Path) -> list[
     return await run_live(urls, options, out_dir=out, workdir=workdir)
 
 
+# The 8B-shaped engines took 73-165 s to become healthy on the GPU machines (compiling, CUDA graphs; a fresh machine is
+# the slow end): a deadline that leaves less spends the device time on a start that is then killed (run 8e).
+GPU_ENGINE_START_S = 150.0
+
+
+def engine_time_short(args: argparse.Namespace, *, left_s: float) -> str | None:
+    """Why the deadline cannot fit the engines' start (`--min-engine-start-s`), or None when it can."""
+    need = args.min_engine_start_s
+    if need is None:
+        need = GPU_ENGINE_START_S if args.engine == "vllm" else 0.0
+    room = min(args.startup_timeout, left_s - args.tail_s - 60)  # what the engines' start is given below
+    if need <= 0 or room >= need:
+        return None
+    return (f"the deadline leaves the engines {room:.0f}s to start (--deadline-s minus --tail-s minus 60 s), less "
+            f"than the {need:.0f}s they need (--min-engine-start-s); raise --deadline-s, or pass "
+            f"--min-engine-start-s 0 to try anyway")
+
+
 def main(argv: list[str]) -> int:
     out = Path(next((argv[i + 1] for i, a in enumerate(argv) if a == "--out"), "artifacts/gpu-routing"))
     out.mkdir(parents=True, exist_ok=True)
@@ -285,6 +306,10 @@ def main(argv: list[str]) -> int:
     from fleetgate.local.engines import EngineFleet
 
     options = options_from_args(args)
+    short = engine_time_short(args, left_s=deadline - time.time())
+    if short:
+        stamp(f"FAILED at the start: {short}")
+        return 2
     try:
         redis_server = require_redis(max((options.gateway_replicas, *options.overhead_replicas)),
                                      redis=options.gateway_redis)
