@@ -44,6 +44,7 @@ from typing import Any
 
 import kopf
 
+from fleetgate.core.tasks import cancel_and_wait
 from fleetgate.engine.kube_names import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
 from fleetgate.operator.adapters import PodAdapterApi
 from fleetgate.operator.idle import IdleWatch
@@ -120,9 +121,8 @@ def register(
 
     @kopf.on.cleanup(registry=registry)
     async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
-        for task in (getattr(memo, "idle_task", None), getattr(memo, "pool_sweep", None)):
-            if task is not None:
-                task.cancel()
+        # awaited, not just cancelled: a task still alive when Kopf's root tasks end costs its fixed 5 s grace
+        await cancel_and_wait(getattr(memo, "idle_task", None), getattr(memo, "pool_sweep", None))
         reconciler = getattr(memo, "reconciler", None)
         if reconciler is not None:
             await reconciler.aclose()

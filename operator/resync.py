@@ -19,6 +19,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from fleetgate.core.tasks import cancel_and_wait
+
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
 
@@ -79,8 +81,5 @@ class Resync:
         for _due, handle in self._pending.values():
             handle.cancel()
         self._pending.clear()
-        for task in list(self._running):
-            task.cancel()
-        for task in list(self._running):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        with contextlib.suppress(Exception):  # a re-check's own failure was logged by it
+            await cancel_and_wait(*self._running)

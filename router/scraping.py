@@ -16,12 +16,12 @@ was known (never clears it) and never stops the `/metrics` scrape. Uses aiohttp 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from fleetgate.core.tasks import cancel_and_wait
 from fleetgate.core.types import Endpoint
 from fleetgate.router.config import ScrapeConfig
 from fleetgate.router.fleet_state import FleetState
@@ -92,11 +92,8 @@ class EndpointScraper:
         self._task = asyncio.create_task(self._loop(source), name="router-scraper")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -14,6 +14,8 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+from fleetgate.core.tasks import cancel_and_wait
+
 log = logging.getLogger("fleetgate.gateway.discovery")
 
 Events = Callable[[], AsyncIterator[tuple[str, Mapping[str, Any]]]]
@@ -58,11 +60,8 @@ class WatchLoop:
                 log.warning("%s: resync failed: %s", self._name, exc)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        with contextlib.suppress(Exception):
+            await cancel_and_wait(*self._tasks)
         self._tasks = []
 
 

@@ -42,12 +42,12 @@ in-memory one; true; false), syncIntervalS (0.05), syncMaxAgeS (2).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from fleetgate.core.kvstore import MemoryKVStore
+from fleetgate.core.tasks import cancel_and_wait
 from fleetgate.core.types import Endpoint, Usage
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.plugins.base import (
@@ -114,10 +114,7 @@ class PrefillQueueScorer:
         return self.queued
 
     async def aclose(self) -> None:
-        if self._sync_task is not None and not self._sync_task.done():
-            self._sync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync_task
+        await cancel_and_wait(self._sync_task)
 
     def _tokens(self, req: RoutingRequest, cycle: CycleState) -> float:
         counted = cycle.get(PROMPT_TOKENS)

@@ -29,11 +29,11 @@ the in-memory one), syncIntervalS (0.05).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from fleetgate.core.kvstore import MemoryKVStore
+from fleetgate.core.tasks import cancel_and_wait
 from fleetgate.core.types import Endpoint, Usage
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.hashing import chained_block_hashes
@@ -124,10 +124,7 @@ class PrefixAffinityScorer:
         return None
 
     async def aclose(self) -> None:
-        if self._sync_task is not None and not self._sync_task.done():
-            self._sync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync_task
+        await cancel_and_wait(self._sync_task)
 
 
 def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> PrefixAffinityScorer:

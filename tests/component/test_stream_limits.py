@@ -21,7 +21,7 @@ import orjson
 import pytest
 import yaml
 
-from fleetgate.core.localredis import free_port
+from fleetgate.core.localredis import LocalRedis, free_port
 from fleetgate.core.types import Usage
 from fleetgate.gateway.settings import GatewaySettings
 from fleetgate.gateway.tenancy.config import ListPrice
@@ -214,3 +214,51 @@ async def test_streams_this_gateway_ends_at_shutdown_are_not_counted_as_engine_e
     async with httpx.AsyncClient() as c:
         metrics = (await c.get(gw2.metrics_url)).text
     assert 'fleetgate_upstream_errors_total{' in metrics and 'kind="deadline"' in metrics
+
+
+REDIS_TIMEOUT_S = 0.5  # the tenancy store's (the usage ledger's and the limits') command timeout
+
+
+async def test_sigterm_exits_in_bounded_time_while_redis_is_stalled(
+    tmp_path: Path, start_engine: Callable[..., Awaitable[FakeEngine]],
+) -> None:
+    """Redis stops answering (SIGSTOP) while a client holds a stream open; then SIGTERM. Every Redis call at
+    shutdown (the held stream's settle and record, the background syncs) must give up at its timeout, so the
+    gateway still exits within drain_s + drain_close_s + a few timeouts: a rolling update is not held up."""
+    stuck = await start_engine(model="m2", hang_after_chunks=3)
+    fine = await start_engine(model="m1")
+    drain_s, close_s = 1.0, 1.0
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with LocalRedis() as redis:
+        assert redis.pid is not None
+        config = two_model_settings(fine.url, stuck.url, redis.url, drain_s=drain_s, drain_close_s=close_s)
+        config = config.model_copy(update={"tenancy": config.tenancy.model_copy(
+            update={"redis_timeout_s": REDIS_TIMEOUT_S})})
+        proc = _start_gateway_process(tmp_path, config, port)
+        try:
+            await _wait_listening(url, proc)
+            status, _ = await read_stream(url, body("m1", 5))  # a first decision starts the background syncs
+            assert status == 200
+            held = asyncio.ensure_future(read_stream(url, body("m2", 50)))
+            assert await eventually(lambda: stuck.stats.completion_tokens == 3)
+            os.kill(redis.pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(0.5)  # the syncs are now waiting on Redis
+                proc.send_signal(signal.SIGTERM)
+                sent = time.monotonic()
+                exit_code = await asyncio.to_thread(proc.wait, 60)
+                took = time.monotonic() - sent
+            finally:
+                os.kill(redis.pid, signal.SIGCONT)
+            held_status, held_events = await held
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert exit_code in (0, -signal.SIGTERM), stderr
+    assert "Application shutdown complete" in stderr
+    assert held_status == 200 and held_events[-1] == "[DONE]"
+    # the held stream's ledger record and limit settle each wait out the timeout, one after the other
+    assert took < drain_s + close_s + 2 * REDIS_TIMEOUT_S + 3, f"the gateway took {took:.1f} s to exit"
