@@ -123,6 +123,9 @@ class PrefixAffinityScorer:
     ) -> None:
         return None
 
+    async def sync_now(self) -> bool:
+        return True if self.sync is None else await self.sync.sync()
+
     async def aclose(self) -> None:
         if self._sync_task is not None and not self._sync_task.done():
             self._sync_task.cancel()
