@@ -10,10 +10,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from fleetgate.core.errors import ConfigError
-from fleetgate.core.kvstore import KVStore
+from fleetgate.core.kvstore import KVStore, MemoryKVStore
 from fleetgate.router.config import RoutingConfig
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.health import HealthTracker
+from fleetgate.router.load_sync import FleetLoadSync
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.plugins.base import (
     Closable,
@@ -25,6 +26,7 @@ from fleetgate.router.plugins.base import (
     Producer,
     Scorer,
     Startable,
+    Syncable,
 )
 from fleetgate.router.plugins.registry import PluginFactory, instantiate
 from fleetgate.router.scheduler import PluginScheduler, Profile
@@ -45,7 +47,8 @@ def build_scheduler(
 ) -> PluginScheduler:
     """Build the scheduler `config` describes (the shipped default when None).
 
-    `kvstore` shares the prefix index between gateway replicas when it is not the in-memory store;
+    `kvstore` shares the prefix index, the queued prefill and the in-flight counts between gateway replicas when
+    it is not the in-memory store;
     `registry` receives the router's metrics; `scrape=False` leaves out the `/metrics` scraper (the
     caller then feeds `scheduler.state` itself, as the in-process benchmark does); `source` (any object
     with `models()` and `endpoints(model)`) is what `await scheduler.start()` scrapes; `adapter_reader`
@@ -75,6 +78,7 @@ def build_scheduler(
     first_token: list[FirstTokenObserver] = []
     closables: list[Closable] = []
     startables: list[Startable] = []
+    syncables: list[Syncable] = []
     for ref in chosen.plugins:
         spec = specs[ref.plugin_ref]
         plugin = instances.get(spec.ref)
@@ -103,16 +107,24 @@ def build_scheduler(
             closables.append(plugin)
         if isinstance(plugin, Startable) and plugin not in startables:
             startables.append(plugin)
+        if isinstance(plugin, Syncable) and plugin not in syncables:
+            syncables.append(plugin)
         if roles == 0 and not isinstance(plugin, Observer):
             raise ConfigError(f"routing plugin {spec.ref!r} ({spec.type}) has no scheduling role")
     if len(pickers) != 1:
         raise ConfigError(f"routing profile {chosen.name!r} needs exactly one picker, found {len(pickers)}")
     profile = Profile(name=chosen.name, picker=pickers[0], producers=producers, filters=filters,
                       scorers=scorers, observers=observers, first_token=first_token, closables=closables,
-                      startables=startables)
+                      startables=startables, syncables=syncables)
     scraper = None
     if scrape:
         from fleetgate.router.scraping import EndpointScraper
 
         scraper = EndpointScraper(state=state, metrics=metrics, config=cfg.scrape, adapter_reader=adapter_reader)
-    return PluginScheduler(profile=profile, state=state, metrics=metrics, scraper=scraper, source=source)
+    load_sync = None
+    shared = cfg.load_sync.shared
+    if kvstore is not None and (shared is True or (shared == "auto" and not isinstance(kvstore, MemoryKVStore))):
+        load_sync = FleetLoadSync(state=state, kvstore=kvstore, namespace=namespace, clock=state.clock,
+                                  interval_s=cfg.load_sync.interval_s, max_age_s=cfg.load_sync.max_age_s)
+    return PluginScheduler(profile=profile, state=state, metrics=metrics, scraper=scraper, source=source,
+                           load_sync=load_sync)

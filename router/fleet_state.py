@@ -4,7 +4,7 @@ requests, health and the LoRA adapters it has loaded. One instance per scheduler
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fleetgate.router.health import HealthTracker
@@ -20,6 +20,7 @@ class EndpointStats:
     kv_capacity_tokens: int | None = None  # vllm:cache_config_info num_gpu_blocks * block_size
     scraped_at: float = 0.0  # clock time of the last successful scrape; 0 = never
     own_at_scrape: int = 0  # this gateway's in-flight count to the endpoint when it was scraped
+    others_at_scrape: float = 0.0  # the other replicas' shared in-flight count there then (0 when not shared)
     active_adapters: frozenset[str] | None = None  # vllm:lora_requests_info running + waiting; None: unknown
     max_loras: int | None = None  # GPU LoRA slots (vllm:lora_requests_info max_lora); None: unknown
 
@@ -34,6 +35,9 @@ class FleetState:
         # gateway made); an endpoint never seen has no entry, which reads as "none loaded".
         self.adapters: dict[str, frozenset[str]] = {}
         self._adapter_added_at: dict[str, float] = {}  # endpoint id -> clock time of the last gateway-made load
+        # endpoint id -> requests the other gateway replicas have in flight there now, shared through the store
+        # (`fleetgate.router.load_sync`); None: not shared, the scrapes alone tell of the others
+        self.others: Callable[[], Mapping[str, float]] | None = None
 
     def stats_of(self, endpoint_id: str) -> EndpointStats:
         st = self.stats.get(endpoint_id)
@@ -53,6 +57,7 @@ class FleetState:
         if kv_capacity_tokens:
             st.kv_capacity_tokens = kv_capacity_tokens
         st.own_at_scrape = self.inflight.get(endpoint_id, 0)
+        st.others_at_scrape = self.others().get(endpoint_id, 0.0) if self.others is not None else 0.0
         st.scraped_at = self.clock()
 
     def set_adapters(
@@ -89,13 +94,17 @@ class FleetState:
 
     def load(self, endpoint_id: str) -> float:
         """Requests the endpoint has to work through: those this gateway has in flight there now
-        (exact, fresh) plus those other gateway replicas had there at the last scrape, estimated as
-        max(0, running + waiting scraped - this gateway's in-flight count at scrape time)."""
+        (exact, fresh), plus, when the replicas share their counts (`others`), those the other replicas have
+        there now (as of their last sync, ~0.1 s), plus the rest of what the engine reported at the last scrape
+        (requests that came through no replica sharing counts), estimated as max(0, running + waiting scraped -
+        this replica's and the shared others' in-flight counts at scrape time). Without sharing the last term
+        stands for every other replica, as of the last scrape (0.5 s by default)."""
         own = float(self.inflight.get(endpoint_id, 0))
+        others = self.others().get(endpoint_id, 0.0) if self.others is not None else 0.0
         st = self.stats.get(endpoint_id)
         if st is None:
-            return own
-        return own + max(0.0, st.waiting + st.running - st.own_at_scrape)
+            return own + others
+        return own + others + max(0.0, st.waiting + st.running - st.own_at_scrape - st.others_at_scrape)
 
     def started(self, endpoint_id: str) -> None:
         self.inflight[endpoint_id] = self.inflight.get(endpoint_id, 0) + 1

@@ -23,6 +23,9 @@ rewrite their maps within one interval.
 
 When the store is unavailable sync fails open: routing continues on this replica's own figures plus other
 replicas' maps until they are `max_age_s` old, then on its own figures alone; the next sync retries.
+
+Nothing here is particular to prefill: `topic` names the log (`router:<topic>:<namespace>`), and the replicas'
+in-flight request counts travel the same way under topic `inflight` (`fleetgate.router.load_sync`).
 """
 
 from __future__ import annotations
@@ -51,11 +54,12 @@ class PrefillQueueSync:
         max_age_s: float = 2.0,
         max_log_len: int = 1_000,
         clock: Callable[[], float] = time.monotonic,
+        topic: str = "prefill",
     ) -> None:
         if interval_s <= 0 or max_age_s <= 0:
             raise ValueError("syncIntervalS and syncMaxAgeS must be positive")
         self.kvstore = kvstore
-        self.log_key = f"router:prefill:{namespace}"
+        self.log_key = f"router:{topic}:{namespace}"
         self.replica_id = replica_id or uuid.uuid4().hex[:12]
         self.interval_s = interval_s
         self.max_age_s = max_age_s
@@ -65,17 +69,27 @@ class PrefillQueueSync:
         self._published: dict[str, float] | None = None  # the map of this replica's last entry
         self._others: dict[str, tuple[float, dict[str, float]]] = {}  # replica -> (received at, its map)
         self.last_success: float | None = None
+        # `others()` is read several times per routing decision (every endpoint's load): its sum is kept until a
+        # map arrives or the oldest one it counted expires
+        self._total: dict[str, float] = {}
+        self._total_until = -1.0  # clock time after which `_total` must be summed again
 
     def others(self) -> dict[str, float]:
-        """Endpoint id -> prefill tokens queued there by the other replicas (fresh maps only)."""
-        cutoff = self.clock() - self.max_age_s
+        """Endpoint id -> the sum of the other replicas' figures there (fresh maps only; do not modify it)."""
+        now = self.clock()
+        if now <= self._total_until:
+            return self._total
+        cutoff = now - self.max_age_s
         total: dict[str, float] = {}
+        oldest = float("inf")
         for replica, (received, queued) in list(self._others.items()):
             if received < cutoff:
                 del self._others[replica]
                 continue
+            oldest = min(oldest, received)
             for endpoint_id, tokens in queued.items():
                 total[endpoint_id] = total.get(endpoint_id, 0.0) + tokens
+        self._total, self._total_until = total, oldest + self.max_age_s
         return total
 
     async def sync(self, queued: Mapping[str, float]) -> bool:
@@ -110,6 +124,7 @@ class PrefillQueueSync:
             if replica == self.replica_id:
                 return
             self._others[replica] = (now, {str(k): float(v) for k, v in data["q"].items() if float(v) > 0})
+            self._total_until = -1.0
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             log.warning("skipping a malformed prefill queue log entry")
 

@@ -20,6 +20,7 @@ from typing import Any
 from fleetgate.core.errors import UpstreamUnavailableError
 from fleetgate.core.types import Endpoint, Usage
 from fleetgate.router.fleet_state import FleetState
+from fleetgate.router.load_sync import FleetLoadSync
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.plugins.base import (
     Closable,
@@ -31,6 +32,7 @@ from fleetgate.router.plugins.base import (
     Producer,
     Scorer,
     Startable,
+    Syncable,
 )
 from fleetgate.router.types import Decision, RoutingRequest
 
@@ -53,15 +55,18 @@ class Profile:
     first_token: list[FirstTokenObserver] = field(default_factory=list)
     closables: list[Closable] = field(default_factory=list)
     startables: list[Startable] = field(default_factory=list)
+    syncables: list[Syncable] = field(default_factory=list)
 
 
 class PluginScheduler:
     """Implements `fleetgate.router.types.Scheduler`; built by `fleetgate.router.build`."""
 
     def __init__(
-        self, *, profile: Profile, state: FleetState, metrics: RouterMetrics, scraper: Any = None, source: Any = None
+        self, *, profile: Profile, state: FleetState, metrics: RouterMetrics, scraper: Any = None, source: Any = None,
+        load_sync: FleetLoadSync | None = None,
     ) -> None:
         self.profile = profile
+        self.load_sync = load_sync
         self.source = source
         self.state = state
         self.metrics = metrics
@@ -77,6 +82,8 @@ class PluginScheduler:
 
     async def pick(self, req: RoutingRequest, candidates: Sequence[Endpoint]) -> Decision:
         t_start = perf_counter()
+        if self.load_sync is not None:
+            self.load_sync.ensure_started()  # needs the running loop, which the first decision has
         cycle: CycleState = {}
         endpoints = list(candidates)
         for producer, timer in zip(self.profile.producers, self._t_prod, strict=True):
@@ -173,7 +180,17 @@ class PluginScheduler:
             for plugin in self.profile.startables:
                 await plugin.start(src)
 
+    async def sync_now(self) -> bool:
+        """Run every sync with the other gateway replicas once (in-flight counts, then each plugin's), as their
+        background tasks do every interval; True when each succeeded or shares nothing."""
+        ok = await self.load_sync.sync_now() if self.load_sync is not None else True
+        for plugin in self.profile.syncables:
+            ok = await plugin.sync_now() and ok
+        return ok
+
     async def aclose(self) -> None:
+        if self.load_sync is not None:
+            await self.load_sync.aclose()
         if self.scraper is not None:
             await self.scraper.aclose()
         for c in self.profile.closables:

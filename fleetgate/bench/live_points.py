@@ -43,6 +43,7 @@ from fleetgate.bench.live_gateway import Keys, Profile
 from fleetgate.bench.live_replicas import GatewayGroup, start_gateways
 from fleetgate.bench.live_workloads import Sizes, Target, sized_items, to_requests
 from fleetgate.engine.vllm_counters import CounterSnapshot, deltas, total
+from fleetgate.sim.report import group_split as report_group_split
 from fleetgate.sim.report import quantile
 
 
@@ -218,8 +219,15 @@ def summarize(results: list[LiveResult], *, window_s: float) -> dict[str, Any]:
         "client_chunks": sum(r.chunks for r in results),
         "mean_in_flight": in_flight(results),
         "spread": dict(sorted(Counter(r.endpoint or "?" for r in results).items())),
+        **group_split(results),
         "error_sample": next((r.error for r in results if r.error), None),
     }
+
+
+def group_split(results: list[LiveResult]) -> dict[str, Any]:
+    """`fleetgate.sim.report.group_split` of the requests that have a group and an endpoint (debug header)."""
+    placed = sorted((r.sent_s, r.group, r.endpoint) for r in results if r.group and r.endpoint)
+    return report_group_split([(g, e) for _, g, e in placed])
 
 
 def engine_figures(window: list[CounterSnapshot], whole: list[CounterSnapshot], *, window_s: float

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -12,6 +15,29 @@ def quantile(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def group_split(placements: Sequence[tuple[str, str]]) -> dict[str, float | int | None]:
+    """How a workload's prompt groups were placed, from (group, endpoint) pairs in send order:
+    `group_switch_share`, the share of a group's consecutive requests that went to another engine than the one
+    before (each switch can cost a prefill the engine before held, and holds the prefix twice);
+    `group_off_majority_share`, the share of requests not on their group's most-used engine; `groups_split`, the
+    groups sent to more than one engine. None each when no group has two requests."""
+    by_group: dict[str, list[str]] = {}
+    for group, endpoint in placements:
+        by_group.setdefault(group, []).append(endpoint)
+    pairs = switches = placed = off_majority = split = 0
+    for engines in by_group.values():
+        pairs += len(engines) - 1
+        switches += sum(1 for a, b in itertools.pairwise(engines) if a != b)
+        counts = Counter(engines)
+        placed += len(engines)
+        off_majority += len(engines) - max(counts.values())
+        split += len(counts) > 1
+    if pairs == 0:
+        return {"group_switch_share": None, "group_off_majority_share": None, "groups_split": None}
+    return {"group_switch_share": switches / pairs, "group_off_majority_share": off_majority / placed,
+            "groups_split": split}
 
 
 @dataclass(slots=True)

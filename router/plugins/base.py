@@ -91,6 +91,14 @@ class Closable(Protocol):
 
 
 @runtime_checkable
+class Syncable(Protocol):
+    async def sync_now(self) -> bool:
+        """Run the plugin's share-with-other-replicas sync once (what its background task does every interval);
+        True when nothing is shared or the store answered. For driving replicas on a virtual clock, and tests."""
+        ...
+
+
+@runtime_checkable
 class Startable(Protocol):
     async def start(self, source: Any) -> None:
         """Begin background work that follows the endpoints `source` lists (`models()`, `endpoints(model)`)."""

@@ -162,6 +162,9 @@ class PrecisePrefixScorer:
         await self.tokenizer.warm(self.tokenizer_load_s)
         await self.fleet.start(source)
 
+    async def sync_now(self) -> bool:
+        return await self.approx.sync_now()
+
     async def aclose(self) -> None:
         await self.fleet.aclose()
         await self.tokenizer.aclose()

@@ -113,6 +113,9 @@ class PrefillQueueScorer:
         self._expire()
         return self.queued
 
+    async def sync_now(self) -> bool:
+        return True if self.sync is None else await self.sync.sync(self._snapshot())
+
     async def aclose(self) -> None:
         await cancel_and_wait(self._sync_task)
 

@@ -123,6 +123,9 @@ class PrefixAffinityScorer:
     ) -> None:
         return None
 
+    async def sync_now(self) -> bool:
+        return True if self.sync is None else await self.sync.sync()
+
     async def aclose(self) -> None:
         await cancel_and_wait(self._sync_task)
 

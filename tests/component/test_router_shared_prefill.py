@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -30,6 +30,15 @@ def prefill_of(sched: PluginScheduler) -> PrefillQueueScorer:
     return plugin
 
 
+async def eventually(condition: Callable[[], bool], *, timeout_s: float = 3.0) -> None:
+    """Wait until `condition()` holds (checked every 20 ms); fail after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "the replicas' background syncs did not deliver in time"
+        await asyncio.sleep(0.02)
+
+
 def default_shared() -> RoutingConfig:
     """The shipped default profile with queued prefill shared (`shared: true`; it ships off)."""
     data = RoutingConfig().model_dump(by_alias=True, mode="json")
@@ -50,15 +59,18 @@ async def test_replica_b_routes_around_the_prefill_replica_a_queued(redis_url: s
         await asyncio.sleep(0.1)
         long = req("long", 4 * 8_000)
         a.on_start(long, EPS[0])
-        await asyncio.sleep(0.2)  # > 2 x the 50 ms interval + round trips
         scorer_b = prefill_of(b)
+        assert scorer_b.sync is not None
+        # > 2 x the 50 ms interval + round trips; polled, as a loaded machine (or the replicas' other syncs) can delay
+        # a background sync past any fixed sleep
+        await eventually(lambda: "e0" in scorer_b.sync.others())
         assert scorer_b.queued == {}  # B itself queued nothing
         scores = scorer_b.score(req("probe", 4_000), {}, EPS)
         assert scores[0] < 0.1 and min(scores[1:]) > 0.9
         for i in range(6):
             assert (await b.pick(req(f"b{i}", 4_000), EPS)).endpoint.id != "e0"
         a.on_first_token(long, EPS[0])
-        await asyncio.sleep(0.2)
+        await eventually(lambda: not scorer_b.sync.others())
         assert scorer_b.score(req("probe", 4_000), {}, EPS) == [1.0] * 4
     finally:
         await a.aclose()
