@@ -24,7 +24,7 @@ from fleetgate.router.prefill_sync import PrefillQueueSync
 
 
 class FleetLoadSync:
-    def __init__(self, *, state: FleetState, kvstore: KVStore, namespace: str = "default", interval_s: float = 0.05,
+    def __init__(self, *, state: FleetState, kvstore: KVStore, namespace: str = "default", interval_s: float = 0.02,
                  max_age_s: float = 2.0, replica_id: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.state = state

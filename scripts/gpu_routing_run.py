@@ -273,12 +273,18 @@ async def _run(urls: list[str], options: Any, out: Path, workdir: Path) -> list[
 GPU_ENGINE_START_S = 150.0
 
 
+def engine_start_room(args: argparse.Namespace, *, left_s: float) -> float:
+    """The seconds the engines are given to start when `left_s` remain to the deadline: what the run still needs after
+    them (its tail and a minute of measuring) comes off first."""
+    return min(args.startup_timeout, left_s - args.tail_s - 60)
+
+
 def engine_time_short(args: argparse.Namespace, *, left_s: float) -> str | None:
     """Why the deadline cannot fit the engines' start (`--min-engine-start-s`), or None when it can."""
     need = args.min_engine_start_s
     if need is None:
         need = GPU_ENGINE_START_S if args.engine == "vllm" else 0.0
-    room = min(args.startup_timeout, left_s - args.tail_s - 60)  # what the engines' start is given below
+    room = engine_start_room(args, left_s=left_s)
     if need <= 0 or room >= need:
         return None
     return (f"the deadline leaves the engines {room:.0f}s to start (--deadline-s minus --tail-s minus 60 s), less "
@@ -375,7 +381,7 @@ def main(argv: list[str]) -> int:
             options.kv_events, options.kv_replays = publishers, replays
             info["engine_desc"] = (f"{info['engine_version']}, {args.replicas}x {served} "
                                    f"({'dummy weights, ' if args.engine == 'vllm' else ''}bf16) on {info.get('card')}")
-            timeout = min(args.startup_timeout, deadline - time.time() - args.tail_s - 60)
+            timeout = engine_start_room(args, left_s=deadline - time.time())
             fleet = EngineFleet(specs=specs, startup_timeout_s=timeout, progress=stamp, poll_s=1.0)
             stamp(f"starting {len(specs)} engines (timeout {timeout:.0f}s): {' '.join(specs[0].argv[1:])}")
             fleet.launch()

@@ -76,16 +76,20 @@ class PrefixAffinityScorer:
         self.sync = sync
         self._sync_task: asyncio.Task[bool] | None = None
         self._capacity_seen: dict[str, int] = {}
+        # The prompt's block hashes in the cycle, keyed by what they depend on: two approximate indexes in one
+        # profile (the precise preset's `history` beside the precise scorer's embedded fallback) hash a prompt
+        # once when their blocks agree, and never read each other's hashes when they do not.
+        self._hashes_key = f"{HASHES}:{block_chars}:{max_blocks}"
 
     async def produce(self, req: RoutingRequest, cycle: CycleState, endpoints: Sequence[Endpoint]) -> None:
-        cycle[HASHES] = chained_block_hashes(req.prompt_text, block_chars=self.block_chars, max_blocks=self.max_blocks)
+        self.hashes(req, cycle)
         if self.sync is not None and self.sync.due() and (self._sync_task is None or self._sync_task.done()):
             self._sync_task = asyncio.create_task(self.sync.sync(), name="prefix-index-sync")
 
     def hashes(self, req: RoutingRequest, cycle: CycleState) -> list[int]:
-        hashes: list[int] | None = cycle.get(HASHES)
-        if hashes is None:  # produce() did not run (used as a bare scorer)
-            hashes = cycle[HASHES] = chained_block_hashes(
+        hashes: list[int] | None = cycle.get(self._hashes_key)
+        if hashes is None:  # the first of the profile's approximate indexes with these blocks (or a bare scorer)
+            hashes = cycle[self._hashes_key] = chained_block_hashes(
                 req.prompt_text, block_chars=self.block_chars, max_blocks=self.max_blocks
             )
         return hashes

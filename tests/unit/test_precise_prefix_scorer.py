@@ -425,3 +425,33 @@ async def test_a_labelled_listing_is_followed_even_after_an_unlabelled_one() -> 
     assert fleet.state("e0") is first  # followed once
     await fleet.aclose()
 
+
+
+async def test_the_presets_two_approximate_indexes_hash_a_prompt_once_and_never_share_unlike_blocks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`history` and the precise scorer's embedded fallback are both approximate indexes: with the same blocks a
+    decision hashes the prompt once (the hot path), with different `blockChars` each index keeps its own blocks."""
+    from fleetgate.router.plugins import prefix_scorer
+
+    calls: list[int] = []
+    real = prefix_scorer.chained_block_hashes
+
+    def counted(text: str, *, block_chars: int, max_blocks: int) -> list[int]:
+        calls.append(block_chars)
+        return real(text, block_chars=block_chars, max_blocks=max_blocks)
+
+    monkeypatch.setattr(prefix_scorer, "chained_block_hashes", counted)
+    req = RoutingRequest(request_id="h", model="m", prompt_text="shared system prompt. " * 80 + "question",
+                         kind="completions", body={"prompt": "x"})
+    for params, expected in (({}, [512]), ({"blockChars": 256}, [512, 256])):
+        calls.clear()
+        sched = build_scheduler(precise_prefix_config(params), scrape=False, seed=1)
+        precise = next(s for s, _ in sched.profile.scorers if isinstance(s, PrecisePrefixScorer))
+        precise.tokenizer = FakeTokenizer(None)  # no tokens: every endpoint scored on the approximate index
+        decision = await sched.pick(req, EPS[:2])
+        sched.on_start(req, decision.endpoint)
+        assert sorted(calls) == sorted(expected), params
+        history = next(s for s, _ in sched.profile.scorers if isinstance(s, PrefixAffinityScorer))
+        assert history.index.match(decision.endpoint.id, real(req.prompt_text, block_chars=512, max_blocks=1024)) > 0
+        assert precise.approx.index.match(
+            decision.endpoint.id, real(req.prompt_text, block_chars=params.get("blockChars", 512), max_blocks=1024)) > 0
