@@ -11,14 +11,17 @@ first token. The gateway child watches its loop (`fleetgate.bench.loop_watch.Loo
 with `--stacks`, a thread samples the loop thread's Python stack whenever the loop has not run the timer for
 `--stall-ms`: what the loop was doing while it stalled.
 
-Variants (`--variants`), each a fresh gateway process per round, rounds alternating their order: `burst` (every
-stream starts at once, as the live harness's reference background; the baseline) and `ramp` (the same streams
-started evenly over `--ramp-s`). The report prints each variant's loop lag p99/max, the probes' added TTFT, the
-loop's longest stalls with the share of them its thread was on a CPU (low: the box's other processes, not the
-gateway's work) and the gateway's CPU per request, and their ratios to the first variant, all from the same run.
-`--gateway-cpu 0` pins the gateway alone on CPU 0 (engines and load generator on the others).
+The fake engines' `/metrics` is padded to a vLLM server's size (`--metrics-families`): the gateway's router
+scrapes and parses it on the loop every 0.5 s per engine. Variants (`--variants`), each a fresh gateway process
+per round, rounds alternating their order: `before` (the scrape's parse as before
+`router.vllm_metrics.KEPT_PREFIXES`; the baseline), `after` (the gateway as it is), `ramp` (as it is, the streams
+started evenly over `--ramp-s` instead of at once as the live harness's reference background does). The report
+prints each variant's loop lag p99/max, its stalls (gaps of >= `--stall-ms` between timer runs: how many a second,
+and the share of their time the loop's thread was on a CPU; low: the box's other processes, not the gateway's
+work), the probes' added TTFT and the gateway's CPU per request, and their ratios to the first variant, all from
+the same run. `--gateway-cpu 0` pins the gateway alone on CPU 0 (engines and load generator on the others).
 
-    PYTHONSAFEPATH=1 .venv/bin/python scripts/bench_loop_burst.py --streams 128 --rounds 2 --stacks
+    PYTHONSAFEPATH=1 .venv/bin/python scripts/bench_loop_burst.py --streams 128 --rounds 3 --gateway-cpu 0
 """
 
 from __future__ import annotations
@@ -45,17 +48,44 @@ WORDS = ["the", "gateway", "relays", "every", "token", "an", "engine", "streams"
 # ----------------------------------------------------------------------------------------------- children
 
 
-def engine_child(ports: list[int], *, itl_ms: float, prefill_ms: float) -> None:
-    """Two fake engines in one process (one core's worth of work; the gateway is what is measured)."""
+def metrics_padding(families: int, buckets: int = 30) -> str:
+    """Histogram families of the size a vLLM server exposes beside the gauges the router reads (60 of 30 buckets:
+    ~2,000 lines, ~150 KB), which the gateway's scrape must filter out."""
+    labels = '{engine="0",model_name="bench"}'
+    lines: list[str] = []
+    for f in range(families):
+        lines += [f"# HELP vllm:hist_{f} latency", f"# TYPE vllm:hist_{f} histogram"]
+        lines += [f'vllm:hist_{f}_bucket{{engine="0",le="{b * 0.5}",model_name="bench"}} {b * 7.0}'
+                  for b in range(buckets)]
+        lines += [f"vllm:hist_{f}_sum{labels} 1.5", f"vllm:hist_{f}_count{labels} 3.0"]
+    return "".join(line + "\n" for line in lines)
+
+
+def engine_child(ports: list[int], *, itl_ms: float, prefill_ms: float, metrics_families: int) -> None:
+    """Two fake engines in one process (one core's worth of work; the gateway is what is measured), their
+    `/metrics` padded to a vLLM server's size."""
     import uvloop
+    from aiohttp import web
 
     from fleetgate.sim.fake_engine import FakeEngine, FakeEngineConfig
+
+    padding = metrics_padding(metrics_families)
+
+    def padded(engine: FakeEngine) -> Any:
+        plain = engine._metrics
+
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(text=(await plain(request)).text + padding, content_type="text/plain")
+
+        return handler
 
     async def run() -> None:
         config = FakeEngineConfig(model="bench", prefill_delay_s=prefill_ms / 1000,
                                   inter_token_delay_s=itl_ms / 1000, step_sync=True)
         for port in ports:
-            await FakeEngine(config, port=port).start()
+            engine = FakeEngine(config, port=port)
+            engine._metrics = padded(engine)  # type: ignore[method-assign]
+            await engine.start()
         await asyncio.sleep(3600)
 
     uvloop.run(run())
@@ -98,7 +128,7 @@ class StallSampler:
             self.stacks[" <- ".join(f"{Path(f.filename).name}:{f.name}:{f.lineno}" for f in reversed(frames))] += 1
 
 
-def gateway_child(config: str, out: Path, *, stall_ms: float, stacks: bool, profile: bool) -> None:
+def gateway_child(config: str, out: Path, *, variant: str, stall_ms: float, stacks: bool, profile: bool) -> None:
     import cProfile
     import io
     import pstats
@@ -112,6 +142,7 @@ def gateway_child(config: str, out: Path, *, stall_ms: float, stacks: bool, prof
     from fleetgate.gateway.settings import GatewaySettings
 
     settings = parse_model(GatewaySettings, load_yaml(config), source=config)
+    VARIANTS[variant]()
     server = build_server(settings, freeze_heap=True)
     watch = LoopWatch(every_s=0.001)
     sampler = StallSampler(stall_ms / 1000)
@@ -141,8 +172,8 @@ def gateway_child(config: str, out: Path, *, stall_ms: float, stacks: bool, prof
             profiler.disable()
             text = io.StringIO()
             stats = pstats.Stats(profiler, stream=text)
-            stats.sort_stats("tottime").print_stats(45)
-            stats.print_callers("_connect_sock|socket.py:.*__init__|_create_connection")
+            stats.sort_stats(os.environ.get("BENCH_PROFILE_SORT", "tottime")).print_stats(60)
+            stats.print_callees(os.environ.get("BENCH_PROFILE_CALLEES", "scheduler.py:83"))
             out.with_suffix(".prof.txt").write_text(text.getvalue())
         out.write_text(json.dumps({"every_s": watch.every_s, "samples": watch.samples, "pauses": watch.pauses,  # noqa: ASYNC240 - once, at shutdown
                                    "stacks": sampler.stacks.most_common(40),
@@ -157,9 +188,27 @@ def gateway_child(config: str, out: Path, *, stall_ms: float, stacks: bool, prof
     uvloop.run(serve())
 
 
-# how the background's streams start: all at once (the live harness's reference background; the baseline) or spread
-# evenly over --ramp-s seconds (the same load without the synchronised first wave)
-VARIANTS = ("burst", "ramp")
+def old_parse_vllm_metrics(text: str) -> Any:
+    """`router.vllm_metrics.parse_vllm_metrics` before its prefixes were built once: the old filter (six prefixes
+    built per line), then the parse of the lines it kept (the current function over them costs the same)."""
+    from fleetgate.router import vllm_metrics
+
+    wanted = vllm_metrics.WANTED
+    lines = [ln for ln in text.splitlines() if ln.startswith(wanted) or ln.startswith(tuple(f"# TYPE {w}"
+                                                                                           for w in wanted))]
+    return vllm_metrics.parse_vllm_metrics("\n".join(lines) + "\n")
+
+
+def _before() -> None:
+    from fleetgate.router import scraping
+
+    scraping.parse_vllm_metrics = old_parse_vllm_metrics  # type: ignore[assignment]
+
+
+# `before`: the scrape's parse as before (the baseline); `after`: the gateway as it is; `ramp`: as it is, the
+# background's streams started evenly over --ramp-s seconds instead of at once (the same load without the
+# synchronised first wave)
+VARIANTS: dict[str, Any] = {"before": _before, "after": lambda: None, "ramp": lambda: None}
 
 
 # ----------------------------------------------------------------------------------------------- parent
@@ -288,7 +337,7 @@ def one_run(variant: str, engines: list[str], args: argparse.Namespace, workdir:
     config = workdir / f"gateway-{variant}-{seed}.yaml"
     config.write_text(yaml.safe_dump(settings))
     out = workdir / f"loop-{variant}-{seed}.json"
-    argv = [sys.executable, __file__, "gateway", "--config", str(config), "--out", str(out),
+    argv = [sys.executable, __file__, "gateway", "--config", str(config), "--out", str(out), "--variant", variant,
             "--stall-ms", str(args.stall_ms), *(["--stacks"] if args.stacks else []),
             *(["--profile"] if args.profile else [])]
     with open(workdir / f"gateway-{variant}-{seed}.log", "wb") as log:
@@ -334,7 +383,7 @@ def one_run(variant: str, engines: list[str], args: argparse.Namespace, workdir:
             "worst_probes_at_s_ms": sorted(((round(at, 2), round(1000 * a, 1)) for at, a in phase["added"]),
                                            key=lambda p: -p[1])[:6],
             # loop gaps of >= --stall-ms: their wall time, and the share of it the loop thread was on a CPU
-            "stalls": len(gaps), "stalled_ms": 1000 * stalled,
+            "stalls": len(gaps), "stalls_per_s": len(gaps) / phase["elapsed"], "stalled_ms": 1000 * stalled,
             "stall_cpu_share": sum(c for _, c in gaps) / stalled if stalled else float("nan"),
             "longest_gaps_ms": sorted(((round(1000 * g, 1), round(1000 * c, 1)) for g, c in gaps), reverse=True)[:6],
             "stacks": data.get("stacks", [])}
@@ -347,9 +396,11 @@ def main() -> int:
     e.add_argument("--ports", required=True)
     e.add_argument("--itl-ms", type=float, required=True)
     e.add_argument("--prefill-ms", type=float, required=True)
+    e.add_argument("--metrics-families", type=int, required=True)
     g = sub.add_parser("gateway")
     g.add_argument("--config", required=True)
     g.add_argument("--out", type=Path, required=True)
+    g.add_argument("--variant", default="after")
     g.add_argument("--stall-ms", type=float, default=5.0)
     g.add_argument("--stacks", action="store_true")
     g.add_argument("--profile", action="store_true")
@@ -362,9 +413,11 @@ def main() -> int:
     parser.add_argument("--burst-s", type=float, default=1.0, help="the burst's part of the window")
     parser.add_argument("--probe-gap-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--variants", default="burst,ramp", help="the first is the baseline of the ratios")
+    parser.add_argument("--variants", default="before,after,ramp", help="the first is the baseline of the ratios")
+    parser.add_argument("--metrics-families", type=int, default=60,
+                        help="histogram families padding each fake engine's /metrics (60: ~2,000 lines, as vLLM)")
     parser.add_argument("--ramp-s", type=float, default=1.0, help="the ramp variant's start spread")
-    parser.add_argument("--stall-ms", type=float, default=5.0)
+    parser.add_argument("--stall-ms", type=float, default=3.0)
     parser.add_argument("--stacks", action="store_true", help="sample the gateway loop's stack while it stalls")
     parser.add_argument("--redis", action="store_true", help="the gateway's state in a redis-server (as run 8c)")
     parser.add_argument("--py-spy", help="a py-spy binary: record the gateway over the window (to --out's folder)")
@@ -373,10 +426,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.cmd == "engine":
-        engine_child([int(p) for p in args.ports.split(",")], itl_ms=args.itl_ms, prefill_ms=args.prefill_ms)
+        engine_child([int(p) for p in args.ports.split(",")], itl_ms=args.itl_ms, prefill_ms=args.prefill_ms,
+                     metrics_families=args.metrics_families)
         return 0
     if args.cmd == "gateway":
-        gateway_child(args.config, args.out, stall_ms=args.stall_ms, stacks=args.stacks,
+        gateway_child(args.config, args.out, variant=args.variant, stall_ms=args.stall_ms, stacks=args.stacks,
                       profile=args.profile)
         return 0
     from fleetgate.core.localredis import LocalRedis
@@ -394,7 +448,8 @@ def main() -> int:
         workdir = Path(tmp)
         with open(workdir / "engine.log", "wb") as elog:
             engine = subprocess.Popen([sys.executable, __file__, "engine", "--ports", ",".join(map(str, ports)),
-                                       "--itl-ms", str(args.itl_ms), "--prefill-ms", str(args.prefill_ms)],
+                                       "--itl-ms", str(args.itl_ms), "--prefill-ms", str(args.prefill_ms),
+                                       "--metrics-families", str(args.metrics_families)],
                                       env={**os.environ, "PYTHONSAFEPATH": "1"}, stdout=elog,
                                       stderr=subprocess.STDOUT)
         try:
@@ -424,16 +479,16 @@ def main() -> int:
 
 
 def report(rows: list[dict[str, Any]], variants: list[str]) -> None:
-    keys = ["lag_p99_ms", "lag_max_ms", "burst_lag_max_ms", "added_mean_ms", "added_p90_ms", "added_max_ms",
-            "first_probe_added_ms", "stall_cpu_share", "cpu_ms_per_request"]
+    keys = ["lag_p99_ms", "lag_max_ms", "burst_lag_max_ms", "stalls_per_s", "stall_cpu_share", "added_mean_ms",
+            "added_p90_ms", "added_max_ms", "first_probe_added_ms", "cpu_ms_per_request"]
     means = {v: {k: statistics.fmean(r[k] for r in rows if r["variant"] == v) for k in keys} for v in variants}
-    print("\nvariant      " + " ".join(f"{k:>20}" for k in keys))
+    print("\nvariant       " + " ".join(f"{k.removesuffix('_ms'):>13}" for k in keys) + "   (ms where not a rate)")
     for v in variants:
-        print(f"{v:12} " + " ".join(f"{means[v][k]:20.2f}" for k in keys))
+        print(f"{v:13} " + " ".join(f"{means[v][k]:13.2f}" for k in keys))
     base = variants[0]
     for v in variants[1:]:
-        print(f"{v + '/' + base:12} " + " ".join(
-            f"{means[v][k] / means[base][k] if means[base][k] else float('nan'):20.2f}" for k in keys))
+        print(f"{v + '/' + base:13} " + " ".join(
+            f"{means[v][k] / means[base][k] if means[base][k] else float('nan'):13.2f}" for k in keys))
 
 
 if __name__ == "__main__":
