@@ -17,6 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 WANTED = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
           "vllm:gpu_cache_usage_perc", "vllm:cache_config_info", "vllm:lora_requests_info")
+# The lines handed to the parser: the wanted families' samples and TYPE lines. Built once: the scrape runs on the
+# gateway's event loop every `scrape.intervalS` for each engine, over a ~2,000-line exposition, and building these
+# prefixes for every line cost ~5x the rest of the filter (3.9 ms of the loop a scrape, `test_vllm_metrics_cost`).
+KEPT_PREFIXES = WANTED + tuple(f"# TYPE {w}" for w in WANTED)
 
 
 @dataclass(slots=True)
@@ -34,8 +38,7 @@ def _adapters(value: str) -> set[str]:
 
 
 def parse_vllm_metrics(text: str) -> ParsedMetrics:
-    lines = [ln for ln in text.splitlines() if ln.startswith(WANTED) or ln.startswith(tuple(f"# TYPE {w}"
-                                                                                             for w in WANTED))]
+    lines = [ln for ln in text.splitlines() if ln.startswith(KEPT_PREFIXES)]
     out = ParsedMetrics()
     usage: list[float] = []
     capacity = 0
