@@ -159,6 +159,8 @@ class ApiPipeline:
             deadline=asyncio.get_running_loop().time() + server.stream_deadline_s if parsed.stream else None,
             cancel_drain_s=server.cancel_drain_s, cancel_finish_tokens=server.cancel_finish_tokens,
             spawn=flow.spawn if parsed.stream else None,
+            # the gateway's own time on the first chunk (`own_time`): only a streaming client is handed one
+            own=flow.metrics.own if parsed.stream else None, before_upstream_ns=ctx.before_upstream_ns,
         )
         p.activity.opened(relay)
         if parsed.stream:

@@ -25,10 +25,12 @@ answer to store (the client never had it).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine
+from time import perf_counter_ns
 from typing import Any, Protocol
 
 import aiohttp
 
+from fleetgate.gateway.own_time import OwnTime
 from fleetgate.gateway.stream_drain import EngineDrain
 from fleetgate.gateway.stream_reads import StreamEnd, StreamReads
 from fleetgate.gateway.streaming import StreamOutcome, reported
@@ -97,7 +99,12 @@ class EventRelay:
         cancel_drain_s: float = 0.0,
         cancel_finish_tokens: int = 0,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
+        own: OwnTime | None = None,
+        before_upstream_ns: int = 0,
     ) -> None:
+        """`own`: where the first chunk's `first_chunk` phase is observed, as the chat relay does
+        (`streaming.RelayStream`, `own_time`; None: not measured, as for a client that does not stream), with the
+        request's `before_upstream_ns` for the total."""
         self._resp = response
         self._drain = EngineDrain(drain_s=cancel_drain_s, finish_tokens=cancel_finish_tokens,
                                   inter_chunk_s=inter_chunk_timeout_s, deadline=deadline)
@@ -111,6 +118,9 @@ class EventRelay:
         self._started = False
         self._closed = False
         self._spent = False  # `_count`: the engine's stream has nothing more worth reading
+        self._own = own  # None once the first chunk was handed on
+        self._before_ns = before_upstream_ns
+        self._read_ns = 0
 
     @property
     def outcome(self) -> StreamOutcome:
@@ -132,11 +142,16 @@ class EventRelay:
             if isinstance(data, StreamEnd):
                 return rw.fail(data.kind, data.message, data.code)
             self._started = True
+            if self._own is not None:  # until the first chunk is handed on: when its last read returned
+                self._read_ns = perf_counter_ns()
             parts = [out for name, payload in self._parser.feed(data) if not rw.ended
                      for out in (rw.event(name, payload),) if out]
             if rw.ended and rw.outcome.ok and self._on_complete is not None:
-                await self._on_complete(rw.outcome)
+                await self._on_complete(rw.outcome)  # on the first chunk's path when the answer came in one read
             if parts or rw.ended:
+                if parts and self._own is not None:
+                    self._own.first_chunk(self._read_ns, self._before_ns)
+                    self._own = None
                 return b"".join(parts)
 
     def _count(self, data: bytes) -> bool:

@@ -12,21 +12,29 @@ Where the clocks are (all `time.perf_counter_ns`):
   is full). On Python < 3.12 aiohttp writes the body in a task of its own, so the loop's queue before that task
   runs is inside this phase, as it should be;
 - `read`: just after the network read that completed the first chunk relayed to the client returned to the
-  relay (`streaming.RelayStream.__anext__`);
-- `handed`: just before the relay returns that chunk, rewritten, to the web layer (`RelayStream.__anext__`),
-  which passes it to the ASGI `send` with no await in between (`responses.StreamResponse.relay`).
+  relay (`streaming.RelayStream.__anext__` for chat and completions, `event_relay.EventRelay.__anext__` for the
+  Responses and Messages APIs);
+- `handed`: just before the relay returns that chunk, rewritten, to the web layer (the same `__anext__`),
+  which passes it to the ASGI `send` with no await in between (`responses.StreamResponse.relay`). When the
+  engine's whole answer came in that read, an event relay's `on_complete` (a Responses answer stored for
+  follow-ups) runs before the chunk is handed on, so it is inside `first_chunk`.
 
 Phases, each observed once per request and only for requests that reach an engine (never a cache hit):
 
 - `before_upstream` = sent - arrived: reading the body, authentication, parsing, limits, cache lookup, tier and
   endpoint choice, adapter loads and scale-from-zero waits, aiohttp's request writing; a connect retry's failed
-  attempt too. Observed for every engine request of the HTTP door, streamed or not (the first attempt that got
-  an answer; a cascade's second call is not counted again);
+  attempt too. Observed for every engine request of the HTTP door, streamed or not, on every route that sends
+  one (chat, completions, responses, messages, embeddings: all enter through `fastpath.body_handler` and
+  `Forwarder.open`), for the first attempt that got an answer (a cascade's second call is not counted again);
 - `stages` = posting - arrived and `upstream_write` = sent - posting: `before_upstream` split in two, the
   gateway's own stages against aiohttp's request write (on a loaded 2-core box a write to an engine on the same
   cores also holds the time the kernel gives the engine's process, woken by the bytes);
-- `first_chunk` = handed - read: the relay's rewrite of the first chunk (streamed requests, chat and completions);
+- `first_chunk` = handed - read: the relay's rewrite of the first chunk (requests whose client streams: chat,
+  completions, responses and messages; a Responses or Messages request whose client does not stream is
+  streamed from the engine but collected, so no chunk is handed on and it has `before_upstream` alone);
 - `total_to_first_byte` = their sum, per streamed request.
+
+The Endpoint Picker's door (`fleetgate epp`) sends no request itself: its own time is `epp.own_time`'s.
 
 What a client's time to first token through the gateway includes that these miss: the client -> gateway hop and
 uvicorn's work before the app is called (accept, HTTP parsing, the task it starts the app in, and the loop's queue

@@ -100,3 +100,84 @@ async def test_cache_hits_and_refused_requests_are_not_counted(
         unknown = await client.post("/v1/chat/completions", json={**chat(stream=True), "model": "nope"})
         assert unknown.status_code == 404
     assert {p: c for p, (c, _) in own(gw).items()} == {p: 1.0 for p in PHASES}  # the first request alone
+
+
+# ---- the other APIs' doors: `/v1/responses` and `/v1/messages` (`api_pipeline`, `event_relay`) ----------------
+
+API_PATHS = {"responses": "/v1/responses", "messages": "/v1/messages"}
+
+
+def api_body(api: str, *, stream: bool, text: str = "a b c", model: str = "m1") -> dict[str, Any]:
+    if api == "responses":
+        return {"model": model, "input": text, "max_output_tokens": 3, "stream": stream, "temperature": 0}
+    return {"model": model, "max_tokens": 3, "messages": [{"role": "user", "content": text}], "stream": stream,
+            "temperature": 0}
+
+
+async def api_streamed(client: httpx.AsyncClient, api: str, body: dict[str, Any]) -> tuple[float, list[str]]:
+    """(time to the first event's data line, seconds; the stream's lines)."""
+    t0 = time.perf_counter()
+    first = None
+    lines = []
+    async with client.stream("POST", API_PATHS[api], json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            lines.append(line)
+            if first is None and line.startswith("data: "):
+                first = time.perf_counter() - t0
+    assert first is not None
+    return first, lines
+
+
+def counts(gw: RunningGateway) -> dict[str, float]:
+    return {p: c for p, (c, _) in own(gw).items()}
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+async def test_the_other_apis_count_each_phase_once_per_engine_request_without_the_engines_time(
+    api: str, slow_engine: FakeEngine, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    gw = await start_gateway(settings_for({"m1": [slow_engine.url]}))
+    streams = 2
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        ttfts = []
+        for i in range(streams):
+            ttft, lines = await api_streamed(client, api, api_body(api, stream=True, text=f"a b c {i}"))
+            terminal = "event: response.completed" if api == "responses" else "event: message_stop"
+            assert terminal in lines  # the whole answer was relayed
+            ttfts.append(ttft)
+        seen = own(gw)
+        assert counts(gw) == {p: float(streams) for p in PHASES}
+        before, stages, write, first, total = (seen[p][1] for p in PHASES)
+        assert min(ttfts) > PREFILL_S  # the engine's prefill is on the client's path ...
+        assert 0 < before < PREFILL_S / 2 and 0 < first < PREFILL_S / 2  # ... and in neither phase
+        assert stages + write == pytest.approx(before, abs=1e-6)
+        assert total == pytest.approx(before + first, abs=1e-6) and total < sum(ttfts)
+        # a client that does not stream: the engine still streams (collected here), but no chunk is handed on
+        r = await client.post(API_PATHS[api], json=api_body(api, stream=False, text="d e f"))
+        assert r.status_code == 200, r.text
+    after = own(gw)
+    assert counts(gw) == {"before_upstream": 3.0, "stages": 3.0, "upstream_write": 3.0, "first_chunk": 2.0,
+                          "total_to_first_byte": 2.0}
+    assert 0 < after["before_upstream"][1] - before < PREFILL_S / 2
+    assert after["first_chunk"] == seen["first_chunk"] and after["total_to_first_byte"] == seen["total_to_first_byte"]
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+async def test_the_other_apis_cache_hits_and_refused_requests_are_not_counted(
+    api: str, engine: FakeEngine, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    settings = settings_for({"m1": [engine.url]}).model_copy(update={"cache": CacheConfig(store_truncated=True)})
+    gw = await start_gateway(settings)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        await api_streamed(client, api, api_body(api, stream=True, text="once"))
+        assert await eventually(lambda: len(gw.pipeline._s.cache.index) == 1)  # type: ignore[attr-defined]
+        for stream in (True, False):
+            replayed = await client.post(API_PATHS[api], json=api_body(api, stream=stream, text="once"))
+            assert replayed.status_code == 200 and replayed.headers["x-fleetgate-cache"] == "hit-exact"
+            unknown = await client.post(API_PATHS[api], json=api_body(api, stream=stream, model="nope"))
+            assert unknown.status_code == 404
+            invalid = await client.post(API_PATHS[api], json={**api_body(api, stream=stream), "temperature": "hot"})
+            assert invalid.status_code == 400
+    assert engine.stats.requests == 1
+    assert counts(gw) == {p: 1.0 for p in PHASES}  # the first request alone
