@@ -22,8 +22,8 @@ far is charged and the request recorded as 499. Upstream timeouts are the proxy'
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
+from time import perf_counter_ns
 
 import orjson
 
@@ -72,6 +72,8 @@ class Exchange:
         self._tenant: Tenant | None = None
         self._assembled = False  # a non-streaming request streamed from the engine and assembled here
         self._counted = False  # in the in-flight gauge
+        self._headers_ns = 0  # the picker's time on the request headers (`metrics.EppOwnTime`)
+        self._before_ns = 0  # the request phases' sum once routed, until the first chunk is relayed (0: not timed)
         self.done = False  # an immediate response was sent, or the answer is complete
 
     async def on_message(self, req: messages.ProcessingRequest) -> list[messages.ProcessingResponse]:
@@ -81,7 +83,14 @@ class Exchange:
             answer = self._answer
             if answer is None:  # a body without headers: protocol misuse; pass it through untouched
                 return messages.body_pieces(body.body, response=True, end=body.end_of_stream)
-            out = answer.body(body.body, end=body.end_of_stream)
+            if self._before_ns:  # a streaming client's first chunk is not relayed yet: time this exchange
+                read_ns = perf_counter_ns()
+                out = answer.body(body.body, end=body.end_of_stream)
+                if out:
+                    self._door.metrics.own.first_chunk(perf_counter_ns() - read_ns, self._before_ns)
+                    self._before_ns = 0
+            else:
+                out = answer.body(body.body, end=body.end_of_stream)
             if answer.done:
                 self._settled_if(True)
             return out
@@ -98,6 +107,7 @@ class Exchange:
     # ---- request ------------------------------------------------------------------------------
 
     async def _request_headers(self, req: messages.ProcessingRequest) -> list[messages.ProcessingResponse]:
+        started = perf_counter_ns()
         self._headers = headers = messages.header_map(req.request_headers)
         path = headers.get(":path", "").split("?", 1)[0]
         method = headers.get(":method", "")
@@ -118,6 +128,7 @@ class Exchange:
             self._tenant = await self._flow.authenticate(headers=headers)
         except FleetGateError as exc3:  # before the body is read, as the gateway's fast path refuses it
             return self._immediate(self._flow.error(self._flow.new_context(headers), exc3))
+        self._headers_ns = perf_counter_ns() - started
         if req.request_headers.end_of_stream:
             return await self._admit(req)
         return []
@@ -139,7 +150,7 @@ class Exchange:
     async def _admit(self, req: messages.ProcessingRequest) -> list[messages.ProcessingResponse]:
         flow, door = self._flow, self._door
         assert self._kind is not None
-        started = time.perf_counter()
+        started = perf_counter_ns()
         ctx = self._ctx = flow.new_context(self._headers)
         raw = b"".join(self._body)
         self._body = []
@@ -168,7 +179,10 @@ class Exchange:
                                  set_headers={"content-length": str(len(body)), "x-request-id": ctx.request_id},
                                  remove=REMOVED_UPSTREAM),
                *messages.body_pieces(body, response=False)]
-        door.metrics.decision.observe(time.perf_counter() - started)
+        took = perf_counter_ns() - started
+        door.metrics.decision.observe(took / 1e9)
+        before = door.metrics.own.routed(self._headers_ns, took)
+        self._before_ns = before if parsed.stream else 0  # a streaming client's first chunk is timed too
         return out
 
     def _serve_hit(self, ctx: RequestContext, admitted: Admitted) -> list[messages.ProcessingResponse]:
@@ -201,6 +215,8 @@ class Exchange:
         self._answer = Answer(flow=self._flow, ctx=ctx, attempt=attempt, status=status,
                               retry_after=headers.get("retry-after"), assembled_upstream=self._assembled,
                               served_header={messages.SERVED: served}, unreached=unreached)
+        if self._answer.mode != "relay":  # a refusal or an unreached engine: no chunk of an answer is relayed
+            self._before_ns = 0
         return self._answer.headers()
 
     def _response_trailers(self) -> list[messages.ProcessingResponse]:
