@@ -44,6 +44,7 @@ blocks between adapters (nor with the base model).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,9 +57,14 @@ from fleetgate.sim.lora import LoraError, LoraSlots, adapter_rank
 from fleetgate.sim.profile import SimProfile
 
 
-def count_tokens(text: str, *, chars_per_token: int) -> int:
+def count_tokens(text: str, *, chars_per_token: float) -> int:
     """Deterministic approximate tokeniser: one token per `chars_per_token` UTF-8 bytes."""
-    return max(1, -(-len(text.encode("utf-8", "surrogatepass")) // chars_per_token))
+    return max(1, math.ceil(len(text.encode("utf-8", "surrogatepass")) / chars_per_token))
+
+
+def block_chars(profile: SimProfile) -> int:
+    """Characters per KV block of the approximate tokeniser (a fractional `chars_per_token` rounds here)."""
+    return max(1, round(profile.block_size * profile.chars_per_token))
 
 
 @dataclass(slots=True, eq=False)
@@ -150,7 +156,7 @@ class SimEngine:
         cannot fit the KV cache."""
         p = self.profile
         tokens = count_tokens(prompt, chars_per_token=p.chars_per_token)
-        hashes = chained_block_hashes(prompt, block_chars=p.block_size * p.chars_per_token)
+        hashes = chained_block_hashes(prompt, block_chars=block_chars(p))
         if adapter is not None:
             registered = self.lora.registered.get(adapter) if self.lora is not None else None
             if registered is None:

@@ -17,8 +17,8 @@ profile and workload (the prefix-aware profiles, chat and unique prompts). Profi
 run (no preset, e.g. a precise-prefix profile fed by engine events) are left out and listed.
 
 `python -m fleetgate.sim.fit RESULTS.jsonl [--train WORKLOAD:PROFILE,...] [--out FILE.md]` runs it on a
-results file; `python -m fleetgate.sim.fit --split SPLIT.json [--scheduler reserve,vllm-v1] [--out FILE.md]` on
-several, per card, tuned on some files and judged on others (`fleetgate.sim.fit_split`).
+results file; `python -m fleetgate.sim.fit --split SPLIT.json [--scheduler reserve,vllm-v1,vllm-v1-livetext]
+[--out FILE.md]` on several, per card, tuned on some files and judged on others (`fleetgate.sim.fit_split`).
 """
 
 from __future__ import annotations
@@ -77,6 +77,9 @@ class Setup:
     max_batched_tokens: int
     sizes: dict[str, Any]
     block_size: int = 16
+    # Prompt characters per engine token on the live run (its meta row: the engines' tokeniser on the workload's
+    # text). The live gateway's prefix and prefill-queue scorers assume `charsPerToken` 4 whatever the text is.
+    chars_per_token: float = 4.0
 
 
 # A point to simulate: the observation and the set-up of the run it comes from (several runs may be mixed).
@@ -106,7 +109,8 @@ def observations(rows: Sequence[dict[str, Any]], *, repeats: bool = False) -> li
 def setup_from(rows: Sequence[dict[str, Any]], *, max_num_seqs: int, max_batched_tokens: int) -> Setup:
     meta = next(r for r in rows if r.get("kind") == "meta")
     return Setup(replicas=int(meta["replicas"]), capacity_tokens=int(meta["kv_capacity_tokens"]),
-                 max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, sizes=dict(meta["sizes"]))
+                 max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, sizes=dict(meta["sizes"]),
+                 chars_per_token=float(meta.get("chars_per_token") or 4.0))
 
 
 def base_profile(rows: Sequence[dict[str, Any]], setup: Setup, *, fallback: SimProfile) -> SimProfile:
@@ -287,8 +291,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("results", type=Path, nargs="?", help="results.jsonl of a live routing run")
     parser.add_argument("--split", type=Path, default=None,
                         help="JSON naming, per card, the results files to tune on and to judge on (instead of RESULTS)")
-    parser.add_argument("--scheduler", default="reserve,vllm-v1",
-                        help="with --split: engine models to fit and compare (SimProfile.scheduler), comma-separated")
+    parser.add_argument("--scheduler", default="reserve,vllm-v1,vllm-v1-livetext",
+                        help="with --split: engine models to fit and compare (fit_split.MODELS), comma-separated")
     parser.add_argument("--profiles", default="", help="with --split: only these routing profiles (comma-separated)")
     parser.add_argument("--passes", type=int, default=2, help="with --split: coordinate-descent passes")
     parser.add_argument("--rescore", type=Path, default=None,

@@ -5,17 +5,20 @@ that card's step-time constants (`train`) and those that judge them (`test`):
 
     {"cards": {"h100": {"train": ["...call1.jsonl"], "test": ["...call3a.jsonl", ...]}, ...}}
 
+(a card may also name `probe` files, read only for their calibration probe, the constants' start).
+
 Each file's set-up (replicas, KV capacity, sizes) comes from its own meta row and its `max_num_seqs` from
 the run-info beside it (`<stem>-run-info.json` or `run-info.json`). Points: every routing point and its
 repeat seeds (`fit.observations(repeats=True)`) of a profile the simulator runs (`fit.runnable`), or only
-the `--profiles` named. For each engine model asked (`SimProfile.scheduler`: "reserve", the simulator
-before this calibration, with its three step constants; "vllm-v1", with two more: the decode attention per
-context token and the per-request overhead), each card's constants are fitted on its training points from
+the `--profiles` named. For each engine model asked (`MODELS`: "reserve", the simulator before this
+calibration, with its three step constants; "vllm-v1", with two more: the decode attention per context token and
+the per-request overhead; "vllm-v1-livetext", "vllm-v1" on prompts at the live run's characters per token, see
+`Model`), each card's constants are fitted on its training points from
 the same start (the first calibration probe found in the files, the attention term from the card's memory
 bandwidth) and every point is replayed with them. The report gives, per model and set, the median absolute
 error of TTFT p50/p90 and output tokens/s (relative) and of the hit rate (points), and, on the held-out
 points, how often the simulator orders the profiles of one point (same file, workload, load and seed) as
-the measurement does.
+the measurement does, and the held-out errors per file.
 """
 
 from __future__ import annotations
@@ -33,6 +36,29 @@ from fleetgate.sim.profile import PROFILES, SimProfile
 from fleetgate.sim.report import quantile
 
 V1_CONSTANTS = (*CONSTANTS, "decode_s_per_ctx_token", "request_overhead_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """An engine model the fit compares: the engine's scheduler, the constants fitted, and the simulated text.
+
+    `live_text` False: prompts are simulated at 4 characters per token, the ratio the gateway's scorers assume
+    (`charsPerToken` 4), so the simulated gateway knows every engine's KV capacity and every prompt's size exactly.
+    True: at the live run's measured ratio (6.48 for Llama 3.1 on these prompts), so the simulated gateway is wrong
+    as the live one was: it believes an engine holds 65,536 x 4 characters of prompts (its prefix index forgets
+    older prefixes after that, though the engine still holds 1.6x more) and counts every prompt as 1.6x more
+    tokens against the prefill-queue scorer's scale. Both move requests of one prefix group off the engine that
+    holds it, which costs prefix-cache hits (issue 24: the 'vllm-v1' model's simulated default routing hit
+    ~10 points more than the live one, so it fitted step constants too slow for round-robin).
+    """
+
+    scheduler: str
+    constants: tuple[str, ...]
+    live_text: bool = False
+
+
+MODELS = {"reserve": Model("reserve", CONSTANTS), "vllm-v1": Model("vllm-v1", V1_CONSTANTS),
+          "vllm-v1-livetext": Model("vllm-v1", V1_CONSTANTS, live_text=True)}
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2  # Llama-3.1-8B shape: layers x KV heads x head dim x (K, V) x bf16
 HBM_BYTES_PER_S = {"h100": 3.35e12, "h200": 4.8e12}  # SXM datasheets; other cards start from the H100's
 REQUEST_OVERHEAD_START_S = 0.01
@@ -43,6 +69,7 @@ class Card:
     name: str
     train: tuple[Path, ...]
     test: tuple[Path, ...]
+    probe: tuple[Path, ...] = ()  # read only for a calibration probe (the constants' start), no points
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +82,8 @@ class Run:
 def load_split(path: Path, *, root: Path) -> list[Card]:
     """The cards of a split file; its paths are relative to `root` (the repository)."""
     data = json.loads(path.read_text())
-    return [Card(name=name, train=tuple(root / f for f in c["train"]), test=tuple(root / f for f in c["test"]))
+    return [Card(name=name, train=tuple(root / f for f in c["train"]), test=tuple(root / f for f in c["test"]),
+                 probe=tuple(root / f for f in c.get("probe", ())))
             for name, c in data["cards"].items()]
 
 
@@ -82,7 +110,10 @@ def points_of(runs: Sequence[Run], *, profiles: set[str] | None) -> list[tuple[P
 
 
 def start_profile(runs: Sequence[Run], setup: Setup, *, card: str, scheduler: str) -> SimProfile:
-    """The first calibration probe found in `runs` (else `gpu-8b`), on `setup`'s KV and batch limits."""
+    """The first calibration probe found in `runs` (else `gpu-8b`), on `setup`'s KV and batch limits, for the
+    engine model named `scheduler` (a key of `MODELS`)."""
+    model = MODELS[scheduler]
+    scheduler = model.scheduler
     profile = PROFILES["gpu-8b"]
     cal = next((r for run in runs for r in run.rows if r.get("kind") == "calibration"), None)
     if cal is not None:
@@ -96,6 +127,8 @@ def start_profile(runs: Sequence[Run], setup: Setup, *, card: str, scheduler: st
         bandwidth = HBM_BYTES_PER_S.get(card, HBM_BYTES_PER_S["h100"])
         profile = profile.with_(decode_s_per_ctx_token=KV_BYTES_PER_TOKEN / bandwidth,
                                 request_overhead_s=REQUEST_OVERHEAD_START_S)
+    if model.live_text:
+        profile = profile.with_(chars_per_token=setup.chars_per_token)
     return profile
 
 
@@ -164,7 +197,7 @@ async def calibrate(cards: Sequence[Card], *, schedulers: Sequence[str], max_bat
                     profiles: set[str] | None = None, passes: int = 2,
                     progress: Callable[[str], None] = print) -> dict[str, Any]:
     every_run = {p: load_run(p, max_batched_tokens=max_batched_tokens)
-                 for card in cards for p in (*card.train, *card.test)}
+                 for card in cards for p in (*card.probe, *card.train, *card.test)}
     result: dict[str, Any] = {"cards": {}, "schedulers": list(schedulers)}
     for card in cards:
         train = points_of([every_run[p] for p in card.train], profiles=profiles)
@@ -174,7 +207,11 @@ async def calibrate(cards: Sequence[Card], *, schedulers: Sequence[str], max_bat
         entry: dict[str, Any] = {"train_files": [p.stem for p in card.train], "test_files": [p.stem for p in card.test],
                                  "n_train": len(train), "n_test": len(test), "models": {}}
         for scheduler in schedulers:
-            names = V1_CONSTANTS if scheduler == "vllm-v1" else CONSTANTS
+            names = MODELS[scheduler].constants
+            if MODELS[scheduler].live_text:  # one simulated text ratio per card: its runs must agree on it
+                ratios = {round(setup.chars_per_token, 2) for (_, setup), _ in (*train, *test)}
+                if len(ratios) > 1:
+                    raise ValueError(f"card {card.name}: runs measured different characters per token {ratios}")
             base = start_profile(list(every_run.values()), train[0][0][1], card=card.name, scheduler=scheduler)
             progress(f"{card.name} / {scheduler}: fitting {', '.join(names)} on {len(train)} points")
             fitted, train_loss = await fit([pt for pt, _ in train], base=base, constants=names, passes=passes,
@@ -213,6 +250,19 @@ def markdown(result: dict[str, Any]) -> str:
             o50, o90 = model["order"]["ttft_p50_s"], model["order"]["ttft_p90_s"]
             lines.append(f"| {card} | {scheduler} | {o50['right']}/{o50['pairs']} | {o90['right']}/{o90['pairs']} | "
                          f"{o50['points_all_right']}/{o50['points']} | {o50['ties']} |")
+    lines += ["", "Held-out points per file (median absolute error; hit rate in points; profile order: p50 and p90 "
+              "pairs right):", "", "| card | model | file | points | TTFT p50 | TTFT p90 | output tok/s | hit rate | "
+              "order p50 | order p90 |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for card, entry in result["cards"].items():
+        for scheduler, model in entry["models"].items():
+            files = dict.fromkeys(r["file"] for r in model["test"]["points"])
+            for stem in files:
+                pts = [r for r in model["test"]["points"] if r["file"] == stem]
+                s, o50, o90 = (summary(pts), ordering(pts, figure="ttft_p50_s"), ordering(pts, figure="ttft_p90_s"))
+                lines.append(f"| {card} | {scheduler} | {stem.removeprefix('gpu-routing-')} | {int(s['n'])} | "
+                             f"{pct(s['ttft_p50_s'])} | {pct(s['ttft_p90_s'])} | {pct(s['output_tps'])} | "
+                             f"{s['hit_rate_points']:.1f} | {o50['right']}/{o50['pairs']} | "
+                             f"{o90['right']}/{o90['pairs']} |")
     lines += ["", "Fitted constants:", ""]
     for card, entry in result["cards"].items():
         for scheduler, model in entry["models"].items():

@@ -62,7 +62,9 @@ SCHEDULERS = ("reserve", "vllm-v1")
 class SimProfile:
     name: str = "vllm-cpu-gemma3-270m"
     model: str = "gemma-3-270m"
-    chars_per_token: int = 4  # deterministic approximate tokeniser: fixed-width character chunks
+    # Deterministic approximate tokeniser: fixed-width character chunks. Fractional values (a real tokeniser's
+    # average, e.g. 6.48 for Llama 3.1 on the live benchmark's text) tokenise as ceil(bytes / chars_per_token).
+    chars_per_token: float = 4
     block_size: int = 16  # tokens per KV block (vLLM's default)
     num_blocks: int = 1024  # KV capacity in blocks (16,384 tokens)
     max_num_seqs: int = 16  # continuous batching: max running sequences
