@@ -133,7 +133,7 @@ def create_app(
             yield
         finally:
             runtime.ready = False
-            await pipeline.drain()
+            await pipeline.shutdown(timeout_s=settings.server.settle_s)
             await stop_stages(started, log=log)
             await runtime.session.close()
             runtime.session = None

@@ -52,9 +52,10 @@ from fleetgate.gateway.metrics import GatewayMetrics
 from fleetgate.gateway.parsing import Kind, ParsedRequest, parse_request
 from fleetgate.gateway.reserving import Reserver
 from fleetgate.gateway.settings import GatewaySettings
-from fleetgate.gateway.stages import RequestRecord, Tenant
+from fleetgate.gateway.stages import RequestRecord, Tenant, Unwritten
 from fleetgate.gateway.stageset import Stages
 from fleetgate.gateway.streaming import StreamOutcome
+from fleetgate.gateway.unwritten import report as report_unwritten
 from fleetgate.router.tiers.types import TierDecision
 
 SAMPLED_OPT_IN = "x-fleetgate-cache-sampled"
@@ -115,6 +116,7 @@ class Flow:
         self.reserver = Reserver(settings=settings, source=stages.endpoint_source, limiter=stages.limiter,
                                  session=session)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._unwritten: list[Unwritten] = []  # records a shutdown's cancellation kept from the accountant
         self._log = logging.getLogger("fleetgate.gateway.requests")
 
     # ---- before an engine is chosen -------------------------------------------------------------
@@ -376,15 +378,22 @@ class Flow:
         self, ctx: RequestContext, usage: Usage, records: list[RequestRecord], store: dict[str, Any] | None
     ) -> None:
         s = self.stages
-        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        steps: list[tuple[str, Callable[[], Awaitable[None]], RequestRecord | None]] = []
         if ctx.reservation is not None:
-            steps.append(("settle", partial(s.limiter.settle, ctx.reservation, usage)))
-        steps.extend(("record", partial(s.accountant.record, r)) for r in records)
+            steps.append(("settle", partial(s.limiter.settle, ctx.reservation, usage), None))
+        steps.extend(("record", partial(s.accountant.record, r), r) for r in records)
         if store is not None and ctx.cache_request is not None and ctx.lookup is not None:
-            steps.append(("cache store", partial(s.cache.store, ctx.cache_request, ctx.lookup, store)))
-        for name, step in steps:
+            steps.append(("cache store", partial(s.cache.store, ctx.cache_request, ctx.lookup, store), None))
+        for i, (name, step, _) in enumerate(steps):
             try:
                 await step()
+            except asyncio.CancelledError:
+                # The shutdown deadline (`shutdown`): the records not yet handed to the accountant are reported; the
+                # one it was writing is its own to keep (`unwritten()`).
+                self._unwritten.extend(Unwritten(
+                    request_id=r.request_id, tenant=r.tenant.id, model=r.model, tier=r.tier or "", usage=r.usage,
+                    cost_micros=None, attempted=False) for _, _, r in steps[i + 1:] if r is not None)
+                raise
             except Exception:
                 self._log.exception(f"{name} failed", extra={"request_id": ctx.request_id})
 
@@ -398,3 +407,36 @@ class Flow:
         """Wait for the settle/record/store work of finished requests."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def shutdown(self, *, timeout_s: float) -> int:
+        """The last drain of a stopping gateway, bounded: wait at most `timeout_s` for the settle/record/store work
+        (each request's runs in its own task, so they all wait on the store at once, not one after another), cancel
+        what is left, give the accountant's writes that failed earlier one more try in the time left, then report
+        every request whose usage was not confirmed written (`unwritten.report`). Returns how many were reported."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._tasks:
+            tasks = list(self._tasks)
+            left = deadline - loop.time()
+            if left > 0:
+                await asyncio.wait(tasks, timeout=left)
+                continue
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._log.warning("shutdown: settle and record writes not done by server.settle_s; cancelled",
+                              extra={"requests": len(tasks), "settle_s": timeout_s})
+        accountant: Any = self.stages.accountant
+        flush = getattr(accountant, "flush", None)
+        left = deadline - loop.time()
+        if flush is not None and left > 0:
+            try:
+                async with asyncio.timeout(left):
+                    await flush()
+            except TimeoutError:
+                pass
+        unwritten = getattr(accountant, "unwritten", None)
+        items = [*self._unwritten, *(unwritten() if unwritten is not None else [])]
+        self._unwritten.clear()
+        report_unwritten(items, self.metrics)
+        return len(items)

@@ -61,6 +61,17 @@ class GatewayMetrics:
         self.in_flight = Gauge(
             "fleetgate_requests_in_flight", "Requests being processed by the gateway.", registry=registry
         )
+        self.unwritten_requests = Counter(
+            "fleetgate_unwritten_requests",
+            "Requests whose usage the gateway could not confirm written to the usage ledger before it stopped "
+            "(a stalled or down Redis at shutdown; each also has an error log line: `unwritten`).",
+            ["tenant"], registry=registry,
+        )
+        self.unwritten_tokens = Counter(
+            "fleetgate_unwritten_tokens",
+            "Tokens of those requests by kind (prompt, completion, cached).",
+            ["tenant", "kind"], registry=registry,
+        )
         self.upstream_errors = Counter(
             "fleetgate_upstream_errors",
             "Failed engine calls by kind: connect, timeout, status, bad_response, midstream.",

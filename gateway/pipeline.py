@@ -159,6 +159,18 @@ class Pipeline:
         await self.flow.drain()
         await self._forwarder.waker.drain()
 
+    async def shutdown(self, *, timeout_s: float) -> None:
+        """A stopping gateway's last drain, all of it within `timeout_s` (`Flow.shutdown`: what the store did not
+        confirm by then is reported, never waited for)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        await self.flow.shutdown(timeout_s=timeout_s)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._forwarder.waker.drain()
+        except TimeoutError:
+            self._log.warning("shutdown: scale-from-zero activity marks not written by server.settle_s")
+
     async def answer_call(
         self, ctx: RequestContext, targets: list[tuple[str, str | None]]
     ) -> tuple[Attempt, dict[str, Any], Usage, bytes]:

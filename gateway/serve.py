@@ -36,9 +36,11 @@ class GatewayServer(uvicorn.Server):
        the engine's usage so far;
     4. uvicorn's own shutdown with `server.drain_close_s` as its grace: what has not ended by then (a client
        too slow to read its last bytes, a non-streaming call without a stream to end) is cancelled, which
-       records it as a client that left; then the app's lifespan writes every pending settle and record.
-    So the process ends within about drain_s + drain_close_s + the settle writes, under the pod's grace
-    period (`charts/fleetgate`: terminationGracePeriodSeconds, checked against gateway.drainSeconds).
+       records it as a client that left; then the app's lifespan writes every pending settle and record, all at
+       once, within `server.settle_s` (`Pipeline.shutdown`: what the store has not confirmed by then is logged
+       and counted as unwritten, not waited for).
+    So the process ends within about drain_s + drain_close_s + settle_s, under the pod's grace period
+    (`charts/fleetgate`: terminationGracePeriodSeconds, checked against gateway.drainSeconds).
     """
 
     def __init__(

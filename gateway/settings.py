@@ -65,6 +65,11 @@ class ServerSettings(_Strict):
     # drain_s + drain_close_s + a few seconds for settling under the pod's grace period (the chart checks).
     drain_s: float = Field(default=40.0, ge=0, description="on SIGTERM: longest wait for requests in flight")
     drain_close_s: float = Field(default=3.0, gt=0, description="then: longest wait for ended streams to flush")
+    # Then one deadline for every settle and record write still under way (they run concurrently, one task per
+    # request): a stalled Redis costs this at most, not a store timeout per write. What is not confirmed by then is
+    # logged per request (tenant, tokens) and counted (`fleetgate_unwritten_*`); it is not spooled anywhere.
+    settle_s: float = Field(default=4.0, gt=0, description="then: longest wait for the settle and record writes of "
+                            "finished requests; usage not written by then is logged and counted as unwritten")
     cancel_drain_s: float = Field(
         default=2.0, ge=0, description="a client that leaves a stream mid-answer: read the engine's stream to its "
         "next chunk, half-close and read what it sent, at most this long, so the tokens it counted are charged "

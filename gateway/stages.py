@@ -54,6 +54,21 @@ class RequestRecord:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Unwritten:
+    """A request's usage that was not confirmed written to the accountant's store when the gateway stopped
+    (`Flow.shutdown`): its tenant and tokens, for the exit report. `attempted`: its write was sent or under way, so
+    a store that was only stalled may still apply it (the ledger drops a duplicate of it, never counts it twice)."""
+
+    request_id: str
+    tenant: str
+    model: str
+    tier: str
+    usage: Usage
+    cost_micros: int | None  # None: not priced yet
+    attempted: bool
+
+
 class Authenticator(Protocol):
     async def authenticate(self, authorization: str | None) -> Tenant:
         """Raise AuthenticationError (401) for a missing or wrong key."""

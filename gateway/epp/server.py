@@ -153,7 +153,7 @@ class EppServer:
                 log.warning("drain time over: open streams ended", extra={"streams": ended})
                 await activity.wait_idle(timeout_s=server_settings.drain_close_s)
             await stopping
-        await self.pipeline.drain()
+        await self.pipeline.shutdown(timeout_s=server_settings.settle_s)
         await stop_stages(self._started, log=log)
         if self._session is not None:
             await self._session.close()

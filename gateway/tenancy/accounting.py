@@ -14,21 +14,25 @@ endpoint and, for a LoRA adapter (recorded under its own name, priced as its bas
 The tier label is "" when no tier applies, as in the gateway's metrics.
 A ledger outage is logged and counted, never turned into a failed request: the addition waits in a
 bounded in-memory queue (`max_pending`, oldest dropped first) and is written, exactly once (a one-time
-token per addition), before the next request's.
+token per addition), before the next request's. A stopping gateway gives them one more try (`flush`) and
+reports what is still waiting (`unwritten`): memory is all there is, nothing is spooled to disk.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from fleetgate.core.kvstore import StoreUnavailableError
-from fleetgate.gateway.stages import RequestRecord
+from fleetgate.core.types import Usage
+from fleetgate.gateway.stages import RequestRecord, Unwritten
 from fleetgate.gateway.tenancy.ledger import UsageLedger
 from fleetgate.gateway.tenancy.metrics import TenancyMetrics
 from fleetgate.gateway.tenancy.pricing import MICROS_PER_USD, PriceBook, cost_micros
@@ -44,6 +48,9 @@ class _Pending:
     tier: str
     values: dict[str, int]
     once: str
+    request_id: str
+    usage: Usage
+    attempted: bool = True  # its write was sent or under way (False: cancelled before it)
 
 
 def utc_day(now_s: float) -> str:
@@ -123,12 +130,19 @@ class TenancyAccountant:
             },
         )
         entry = _Pending(day=utc_day(self._clock()), tenant=record.tenant.id, model=record.model, tier=tier,
-                         values=values, once=os.urandom(9).hex())
+                         values=values, once=os.urandom(9).hex(), request_id=record.request_id, usage=record.usage)
+        added = sent = False
         try:
             await self._flush_pending()
+            sent = True
             await self._add(entry)
+            added = True
             if not hit:
                 await self._prices.observe(record.model, record.usage)
+        except asyncio.CancelledError:
+            if not added:  # a stopping gateway's deadline: kept for `unwritten()`, never silently dropped
+                self._pending.append(entry if sent else replace(entry, attempted=False))
+            raise
         except StoreUnavailableError as exc:
             if self._metrics is not None:
                 self._metrics.store_errors.labels(op="record").inc()
@@ -151,9 +165,21 @@ class TenancyAccountant:
             entry = self._pending.popleft()  # taken before the await: concurrent flushers never share one
             try:
                 await self._add(entry)
-            except StoreUnavailableError:
+            except (StoreUnavailableError, asyncio.CancelledError):
                 self._pending.appendleft(entry)
                 raise
+
+    async def flush(self) -> None:
+        """Write the additions a store outage left waiting (a stopping gateway's last try); they stay on failure."""
+        with contextlib.suppress(StoreUnavailableError):
+            await self._flush_pending()
+
+    def unwritten(self) -> list[Unwritten]:
+        """Take the additions still waiting (the exit report's: `Flow.shutdown`)."""
+        items = [Unwritten(request_id=e.request_id, tenant=e.tenant, model=e.model, tier=e.tier, usage=e.usage,
+                           cost_micros=e.values.get("cost_micros", 0), attempted=e.attempted) for e in self._pending]
+        self._pending.clear()
+        return items
 
     def _observe_metrics(self, record: RequestRecord, *, tier: str, values: dict[str, int]) -> None:
         m = self._metrics

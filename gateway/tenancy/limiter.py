@@ -300,6 +300,21 @@ class TenancyLimiter:
         else:
             self.circuit.succeeded(started)
 
+    async def flush(self) -> None:
+        """Write the queued moves now if the store answers (a stopping gateway's last try); they stay queued if not."""
+        started = self.circuit.admit()
+        if started is None:
+            return
+        try:
+            await self._write_pending()
+        except StoreUnavailableError as exc:
+            self._store_error("settle", exc, started)
+        except asyncio.CancelledError:
+            self.circuit.abandoned()
+            raise
+        else:
+            self.circuit.succeeded(started)
+
     async def _write_pending(self) -> None:
         """Write the moves queued while the store was down; on any failure they stay queued."""
         moves = self.circuit.take()
