@@ -12,7 +12,7 @@ import yaml
 from fleetgate.core.errors import ConfigError
 from fleetgate.core.types import Endpoint
 from fleetgate.router.build import build_scheduler
-from fleetgate.router.config import RoutingConfig
+from fleetgate.router.config import STICKY_PARAMETERS, RoutingConfig, preset
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.plugins.base import CACHED_SHARE, PluginContext, hotspot_guard
 from fleetgate.router.plugins.inflight_scorer import build as build_inflight
@@ -139,3 +139,14 @@ async def test_a_warm_prompt_group_stays_on_its_busy_engine_until_the_lead_is_a_
     _load(sched.state, "e1", other)
     second = RoutingRequest(request_id="b", model="m", prompt_text=system + "second question")
     assert (await sched.pick(second, EPS)).endpoint.id == expected
+
+
+def test_the_preset_is_the_profile_file() -> None:
+    """`--profiles default-sticky` (a build with the preset) and `--profile-config default-sticky=...yaml` (any
+    build with the parameters) run the same profile, and it is the shipped default but for the four parameters."""
+    preset_cfg, file_cfg, default = preset("default-sticky"), _sticky(), RoutingConfig()
+    assert preset_cfg == file_cfg
+    assert preset_cfg.scheduling_profiles[0].plugins == default.scheduling_profiles[0].plugins
+    changed = {p.ref: {k: v for k, v in p.parameters.items() if k not in d.parameters}
+               for p, d in zip(preset_cfg.plugins, default.plugins, strict=True)}
+    assert {k: v for k, v in changed.items() if v} == STICKY_PARAMETERS
