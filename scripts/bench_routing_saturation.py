@@ -36,9 +36,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FIT = ROOT / "docs" / "reports" / "data" / "sim-calibration-gpu-fit.json"
-SIZES = {"prefix_tokens": 2048, "question_tokens": 96, "output_tokens": 64, "hot_factor": None, "tenants": 8,
-         "chat_system_tokens": 1024, "chat_turn_tokens": 96, "chat_rounds": 6, "chat_think_s": 1.0,
-         "unique_min_tokens": 256, "unique_max_tokens": 2048}
+SIZES: dict[str, Any] = {
+    "prefix_tokens": 2048, "question_tokens": 96, "output_tokens": 64, "hot_factor": None, "tenants": 8,
+    "chat_system_tokens": 1024, "chat_turn_tokens": 96, "chat_rounds": 6, "chat_think_s": 1.0,
+    "unique_min_tokens": 256, "unique_max_tokens": 2048}
 REPLICAS, KV_TOKENS, WINDOW_S = 2, 65_536, 10.0
 
 
