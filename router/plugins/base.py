@@ -133,14 +133,25 @@ def param(params: dict[str, Any], key: str, default: Any, kind: type) -> Any:
         raise ValueError(f"parameter {key!r} must be a {kind.__name__}, got {value!r}") from None
 
 
-def hotspot_guard(scores: list[float], endpoints: Sequence[Endpoint], state: FleetState, margin: float | None) -> None:
+def hotspot_guard(
+    scores: list[float], endpoints: Sequence[Endpoint], state: FleetState, margin: float | None,
+    relative: float | None = None,
+) -> None:
     """Fade affinity scores out on hot endpoints, in place: with x_e = load_e - the least load among
-    `endpoints`, score_e *= 1 if x_e <= margin, else max(0, 1 - (x_e - margin) / margin) (`margin` None: off).
-    Shared by the affinity scorers (prefix, adapter), so that one hot pod does not draw every request."""
+    `endpoints` and m = max(margin, relative x that least load) (`relative` None: m = margin),
+    score_e *= 1 if x_e <= m, else max(0, 1 - (x_e - m) / m) (`margin` None: off).
+    Shared by the affinity scorers (prefix, adapter), so that one hot pod does not draw every request.
+    Why `relative`: past saturation every engine carries 60-100 requests and two of them differ by a few at any
+    moment, so a fixed margin of 2 fades affinity out on whichever engine is momentarily ahead and the load scorers
+    move the prompt's group there and back, duplicating its prefix (issue 24; docs/reports/routing-saturation.md);
+    a margin that is a share of the load still fades out a real hotspot (one prompt group drawing much of the
+    traffic), whose excess grows with the load too."""
     if margin is None or not any(scores):
         return
     loads = [state.load(e.id) for e in endpoints]
     least = min(loads)
+    if relative is not None:
+        margin = max(margin, relative * least)
     for i, load in enumerate(loads):
         excess = load - least
         if excess > margin:

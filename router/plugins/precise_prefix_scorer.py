@@ -34,8 +34,8 @@ staleS (5), replayTimeoutS (2), eventCoalesceS (0.05: after a wake that applied 
 long before reading more, so an engine publishing every scheduler step costs one wake per interval; 0 to 1),
 kvGroup (null: the full-attention group), port / replayPort / topic
 (template for endpoints without discovery labels), maxBlocks (1024 token blocks), hotspotMargin (2; null
-disables), and the approximate scorer's blockChars, maxBlocks as approxMaxBlocks, charsPerToken,
-defaultCapacityTokens, capacityTokens, shared, syncIntervalS.
+disables), hotspotRelativeMargin (null; as the approximate scorer's), and the approximate scorer's blockChars,
+maxBlocks as approxMaxBlocks, charsPerToken, defaultCapacityTokens, capacityTokens, shared, syncIntervalS.
 """
 
 from __future__ import annotations
@@ -63,12 +63,14 @@ class PrecisePrefixScorer:
     def __init__(
         self, *, name: str, state: FleetState, fleet: KvEventFleet, tokenizer: PromptTokenizer,
         approx: prefix_scorer.PrefixAffinityScorer, max_blocks: int = 1024, hotspot_margin: float | None = 2.0,
-        tokenize_timer: Any = None, tokenizer_load_s: float = 120.0,
+        hotspot_relative_margin: float | None = None, tokenize_timer: Any = None, tokenizer_load_s: float = 120.0,
     ) -> None:
         if max_blocks <= 0:
             raise ValueError("maxBlocks must be positive")
         if hotspot_margin is not None and hotspot_margin <= 0:
             raise ValueError("hotspotMargin must be positive (or null to disable the guard)")
+        if hotspot_relative_margin is not None and hotspot_relative_margin < 0:
+            raise ValueError("hotspotRelativeMargin must be >= 0 (or null)")
         self.name = name
         self.state = state
         self.fleet = fleet
@@ -76,6 +78,7 @@ class PrecisePrefixScorer:
         self.approx = approx
         self.max_blocks = max_blocks
         self.hotspot_margin = hotspot_margin
+        self.hotspot_relative_margin = hotspot_relative_margin
         self.tokenize_timer = tokenize_timer
         self.tokenizer_load_s = tokenizer_load_s  # start-up waits this long for a local tokenizer
 
@@ -130,7 +133,7 @@ class PrecisePrefixScorer:
             precise.append(False)
         floor = min(shares) if shares else 0.0
         scores = [s - floor for s in shares]
-        hotspot_guard(scores, endpoints, self.state, self.hotspot_margin)
+        hotspot_guard(scores, endpoints, self.state, self.hotspot_margin, self.hotspot_relative_margin)
         cycle["precise.used"] = precise
         cycle["precise.shares"] = shares
         cycle["precise.ids"] = [e.id for e in endpoints]
@@ -190,7 +193,7 @@ def _tokenizer(*, kind: object, paths: object, timeout_s: float, cache: int, seg
 
 
 APPROX_KEYS = ("blockChars", "charsPerToken", "defaultCapacityTokens", "capacityTokens", "shared", "syncIntervalS",
-               "hotspotMargin")
+               "hotspotMargin", "hotspotRelativeMargin")
 
 
 def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> PrecisePrefixScorer:
@@ -228,6 +231,7 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Preci
     return PrecisePrefixScorer(
         name=name, state=ctx.state, fleet=fleet, tokenizer=tokenizer, approx=approx,
         max_blocks=param(parameters, "maxBlocks", 1024, int),
-        hotspot_margin=param(parameters, "hotspotMargin", 2.0, float), tokenize_timer=timer,
+        hotspot_margin=param(parameters, "hotspotMargin", 2.0, float),
+        hotspot_relative_margin=param(parameters, "hotspotRelativeMargin", None, float), tokenize_timer=timer,
         tokenizer_load_s=param(parameters, "tokenizerLoadTimeoutS", 120.0, float),
     )

@@ -35,8 +35,9 @@ prompts nobody holds. Why the default sets it: on 2 H100s at 1.2x round-robin's 
 move warm prompts lost 9-18 points of cache hits in two runs of three (the prefix ends up held twice and, under KV
 pressure, evicts others), while it won at 1.0x in all three (docs/reports/gpu-routing.md, runs 4a-4c).
 Parameters: scaleTokens (2048), charsPerToken (4), maxPendingS (30), includeOwn (true), hotspotMargin (2; null
-disables the guard), warmShare (null), shared (auto: share through a networked store such as Redis, not the
-in-memory one; true; false), syncIntervalS (0.05), syncMaxAgeS (2).
+disables the guard), hotspotRelativeMargin (null; as the prefix scorer's), warmShare (null), shared (auto: share
+through a networked store such as Redis, not the in-memory one; true; false), syncIntervalS (0.05),
+syncMaxAgeS (2).
 """
 
 from __future__ import annotations
@@ -66,12 +67,15 @@ class PrefillQueueScorer:
     def __init__(
         self, *, name: str, state: FleetState, scale_tokens: float = 2048.0, chars_per_token: float = 4.0,
         max_pending_s: float = 30.0, include_own: bool = True, hotspot_margin: float | None = 2.0,
-        warm_share: float | None = None, sync: PrefillQueueSync | None = None,
+        hotspot_relative_margin: float | None = None, warm_share: float | None = None,
+        sync: PrefillQueueSync | None = None,
     ) -> None:
         if scale_tokens <= 0 or chars_per_token <= 0 or max_pending_s <= 0:
             raise ValueError("scaleTokens, charsPerToken and maxPendingS must be positive")
         if hotspot_margin is not None and hotspot_margin <= 0:  # the guard divides by it
             raise ValueError("hotspotMargin must be positive (or null to disable the guard)")
+        if hotspot_relative_margin is not None and hotspot_relative_margin < 0:
+            raise ValueError("hotspotRelativeMargin must be >= 0 (or null)")
         if warm_share is not None and not 0 < warm_share <= 1:
             raise ValueError("warmShare must be in (0, 1] (or null: never abstain)")
         self.name = name
@@ -81,6 +85,7 @@ class PrefillQueueScorer:
         self.max_pending_s = max_pending_s
         self.include_own = include_own
         self.hotspot_margin = hotspot_margin
+        self.hotspot_relative_margin = hotspot_relative_margin
         self.warm_share = warm_share
         # request id -> (endpoint id, tokens, clock time sent); insertion order is send order (expiry from the front)
         self._pending: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
@@ -103,7 +108,7 @@ class PrefillQueueScorer:
         if self.include_own:
             tokens = self._tokens(req, cycle)
             shares = [min(1.0, max(0.0, cached.get(e.id, 0.0))) for e in endpoints]
-            hotspot_guard(shares, endpoints, self.state, self.hotspot_margin)
+            hotspot_guard(shares, endpoints, self.state, self.hotspot_margin, self.hotspot_relative_margin)
             queued = [q + tokens * (1.0 - s) for q, s in zip(queued, shares, strict=True)]
         low = min(queued, default=0.0)
         span = max(max(queued, default=0.0) - low, self.scale_tokens)
@@ -177,6 +182,7 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Prefi
         max_pending_s=param(parameters, "maxPendingS", 30.0, float),
         include_own=param(parameters, "includeOwn", True, bool),
         hotspot_margin=param(parameters, "hotspotMargin", 2.0, float),
+        hotspot_relative_margin=param(parameters, "hotspotRelativeMargin", None, float),
         warm_share=param(parameters, "warmShare", None, float),
         sync=sync,
     )

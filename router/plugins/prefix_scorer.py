@@ -22,7 +22,9 @@ blocks with `charsPerToken`.
 Parameters: blockChars (512), maxBlocks (256), charsPerToken (4), defaultCapacityTokens (16384),
 capacityTokens (overrides the scraped capacity: set it for hybrid-attention models such as Gemma 3,
 whose `num_gpu_blocks` are shared by several KV-cache groups, so blocks x block size overstates it),
-hotspotMargin (2 requests; null disables the guard), shared (auto: on when the KV store is not
+hotspotMargin (2 requests; null disables the guard), hotspotRelativeMargin (null; r: the guard's margin is
+max(hotspotMargin, r x the least candidate load), so past saturation a few requests of difference do not move a
+prompt group; `hotspot_guard`), shared (auto: on when the KV store is not
 the in-memory one), syncIntervalS (0.05).
 """
 
@@ -56,6 +58,7 @@ class PrefixAffinityScorer:
         chars_per_token: int = 4,
         default_capacity_tokens: int = 16_384,
         hotspot_margin: float | None = 2.0,
+        hotspot_relative_margin: float | None = None,
         capacity_tokens: int | None = None,
         sync: PrefixIndexSync | None = None,
         index: PrefixIndex | None = None,
@@ -64,12 +67,15 @@ class PrefixAffinityScorer:
             raise ValueError("blockChars, maxBlocks and charsPerToken must be positive")
         if hotspot_margin is not None and hotspot_margin <= 0:
             raise ValueError("hotspotMargin must be positive (or null to disable the guard)")
+        if hotspot_relative_margin is not None and hotspot_relative_margin < 0:
+            raise ValueError("hotspotRelativeMargin must be >= 0 (or null)")
         self.name = name
         self.state = state
         self.block_chars = block_chars
         self.max_blocks = max_blocks
         self.chars_per_token = chars_per_token
         self.hotspot_margin = hotspot_margin
+        self.hotspot_relative_margin = hotspot_relative_margin
         self.capacity_tokens = capacity_tokens
         default_blocks = max(1, default_capacity_tokens * chars_per_token // block_chars)
         self.index = index or (sync.index if sync else PrefixIndex(default_capacity_blocks=default_blocks))
@@ -103,7 +109,7 @@ class PrefixAffinityScorer:
         matched = [match(e.id, hashes) for e in endpoints]
         floor = min(matched)
         scores = [(m - floor) / n for m in matched]
-        hotspot_guard(scores, endpoints, self.state, self.hotspot_margin)
+        hotspot_guard(scores, endpoints, self.state, self.hotspot_margin, self.hotspot_relative_margin)
         cycle["prefix.matched_blocks"] = matched
         cycle[CACHED_SHARE] = {e.id: m / n for e, m in zip(endpoints, matched, strict=True)}
         return scores
@@ -156,6 +162,7 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Prefi
         chars_per_token=chars_per_token,
         default_capacity_tokens=capacity,
         hotspot_margin=param(parameters, "hotspotMargin", 2.0, float),
+        hotspot_relative_margin=param(parameters, "hotspotRelativeMargin", None, float),
         capacity_tokens=param(parameters, "capacityTokens", None, int),
         sync=sync,
     )
