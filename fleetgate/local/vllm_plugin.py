@@ -8,7 +8,9 @@ the quantized matrix serves both the lookup and the logits:
 - 4-bit, symmetric, one scale per group of `g` columns (the checkpoint's `weight_packed`, eight values
   per int32, `weight_scale`): at load time repacked once into the layout of vLLM's CPU WNA16 GEMM
   (`cpu_gemm_wna16`, blocks of 16 vocabulary rows), which computes the logits; the lookup unpacks the
-  gathered rows from that same layout in torch.
+  gathered rows from that same layout in torch. vLLM's CPU wheel ships one extension per ISA and only the
+  AVX-512 build has that GEMM: on an AVX2-only CPU the 4-bit values are held as int8 slices and served by the
+  8-bit path below instead (the same values and scales, so the same logits; twice the 4-bit bytes, half of bf16).
 - 8-bit, symmetric, groups of `g` (`weight_packed`, four values per int32, `weight_scale` fp16: the
   GGUF's Q8_0 blocks, exact): unpacked at load time into int8 `g`-column slices; logits = sum over
   slices of torch's weight-only int8 GEMM (`_weight_int8pack_mm`, one scale per row and slice); the
@@ -154,6 +156,7 @@ class QuantizedTiedEmbedding(QuantizeMethodBase):
         self.num_bits = num_bits
         self.group_size = group_size
         self.dtype = torch.bfloat16
+        self.layout = "wna16" if num_bits == 4 else "int8"  # 4-bit falls back to "int8" without the WNA16 GEMM
 
     def create_weights(
         self, layer: Any, input_size_per_partition: int, output_partition_sizes: list[int],
@@ -184,11 +187,16 @@ class QuantizedTiedEmbedding(QuantizeMethodBase):
         layer.register_parameter("weight_scale", scale)
 
     def process_weights_after_loading(self, layer: Any) -> None:
-        if self.num_bits == 4:
+        if self.num_bits == 4 and not wna16_available():
+            self.layout = "int8"
+        # the engine log says which layout serves the embedding (tests/e2e/test_up_quantized.py reads it)
+        print(f"{NAME}: tied embedding of {self.num_bits}-bit values held as {self.layout}", flush=True)
+        if self.layout == "wna16":
             layer.weight_packed.data = to_wna16_blocks(layer.weight_packed.data)
             layer.weight_scale.data = layer.weight_scale.data.t().contiguous()  # (groups, rows)
         else:  # int8 (rows, cols) -> (groups, rows, g): each slice contiguous for the int8 GEMM
-            values = (unpack_rows(layer.weight_packed.data, bits=8) - 128).to(torch.int8)
+            offset = 8 if self.num_bits == 4 else 128  # the checkpoint's unsigned codes around zero
+            values = (unpack_rows(layer.weight_packed.data, bits=self.num_bits) - offset).to(torch.int8)
             rows = values.shape[0]
             grouped = values.view(rows, -1, self.group_size).permute(1, 0, 2).contiguous()
             layer.weight_packed.data = grouped
@@ -197,7 +205,7 @@ class QuantizedTiedEmbedding(QuantizeMethodBase):
     def embedding(self, layer: Any, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
         scales = layer.weight_scale[:, flat].t().float()  # (n, groups)
-        if self.num_bits == 4:
+        if self.layout == "wna16":
             values = (gather_blocked_rows(layer.weight_packed, flat) - 8).float()
         else:
             values = layer.weight_packed[:, flat, :].permute(1, 0, 2).reshape(flat.numel(), -1).float()
@@ -205,7 +213,7 @@ class QuantizedTiedEmbedding(QuantizeMethodBase):
         return rows.reshape(*ids.shape, -1).to(self.dtype)
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.num_bits == 4:
+        if self.layout == "wna16":
             from vllm import _custom_ops as ops
 
             return ops.cpu_gemm_wna16(
@@ -258,6 +266,13 @@ def _resident_bytes() -> tuple[int, int]:
             if key in ("VmRSS", "RssAnon"):
                 found[key] = int(value.split()[0]) * 1024
     return found.get("VmRSS", 0), found.get("RssAnon", 0)
+
+
+def wna16_available() -> bool:
+    """Whether the vLLM CPU extension loaded for this CPU has the WNA16 GEMM (its AVX-512 build does, AVX2 not)."""
+    from vllm import _custom_ops  # noqa: F401  (loads the extension built for this CPU's ISA)
+
+    return hasattr(torch.ops._C, "cpu_gemm_wna16")
 
 
 def _isa_hint() -> str:

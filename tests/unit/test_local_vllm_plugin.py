@@ -34,8 +34,19 @@ def _groups(bits: int, seed: int = 0) -> gguf_blocks.GroupInt:
     return gguf_blocks.GroupInt(q=q, scale=scale)
 
 
-def _loaded_layer(bits: int, groups: gguf_blocks.GroupInt) -> tuple[torch.nn.Module, Any]:
-    """A module given the method's weights, loaded from checkpoint tensors the way vLLM would, then processed."""
+WNA16 = vllm_plugin.wna16_available()
+needs_wna16 = pytest.mark.skipif(not WNA16, reason="this CPU's vLLM extension (AVX2 build) has no cpu_gemm_wna16; "
+                                 "the int8 fallback's tests run instead")
+# the 4-bit layouts: vLLM's WNA16 blocks where its kernel exists, and the int8 fallback (forced, so it runs everywhere)
+LAYOUTS = [pytest.param(4, True, marks=needs_wna16, id="4-wna16"), pytest.param(4, False, id="4-int8-fallback"),
+           pytest.param(8, True, id="8")]
+
+
+def _loaded_layer(bits: int, groups: gguf_blocks.GroupInt, *, kernel: bool = True) -> tuple[torch.nn.Module, Any]:
+    """A module given the method's weights, loaded from checkpoint tensors the way vLLM would, then processed.
+    `kernel=False`: as on a CPU whose vLLM build lacks the WNA16 GEMM."""
+    if kernel and bits == 4 and not WNA16:
+        pytest.skip("no cpu_gemm_wna16 on this CPU")
     method = vllm_plugin.QuantizedTiedEmbedding(num_bits=bits, group_size=GROUP)
     layer = torch.nn.Module()
 
@@ -46,14 +57,21 @@ def _loaded_layer(bits: int, groups: gguf_blocks.GroupInt) -> tuple[torch.nn.Mod
     for name, tensor in packed_tensors("e", groups, bits=bits).items():
         param = getattr(layer, name.split(".", 1)[1])
         param.weight_loader(param, tensor)
-    method.process_weights_after_loading(layer)
+    if kernel:
+        method.process_weights_after_loading(layer)
+    else:
+        from unittest import mock
+
+        with mock.patch.object(vllm_plugin, "wna16_available", return_value=False):
+            method.process_weights_after_loading(layer)
+        assert method.layout == "int8"
     return layer, method
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_lookup_returns_the_dequantized_rows(bits: int) -> None:
+@pytest.mark.parametrize(("bits", "kernel"), LAYOUTS)
+def test_lookup_returns_the_dequantized_rows(bits: int, kernel: bool) -> None:
     groups = _groups(bits)
-    layer, method = _loaded_layer(bits, groups)
+    layer, method = _loaded_layer(bits, groups, kernel=kernel)
     ids = torch.tensor([[0, 17, 95], [16, 15, 8]])
     rows = method.embedding(layer, ids)
     assert rows.shape == (2, 3, COLS) and rows.dtype == torch.bfloat16
@@ -61,10 +79,10 @@ def test_lookup_returns_the_dequantized_rows(bits: int) -> None:
     assert torch.equal(rows, expected)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_logits_equal_the_product_with_the_dequantized_matrix(bits: int) -> None:
+@pytest.mark.parametrize(("bits", "kernel"), LAYOUTS)
+def test_logits_equal_the_product_with_the_dequantized_matrix(bits: int, kernel: bool) -> None:
     groups = _groups(bits, seed=1)
-    layer, method = _loaded_layer(bits, groups)
+    layer, method = _loaded_layer(bits, groups, kernel=kernel)
     x = torch.randn(3, COLS).to(torch.bfloat16)
     logits = method.apply(layer, x)
     assert logits.shape == (3, ROWS) and logits.dtype == torch.bfloat16
@@ -72,6 +90,7 @@ def test_logits_equal_the_product_with_the_dequantized_matrix(bits: int) -> None
     assert torch.allclose(logits.float(), reference, rtol=2e-2, atol=2e-2 * float(reference.abs().max()))
 
 
+@needs_wna16
 def test_the_wna16_layout_is_the_one_vllms_cpu_kernel_reads() -> None:
     from vllm import _custom_ops as ops
 
@@ -97,7 +116,7 @@ def test_other_widths_and_misaligned_groups_are_refused() -> None:
 
 
 def test_lm_head_is_the_quantized_embedding_itself() -> None:
-    layer, method = _loaded_layer(4, _groups(4))
+    layer, method = _loaded_layer(4, _groups(4), kernel=WNA16)  # what this CPU runs
     layer.quant_method = method
     head = torch.nn.Module()
     assert vllm_plugin.TiedHead().tie_weights(head, layer) is layer
