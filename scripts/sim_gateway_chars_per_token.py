@@ -3,9 +3,10 @@
 The live H200 runs' gateway used the presets' `charsPerToken` 4 (prefix scorer: an engine's index size; prefill-queue
 scorer: a prompt's tokens) on text of 6.48 characters per token (docs/reports/sim-calibration-gpu.md, "Why TTFT was
 off past saturation"). This replays the default profile's shared-prefix points of the design runs (5a-7b) with the
-frozen H200 constants twice: scorers as run, and with `charsPerToken` 6 (the prefix scorer takes an integer) and
+frozen H200 constants three times: scorers as run, with `charsPerToken` 6 (the prefix scorer takes an integer) and
 6.48 (the replay's `Setup.gateway_chars_per_token`, which `fleetgate.sim.fit.simulate` sets in both scorers; the
-prefix scorer truncates 6.48 to 6). A simulator prediction for a GPU A/B to check, not a measurement.
+prefix scorer truncates 6.48 to 6), and a third time at `auto` (learned from the simulated engines' usage, the
+default since). A simulator prediction for a GPU A/B to check, not a measurement.
 
     python scripts/sim_gateway_chars_per_token.py
 """
@@ -27,7 +28,7 @@ REAL_CHARS_PER_TOKEN = 6.48
 
 
 async def replay(runs: list[fit_split.Run], points: list[tuple[fit.Point, str]],
-                 gateway_chars_per_token: float | None = None) -> list[dict[str, float]]:
+                 gateway_chars_per_token: float | str | None = None) -> list[dict[str, float]]:
     out = []
     for (obs, setup), _ in points:
         profile = fit_split.start_profile(runs, setup, card="h200", scheduler="vllm-v1-livetext").with_(**FROZEN)
@@ -47,8 +48,9 @@ def main() -> None:
           f"hit rate {med(o.hit_rate for o in measured):.3f}")
     as_run = asyncio.run(replay(runs, points))
     knowing = asyncio.run(replay(runs, points, REAL_CHARS_PER_TOKEN))
+    learning = asyncio.run(replay(runs, points, "auto"))
     for label, sims in (("simulated, charsPerToken 4 (as run)", as_run),
-                        ("simulated, charsPerToken 6 / 6.48", knowing)):
+                        ("simulated, charsPerToken 6 / 6.48", knowing), ("simulated, charsPerToken auto", learning)):
         print(f"{label}: median TTFT p50 {med(s['ttft_p50_s'] for s in sims):.2f} s, p90 "
               f"{med(s['ttft_p90_s'] for s in sims):.2f} s, hit rate {med(s['hit_rate'] for s in sims):.3f}, "
               f"output {med(s['output_tps'] for s in sims):.0f} tok/s")

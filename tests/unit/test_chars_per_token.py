@@ -219,3 +219,19 @@ def test_the_shipped_default_and_the_precise_fallback_are_auto() -> None:
     scorers = {s.name: s for s, _ in precise.profile.scorers}
     assert scorers["prefix"].approx.chars_per_token is None  # type: ignore[attr-defined]  # the fallback index
     assert scorers["history"].chars_per_token is None  # type: ignore[attr-defined]
+
+
+def test_the_gpu_ab_profile_is_the_shipped_default_with_4_fixed() -> None:
+    from pathlib import Path
+
+    from fleetgate.core.config import load_model
+
+    cpt4 = load_model(RoutingConfig, Path(__file__).parents[2] / "scripts/gpu/profiles/default-cpt4.yaml")
+    expected = RoutingConfig().model_copy(deep=True)
+    for plugin in expected.plugins:
+        if plugin.type in ("prefix-affinity-scorer", "prefill-queue-scorer"):
+            plugin.parameters["charsPerToken"] = 4
+    assert cpt4 == expected
+    sched = build_scheduler(cpt4, scrape=False)
+    assert {s.name: getattr(s, "chars_per_token", None) for s, _ in sched.profile.scorers
+            if s.name in ("prefix", "prefill")} == {"prefix": 4, "prefill": 4.0}
