@@ -179,4 +179,5 @@ def charged_events(out: StreamOutcome, *, known_prompt: int | None, prompt_estim
     if out.usage is not None and not out.bad_usage:
         return charged_usage(out, prompt_estimate=prompt_estimate, completion_cap=completion_cap)
     prompt = known_prompt if known_prompt is not None else prompt_estimate
-    return capped(Usage(prompt_tokens=prompt, completion_tokens=out.output_chunks), completion_cap)
+    return capped(Usage(prompt_tokens=prompt, completion_tokens=out.output_chunks, estimated=known_prompt is None),
+                  completion_cap)

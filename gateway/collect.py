@@ -31,7 +31,7 @@ def capped(usage: Usage, completion_cap: int | None) -> Usage:
     if completion_cap is None or usage.completion_tokens <= completion_cap:
         return usage
     return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=completion_cap,
-                 cached_tokens=usage.cached_tokens)
+                 cached_tokens=usage.cached_tokens, estimated=usage.estimated)
 
 
 def charged_usage(out: StreamOutcome, *, prompt_estimate: int, completion_cap: int | None = None) -> Usage:
@@ -43,7 +43,7 @@ def charged_usage(out: StreamOutcome, *, prompt_estimate: int, completion_cap: i
         return capped(estimate, completion_cap)
     return capped(Usage(prompt_tokens=max(reported.prompt_tokens, estimate.prompt_tokens),
                         completion_tokens=max(reported.completion_tokens, estimate.completion_tokens),
-                        cached_tokens=reported.cached_tokens), completion_cap)
+                        cached_tokens=reported.cached_tokens, estimated=True), completion_cap)
 
 
 async def collect_stream(

@@ -61,4 +61,4 @@ def parse_usage(raw: Any) -> Usage | None:
 def fallback_usage(*, prompt_estimate: int, output_chunks: int) -> Usage:
     """What to charge when the engine's usage is unknown: the estimate of the prompt it read and the
     tokens it was seen to generate (each relayed output chunk carries at least one)."""
-    return Usage(prompt_tokens=max(prompt_estimate, 0), completion_tokens=max(output_chunks, 0))
+    return Usage(prompt_tokens=max(prompt_estimate, 0), completion_tokens=max(output_chunks, 0), estimated=True)

@@ -15,7 +15,7 @@ from fleetgate.router.config import RoutingConfig
 from fleetgate.router.fleet_state import FleetState
 from fleetgate.router.health import HealthTracker
 from fleetgate.router.load_sync import FleetLoadSync
-from fleetgate.router.metrics import RouterMetrics
+from fleetgate.router.metrics import CharsPerTokenCollector, RouterMetrics
 from fleetgate.router.plugins.base import (
     Closable,
     Filter,
@@ -64,6 +64,7 @@ def build_scheduler(
         raise ConfigError(f"routing ejection settings: {exc}") from exc
     state = FleetState(health=health, **({"clock": clock} if clock is not None else {}))
     metrics = RouterMetrics(registry)
+    metrics.registry.register(CharsPerTokenCollector(state.chars_per_token))
     ctx = PluginContext(state=state, kvstore=kvstore, namespace=namespace, rng=random.Random(seed),
                         registry=metrics.registry)
     specs = {p.ref: p for p in cfg.plugins}

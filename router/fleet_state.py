@@ -1,5 +1,6 @@
 """What the scheduler knows about each endpoint: scraped engine metrics, gateway-counted in-flight
-requests, health and the LoRA adapters it has loaded. One instance per scheduler, shared by its plugins."""
+requests, health and the LoRA adapters it has loaded; and of each model, the characters per token its engines
+count (`chars_per_token`). One instance per scheduler, shared by its plugins."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fleetgate.router.health import HealthTracker
+from fleetgate.router.token_ratio import CharsPerToken
 
 
 @dataclass(slots=True)
@@ -38,6 +40,9 @@ class FleetState:
         # endpoint id -> requests the other gateway replicas have in flight there now, shared through the store
         # (`fleetgate.router.load_sync`); None: not shared, the scrapes alone tell of the others
         self.others: Callable[[], Mapping[str, float]] | None = None
+        # model -> prompt characters per engine token, learned from the usage of completed requests (the scheduler's
+        # `on_complete`); what the scorers with `charsPerToken: auto` read
+        self.chars_per_token = CharsPerToken()
 
     def stats_of(self, endpoint_id: str) -> EndpointStats:
         st = self.stats.get(endpoint_id)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from fleetgate.core.telemetry import DECISION_BUCKETS
 from fleetgate.router.timing import TimingHistogram
+from fleetgate.router.token_ratio import CharsPerToken
 
 
 class RouterMetrics:
@@ -41,3 +46,20 @@ class RouterMetrics:
         )
         self.ejected = Gauge("fleetgate_router_endpoint_ejected", "1 while the endpoint is ejected.", ["endpoint"],
                              registry=r)
+
+
+class CharsPerTokenCollector(Collector):
+    """Renders the learned characters per token at scrape time (nothing to update on the request path)."""
+
+    def __init__(self, ratios: CharsPerToken) -> None:
+        self.ratios = ratios
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily(
+            "fleetgate_router_chars_per_token",
+            "Prompt characters per token the model's engines count, learned from their usage: what scorers with "
+            "charsPerToken auto use (absent until 20 requests with usage were seen; 4 is used until then).",
+            labels=["model"])
+        for model, value in sorted(self.ratios.learned().items()):
+            gauge.add_metric([model], value)
+        yield gauge

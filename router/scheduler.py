@@ -151,6 +151,8 @@ class PluginScheduler:
 
     def on_complete(self, req: RoutingRequest, endpoint: Endpoint, *, ok: bool, usage: Usage | None) -> None:
         self.state.finished(endpoint.id)
+        if usage is not None and not usage.estimated:  # the engine's own count of the prompt the router saw
+            self.state.chars_per_token.observe(req.model, len(req.prompt_text), usage.prompt_tokens)
         if ok:
             self.state.health.record_success(endpoint.id)
             self.metrics.ejected.labels(endpoint.id).set(0)

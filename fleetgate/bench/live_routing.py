@@ -368,6 +368,7 @@ async def _context(session: aiohttp.ClientSession, urls: list[str], options: Liv
     ctx.kv_events = kv_event_routes(urls=urls, publishers=options.kv_events, replays=options.kv_replays,
                                     topic=options.kv_topic)
     meta = {"kind": "meta", "urls": urls, "model": model, "chars_per_token": cpt, "kv_capacity_tokens": capacity,
+            "gateway_chars_per_token": "auto",  # what the presets' scorers use (a replay of older runs pins 4)
             "kv_capacity_reported": [s.kv_capacity_tokens for s in snaps], "replicas": len(urls),
             "groups": options.sizes.groups(capacity_tokens=capacity, replicas=len(urls)),
             "prefix_cache_reset": ctx.resets, "profiles": list(profiles), "unknown_profiles": unknown,

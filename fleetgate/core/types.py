@@ -28,6 +28,9 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # True when `prompt_tokens` is the gateway's estimate, not the engine's count (its usage was missing or
+    # malformed): charged all the same, but the router must not learn characters per token from it.
+    estimated: bool = field(default=False, compare=False)
 
     @property
     def total_tokens(self) -> int:
@@ -38,6 +41,7 @@ class Usage:
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
+            estimated=self.estimated or other.estimated,
         )
 
     @classmethod

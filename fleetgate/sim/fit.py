@@ -31,10 +31,13 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetgate.sim.profile import SimProfile
 from fleetgate.sim.report import quantile
+
+if TYPE_CHECKING:
+    from fleetgate.router.config import RoutingConfig
 
 METRICS = ("ttft_p50_s", "ttft_p90_s", "output_tps")
 GRID = (0.5, 0.7, 0.85, 1.0, 1.2, 1.4, 2.0)
@@ -78,8 +81,11 @@ class Setup:
     sizes: dict[str, Any]
     block_size: int = 16
     # Prompt characters per engine token on the live run (its meta row: the engines' tokeniser on the workload's
-    # text). The live gateway's prefix and prefill-queue scorers assume `charsPerToken` 4 whatever the text is.
+    # text).
     chars_per_token: float = 4.0
+    # The live gateway's scorers' `charsPerToken`: 4 whatever the text was for the runs before it was learned (the
+    # meta row says "auto" since), so a replay of an older run routes as that gateway did.
+    gateway_chars_per_token: float | str = 4
 
 
 # A point to simulate: the observation and the set-up of the run it comes from (several runs may be mixed).
@@ -110,7 +116,8 @@ def setup_from(rows: Sequence[dict[str, Any]], *, max_num_seqs: int, max_batched
     meta = next(r for r in rows if r.get("kind") == "meta")
     return Setup(replicas=int(meta["replicas"]), capacity_tokens=int(meta["kv_capacity_tokens"]),
                  max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, sizes=dict(meta["sizes"]),
-                 chars_per_token=float(meta.get("chars_per_token") or 4.0))
+                 chars_per_token=float(meta.get("chars_per_token") or 4.0),
+                 gateway_chars_per_token=meta.get("gateway_chars_per_token", 4))
 
 
 def base_profile(rows: Sequence[dict[str, Any]], setup: Setup, *, fallback: SimProfile) -> SimProfile:
@@ -158,13 +165,26 @@ async def simulate(obs: Observation, profile: SimProfile, setup: Setup) -> dict[
                       replicas=setup.replicas, users=obs.users)
     clock = VirtualClock()
     sched: Scheduler = (RoundRobinScheduler() if obs.profile == "round-robin"
-                        else build_scheduler(preset(obs.profile), scrape=False, seed=obs.seed, clock=clock))
+                        else build_scheduler(scorers_at(preset(obs.profile), setup.gateway_chars_per_token),
+                                             scrape=False, seed=obs.seed, clock=clock))
     result = await run_virtual_fleet(scheduler=sched, items=items, replicas=setup.replicas, profile=profile,
                                      clock=clock, window_s=obs.window_s, send_until_s=obs.window_s)
     return {"ttft_p50_s": quantile(result.ttft_s, 0.5), "ttft_p90_s": quantile(result.ttft_s, 0.9),
             "output_tps": result.window_output_tokens / obs.window_s, "hit_rate": result.hit_rate,
             "queries_per_prompt_token": result.prefix_queries / max(1, result.prompt_tokens),
             "preemptions": float(result.preemptions)}
+
+
+def scorers_at(config: RoutingConfig, chars_per_token: float | str) -> RoutingConfig:
+    """`config` with `charsPerToken` set to `chars_per_token` in its prefix and prefill-queue scorers ("auto": as is,
+    the learned default)."""
+    if chars_per_token == "auto":
+        return config
+    config = config.model_copy(deep=True)
+    for plugin in config.plugins:
+        if plugin.type in ("prefix-affinity-scorer", "prefill-queue-scorer"):
+            plugin.parameters["charsPerToken"] = chars_per_token
+    return config
 
 
 def log_error(predicted: float, measured: float) -> float:

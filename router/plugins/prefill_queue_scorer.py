@@ -9,7 +9,8 @@ which at least splits every burst (docs/reports/gpu-routing.md).
 State: for each request sent and not yet
 past its first token, the prompt tokens the chosen endpoint must compute, estimated as
 t x (1 - c_e): t = the prompt's tokens (the precise scorer's token count when it ran, else
-len(prompt_text) / charsPerToken) and c_e = the share of the prompt the prefix scorer in the same profile
+len(prompt_text) / charsPerToken, where `auto` is the characters per token the model's engines report,
+`FleetState.chars_per_token`, 4 until learned) and c_e = the share of the prompt the prefix scorer in the same profile
 believes e holds (`CACHED_SHARE`; 0 without one). An entry leaves at the first generated token
 (`on_first_token`), at completion, or after `maxPendingS` (a request whose first token is never reported).
 With `shared` (auto: on when the store is networked) and gateway replicas sharing a store (`redis_url`), each
@@ -34,7 +35,7 @@ share of the prompt, the scorer abstains (every score 1) and prefix affinity dec
 prompts nobody holds. Why the default sets it: on 2 H100s at 1.2x round-robin's capacity, letting queued prefill
 move warm prompts lost 9-18 points of cache hits in two runs of three (the prefix ends up held twice and, under KV
 pressure, evicts others), while it won at 1.0x in all three (docs/reports/gpu-routing.md, runs 4a-4c).
-Parameters: scaleTokens (2048), charsPerToken (4), maxPendingS (30), includeOwn (true), hotspotMargin (2; null
+Parameters: scaleTokens (2048), charsPerToken (auto), maxPendingS (30), includeOwn (true), hotspotMargin (2; null
 disables the guard), hotspotRelativeMargin (null; as the prefix scorer's), warmShare (null), shared (auto: share
 through a networked store such as Redis, not the in-memory one; true; false), syncIntervalS (0.05),
 syncMaxAgeS (2).
@@ -60,17 +61,18 @@ from fleetgate.router.plugins.base import (
     param,
 )
 from fleetgate.router.prefill_sync import PrefillQueueSync
+from fleetgate.router.token_ratio import FALLBACK, chars_per_token_param
 from fleetgate.router.types import RoutingRequest
 
 
 class PrefillQueueScorer:
     def __init__(
-        self, *, name: str, state: FleetState, scale_tokens: float = 2048.0, chars_per_token: float = 4.0,
+        self, *, name: str, state: FleetState, scale_tokens: float = 2048.0, chars_per_token: float | None = 4.0,
         max_pending_s: float = 30.0, include_own: bool = True, hotspot_margin: float | None = 2.0,
         hotspot_relative_margin: float | None = None, warm_share: float | None = None,
         sync: PrefillQueueSync | None = None,
     ) -> None:
-        if scale_tokens <= 0 or chars_per_token <= 0 or max_pending_s <= 0:
+        if scale_tokens <= 0 or (chars_per_token is not None and chars_per_token <= 0) or max_pending_s <= 0:
             raise ValueError("scaleTokens, charsPerToken and maxPendingS must be positive")
         if hotspot_margin is not None and hotspot_margin <= 0:  # the guard divides by it
             raise ValueError("hotspotMargin must be positive (or null to disable the guard)")
@@ -81,7 +83,7 @@ class PrefillQueueScorer:
         self.name = name
         self.state = state
         self.scale_tokens = scale_tokens
-        self.chars_per_token = chars_per_token
+        self.chars_per_token = chars_per_token  # None: auto, learned per model
         self.max_pending_s = max_pending_s
         self.include_own = include_own
         self.hotspot_margin = hotspot_margin
@@ -126,7 +128,10 @@ class PrefillQueueScorer:
 
     def _tokens(self, req: RoutingRequest, cycle: CycleState) -> float:
         counted = cycle.get(PROMPT_TOKENS)
-        return float(counted) if counted is not None else len(req.prompt_text) / self.chars_per_token
+        if counted is not None:
+            return float(counted)
+        cpt = self.chars_per_token or self.state.chars_per_token.get(req.model, FALLBACK)
+        return len(req.prompt_text) / cpt
 
     def on_start(self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint) -> None:
         tokens = self._tokens(req, cycle)
@@ -178,7 +183,7 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Prefi
         name=name,
         state=ctx.state,
         scale_tokens=param(parameters, "scaleTokens", 2048.0, float),
-        chars_per_token=param(parameters, "charsPerToken", 4.0, float),
+        chars_per_token=chars_per_token_param(parameters.get("charsPerToken", "auto"), float),
         max_pending_s=param(parameters, "maxPendingS", 30.0, float),
         include_own=param(parameters, "includeOwn", True, bool),
         hotspot_margin=param(parameters, "hotspotMargin", 2.0, float),

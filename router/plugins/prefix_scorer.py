@@ -18,8 +18,11 @@ shared system prompt) cannot pile every request onto one pod; load scorers then 
 Prompts shorter than one block score 0 everywhere.
 Observer: on start, record the prompt's blocks on the chosen endpoint, bounded by that engine's KV
 capacity (`vllm:cache_config_info` when scraped, else `defaultCapacityTokens`), converted to
-blocks with `charsPerToken`.
-Parameters: blockChars (512), maxBlocks (256), charsPerToken (4), defaultCapacityTokens (16384),
+blocks with `charsPerToken`: `auto` (default) uses the characters per token the model's engines report
+(`FleetState.chars_per_token`; 4 until learned) and resizes an endpoint's capacity when it moves by more than 5%;
+a number fixes it. Why auto: Llama 3.1 counts 6.48 characters per token of English, so at 4 the index held 0.62
+of what the engines cache and forgot prefixes they still had (docs/reports/chars-per-token.md).
+Parameters: blockChars (512), maxBlocks (256), charsPerToken (auto), defaultCapacityTokens (16384),
 capacityTokens (overrides the scraped capacity: set it for hybrid-attention models such as Gemma 3,
 whose `num_gpu_blocks` are shared by several KV-cache groups, so blocks x block size overstates it),
 hotspotMargin (2 requests; null disables the guard), hotspotRelativeMargin (null; r: the guard's margin is
@@ -42,6 +45,7 @@ from fleetgate.router.hashing import chained_block_hashes
 from fleetgate.router.plugins.base import CACHED_SHARE, CycleState, PluginContext, hotspot_guard, param
 from fleetgate.router.prefix_index import PrefixIndex
 from fleetgate.router.prefix_sync import PrefixIndexSync
+from fleetgate.router.token_ratio import FALLBACK, chars_per_token_param
 from fleetgate.router.types import RoutingRequest
 
 HASHES = "prefix.hashes"
@@ -55,7 +59,7 @@ class PrefixAffinityScorer:
         state: FleetState,
         block_chars: int = 512,
         max_blocks: int = 256,
-        chars_per_token: int = 4,
+        chars_per_token: float | None = 4,  # None: auto, learned per model (FleetState.chars_per_token)
         default_capacity_tokens: int = 16_384,
         hotspot_margin: float | None = 2.0,
         hotspot_relative_margin: float | None = None,
@@ -63,7 +67,7 @@ class PrefixAffinityScorer:
         sync: PrefixIndexSync | None = None,
         index: PrefixIndex | None = None,
     ) -> None:
-        if block_chars <= 0 or max_blocks <= 0 or chars_per_token <= 0:
+        if block_chars <= 0 or max_blocks <= 0 or (chars_per_token is not None and chars_per_token <= 0):
             raise ValueError("blockChars, maxBlocks and charsPerToken must be positive")
         if hotspot_margin is not None and hotspot_margin <= 0:
             raise ValueError("hotspotMargin must be positive (or null to disable the guard)")
@@ -77,11 +81,13 @@ class PrefixAffinityScorer:
         self.hotspot_margin = hotspot_margin
         self.hotspot_relative_margin = hotspot_relative_margin
         self.capacity_tokens = capacity_tokens
-        default_blocks = max(1, default_capacity_tokens * chars_per_token // block_chars)
+        self.default_capacity_tokens = default_capacity_tokens
+        default_blocks = max(1, int(default_capacity_tokens * (chars_per_token or FALLBACK) // block_chars))
         self.index = index or (sync.index if sync else PrefixIndex(default_capacity_blocks=default_blocks))
         self.sync = sync
         self._sync_task: asyncio.Task[bool] | None = None
-        self._capacity_seen: dict[str, int] = {}
+        # endpoint id -> (capacity tokens, characters per token) its index capacity was last set from
+        self._capacity_seen: dict[str, tuple[int, float]] = {}
         # The prompt's block hashes in the cycle, keyed by what they depend on: two approximate indexes in one
         # profile (the precise preset's `history` beside the precise scorer's embedded fallback) hash a prompt
         # once when their blocks agree, and never read each other's hashes when they do not.
@@ -117,9 +123,16 @@ class PrefixAffinityScorer:
     def on_start(self, req: RoutingRequest, cycle: CycleState, endpoint: Endpoint) -> None:
         st = self.state.stats.get(endpoint.id)
         cap_tokens = self.capacity_tokens or (st.kv_capacity_tokens if st is not None else None)
-        if cap_tokens and self._capacity_seen.get(endpoint.id) != cap_tokens:
-            self._capacity_seen[endpoint.id] = cap_tokens
-            self.index.set_capacity(endpoint.id, cap_tokens * self.chars_per_token // self.block_chars)
+        cpt = self.chars_per_token
+        if cpt is None:  # auto: an unscraped engine's default capacity follows the learned ratio too
+            cpt = self.state.chars_per_token.get(req.model, FALLBACK)
+            cap_tokens = cap_tokens or self.default_capacity_tokens
+        if cap_tokens:
+            seen = self._capacity_seen.get(endpoint.id)
+            # resized when the capacity or the ratio moved (> 5%), not per request; a shrink evicts LRU tails first
+            if seen is None or seen[0] != cap_tokens or abs(cpt - seen[1]) > 0.05 * seen[1]:
+                self._capacity_seen[endpoint.id] = (cap_tokens, cpt)
+                self.index.set_capacity(endpoint.id, int(cap_tokens * cpt // self.block_chars))
         hashes = self.hashes(req, cycle)
         if not hashes:
             return
@@ -142,7 +155,7 @@ class PrefixAffinityScorer:
 
 def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> PrefixAffinityScorer:
     block_chars = param(parameters, "blockChars", 512, int)
-    chars_per_token = param(parameters, "charsPerToken", 4, int)
+    chars_per_token = chars_per_token_param(parameters.get("charsPerToken", "auto"), int)
     capacity = param(parameters, "defaultCapacityTokens", 16_384, int)
     shared = parameters.get("shared", "auto")
     if shared not in ("auto", True, False):
@@ -151,7 +164,8 @@ def build(*, name: str, parameters: dict[str, Any], ctx: PluginContext) -> Prefi
         ctx.kvstore, MemoryKVStore)))
     sync = None
     if use_sync and ctx.kvstore is not None:
-        index = PrefixIndex(default_capacity_blocks=max(1, capacity * chars_per_token // max(1, block_chars)))
+        index = PrefixIndex(default_capacity_blocks=max(1, int(capacity * (chars_per_token or FALLBACK)
+                                                                // max(1, block_chars))))
         sync = PrefixIndexSync(index=index, kvstore=ctx.kvstore, namespace=ctx.namespace,
                                interval_s=param(parameters, "syncIntervalS", 0.05, float), clock=ctx.clock)
     return PrefixAffinityScorer(
