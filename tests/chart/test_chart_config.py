@@ -80,7 +80,7 @@ def test_gateway_config_loads_with_the_real_settings(chart: Any, scenario: Path,
     # must all end before the kubelet's SIGKILL at the grace period (issue 26).
     pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert pre_stop + settings.server.drain_s + settings.server.drain_close_s + 5 <= grace
+    assert pre_stop + settings.server.drain_s + settings.server.drain_close_s + settings.server.settle_s + 1 <= grace
     assert settings.discovery.kind == "kubernetes"
     discovery_roles = rendered.component("Role", "gateway")
     assert [r["metadata"]["namespace"] for r in discovery_roles] == [settings.discovery.namespace]

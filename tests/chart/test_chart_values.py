@@ -82,7 +82,9 @@ def test_schema_accepts_the_defaults_and_is_strict_everywhere() -> None:
         (["gateway.config.server.log_level=debug"], "use gateway.logLevel instead"),
         (["gateway.config.server.drain_s=10"], "use gateway.drainSeconds instead"),
         (["gateway.drainSeconds=48"], "gateway.terminationGracePeriodSeconds (60) is shorter than a gateway pod's"),
-        (["gateway.config.server.drain_close_s=20"], "+ gateway.config.server.drain_close_s (20) + 5 s"),
+        (["gateway.config.server.drain_close_s=20"], "+ gateway.config.server.drain_close_s (20) + gateway.config"),
+        # the settle writes' own deadline counts too: 5 + 40 + 3 + (14 + 1) = 63 > 60
+        (["gateway.config.server.settle_s=14"], "+ gateway.config.server.settle_s + 1 s to exit (15 s) = 63 s"),
         (
             [f"gateway.apiKeys.tenants.ghost={{{A_HASH}}}"],
             'keys for tenant "ghost", which is not in gateway.config.tenancy.tenants',
@@ -101,7 +103,8 @@ def test_combinations_that_look_close_but_are_valid(chart: Any) -> None:
     chart.render(set_values=["gateway.autoscaling.enabled=true", "gateway.autoscaling.minReplicas=3",
                              "gateway.autoscaling.maxReplicas=3"])
     chart.render(set_values=["gateway.apiKeys.existingSecret=keys"])
-    chart.render(set_values=["gateway.drainSeconds=47"])  # preStop 5 + 47 + drain_close_s 3 + 5 = 60: just fits
+    chart.render(set_values=["gateway.drainSeconds=47"])  # preStop 5 + 47 + drain_close_s 3 + 4 + 1 = 60: fits
+    chart.render(set_values=["gateway.config.server.settle_s=11"])  # 5 + 40 + 3 + 11 + 1 = 60: just fits
     chart.render(set_values=["gateway.drainSeconds=300", "gateway.terminationGracePeriodSeconds=320"])
     chart.render(
         set_json=['gateway.config.tenancy={"tenants": [{"id": "ghost"}]}'],

@@ -36,9 +36,11 @@ and how to fix it; values.schema.json catches wrong types and unknown keys befor
 {{- end }}
 {{- end }}
 {{- $close := $server.drain_close_s | default 3 | float64 }}
-{{- $needed := addf (int $v.gateway.preStopSeconds) (int $v.gateway.drainSeconds) $close 5 }}
+{{- /* the settle writes get server.settle_s (4 s by default) in all; 1 s more for the process to exit */}}
+{{- $settle := addf ($server.settle_s | default 4 | float64) 1 }}
+{{- $needed := addf (int $v.gateway.preStopSeconds) (int $v.gateway.drainSeconds) $close $settle }}
 {{- if lt (float64 (int $v.gateway.terminationGracePeriodSeconds)) $needed }}
-{{- fail (printf "gateway.terminationGracePeriodSeconds (%d) is shorter than a gateway pod's shutdown: preStopSeconds (%d) + drainSeconds (%d) + gateway.config.server.drain_close_s (%v) + 5 s of settle writes = %v s; the kubelet would kill streams before they are recorded and billed. Raise terminationGracePeriodSeconds or lower drainSeconds" (int $v.gateway.terminationGracePeriodSeconds) (int $v.gateway.preStopSeconds) (int $v.gateway.drainSeconds) $close $needed) }}
+{{- fail (printf "gateway.terminationGracePeriodSeconds (%d) is shorter than a gateway pod's shutdown: preStopSeconds (%d) + drainSeconds (%d) + gateway.config.server.drain_close_s (%v) + gateway.config.server.settle_s + 1 s to exit (%v s) = %v s; the kubelet would kill streams before they are recorded and billed. Raise terminationGracePeriodSeconds or lower drainSeconds" (int $v.gateway.terminationGracePeriodSeconds) (int $v.gateway.preStopSeconds) (int $v.gateway.drainSeconds) $close $settle $needed) }}
 {{- end }}
 {{- $keys := $v.gateway.apiKeys }}
 {{- if and $keys.existingSecret (or $keys.adminKeyHashes $keys.tenants) }}
