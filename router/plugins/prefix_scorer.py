@@ -124,15 +124,16 @@ class PrefixAffinityScorer:
         st = self.state.stats.get(endpoint.id)
         cap_tokens = self.capacity_tokens or (st.kv_capacity_tokens if st is not None else None)
         cpt = self.chars_per_token
+        seen = self._capacity_seen.get(endpoint.id)
         if cpt is None:  # auto: an unscraped engine's default capacity follows the learned ratio too
-            cpt = self.state.chars_per_token.get(req.model, FALLBACK)
+            # A model not learned yet (a new LoRA adapter's name on the same engine) keeps the engine's last ratio:
+            # the fallback would shrink the index, evicting what the engine holds, and grow it on the next request.
+            cpt = self.state.chars_per_token.get(req.model, seen[1] if seen is not None else FALLBACK)
             cap_tokens = cap_tokens or self.default_capacity_tokens
-        if cap_tokens:
-            seen = self._capacity_seen.get(endpoint.id)
-            # resized when the capacity or the ratio moved (> 5%), not per request; a shrink evicts LRU tails first
-            if seen is None or seen[0] != cap_tokens or abs(cpt - seen[1]) > 0.05 * seen[1]:
-                self._capacity_seen[endpoint.id] = (cap_tokens, cpt)
-                self.index.set_capacity(endpoint.id, int(cap_tokens * cpt // self.block_chars))
+        # resized when the capacity or the ratio moved (> 5%), not per request; a shrink evicts LRU tails first
+        if cap_tokens and (seen is None or seen[0] != cap_tokens or abs(cpt - seen[1]) > 0.05 * seen[1]):
+            self._capacity_seen[endpoint.id] = (cap_tokens, cpt)
+            self.index.set_capacity(endpoint.id, int(cap_tokens * cpt // self.block_chars))
         hashes = self.hashes(req, cycle)
         if not hashes:
             return

@@ -181,6 +181,20 @@ def test_capacity_moves_only_past_5_percent_and_a_shrink_evicts_to_the_new_bound
     assert matched[-62:] == [8] * 62 and matched[0] == 4  # the oldest prompt lost its 4 deepest blocks
 
 
+def test_a_model_not_learned_yet_on_the_same_engine_does_not_shrink_its_index() -> None:
+    state = FleetState()
+    state.update(EP.id, waiting=0, running=0, kv_usage=0, kv_capacity_tokens=51_200)
+    scorer = prefix_scorer.build(name="prefix", parameters={}, ctx=PluginContext(state=state))
+    feed(state.chars_per_token, 8.0, 20)  # the base model: 800 blocks
+    rng = random.Random(2)
+    for i in range(120):  # the base model and a new adapter's name (no usage seen yet) in turn
+        text = "".join(rng.choice("abcdefgh") for _ in range(BLOCK_CHARS * 8))
+        model = "m" if i % 2 == 0 else "m-adapter"
+        scorer.on_start(RoutingRequest(request_id=str(i), model=model, prompt_text=text), {}, EP)
+        assert scorer.index.capacity(EP.id) == 800, i  # at the fallback 4 it flipped to 400, evicting half
+    assert scorer.index.size(EP.id) == 800
+
+
 def test_an_unscraped_engine_gets_the_default_capacity_at_the_learned_ratio() -> None:
     state = FleetState()
     scorer = prefix_scorer.build(name="prefix", parameters={"defaultCapacityTokens": 10_240},
