@@ -22,6 +22,7 @@ every request through this one object, so a feature is written once and only the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -33,6 +34,7 @@ import aiohttp
 
 from fleetgate.cache.types import CacheLookup, CacheRequest, CacheStatus
 from fleetgate.core.errors import FleetGateError, InvalidRequestError, UpstreamUnavailableError
+from fleetgate.core.tasks import cancel_and_wait
 from fleetgate.core.types import Usage
 from fleetgate.gateway.answercheck import Call, start_answer_check
 from fleetgate.gateway.authorization import (
@@ -421,9 +423,10 @@ class Flow:
             if left > 0:
                 await asyncio.wait(tasks, timeout=left)
                 continue
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            # cancel_and_wait re-cancels: on Python 3.11 a cancel landing as redis-py's wait_for completes is dropped,
+            # and a settle task stalled on Redis would then keep the process from exiting (core.tasks)
+            with contextlib.suppress(Exception):  # a task's own failure was logged where it ran
+                await cancel_and_wait(*tasks)
             self._log.warning("shutdown: settle and record writes not done by server.settle_s; cancelled",
                               extra={"requests": len(tasks), "settle_s": timeout_s})
         accountant: Any = self.stages.accountant
