@@ -38,13 +38,17 @@ class CharsPerToken:
         self._sums: dict[str, _Sums] = {}
         self._value: dict[str, float] = {}  # model -> learned ratio, only once min_samples were seen (read per pick)
 
-    def observe(self, model: str, chars: int, tokens: int) -> None:
+    def observe(self, model: str, chars: float, tokens: int) -> None:
         """One request's prompt: `chars` characters routed, `tokens` prompt tokens the engine counted."""
         if tokens < self.min_tokens or chars <= 0:
             return
         s = self._sums.get(model)
         if s is None:
             s = self._sums[model] = _Sums()
+        # Each observation is clamped to [low, high] x its tokens before it is summed: the sums weigh long prompts
+        # more, so one hostile prompt (a megabyte of whitespace the tokenizer folds into a few tokens) would
+        # otherwise carry the whole model's ratio to the clamp for hundreds of requests.
+        chars = min(max(chars, self.low * tokens), self.high * tokens)
         s.chars = s.chars * self._decay + chars
         s.tokens = s.tokens * self._decay + tokens
         s.samples += 1

@@ -71,6 +71,15 @@ def test_it_is_clamped_and_ignores_short_prompts() -> None:
     assert est.samples("s") == 0 and est.get("s", 4.0) == 4.0
 
 
+def test_one_hostile_prompt_does_not_carry_the_models_ratio() -> None:
+    est = CharsPerToken()
+    feed(est, 6.5, 200, tokens=1_000)
+    est.observe("m", 1_000_000, 2_000)  # a megabyte of whitespace counted as 2,000 tokens: 500 chars a token
+    assert abs(est.get("m", 4.0) - 6.5) < 0.3  # unclamped per request it jumped to 13.3
+    feed(est, 6.5, 50, tokens=1_000)
+    assert abs(est.get("m", 4.0) - 6.5) < 0.2
+
+
 def test_the_parameter_is_auto_or_a_positive_number() -> None:
     assert chars_per_token_param("auto", int) is None
     assert chars_per_token_param(6, int) == 6 and chars_per_token_param("6.5", float) == 6.5
