@@ -2,7 +2,7 @@
 
 Input: `FleetState.load(e)` = max(requests this gateway has in flight to e (exact, updated on every
 `on_start`/`on_complete`), running + waiting last scraped from e (covers other gateway replicas)).
-Formula: inverse min-max over candidates, score_e = (max_l - l_e) / span, span = max(max_l - min_l,
+Formula: inverse min-max over candidates, score_e = 1 - (l_e - min_l) / span, span = max(max_l - min_l,
 relativeSpan x max_l), 1 when all equal (`load_score.inverse_minmax`). Alone with the max-score picker this is the
 least-loaded policy. Parameters: relativeSpan (0: any difference is a full vote; r > 0: a difference small against
 the load itself is a small vote, so past saturation a request or two of difference does not outvote prefix

@@ -1,7 +1,7 @@
 """Scorer: prefer endpoints with short engine queues (`vllm:num_requests_waiting`, scraped).
 
 Input: the last scraped waiting count per endpoint (sees load from every gateway replica, but is up
-to one scrape interval old). Formula: inverse min-max over candidates, score_e = (max_w - w_e) / span,
+to one scrape interval old). Formula: inverse min-max over candidates, score_e = 1 - (w_e - min_w) / span,
 span = max(max_w - min_w, relativeSpan x max_w), 1 when all equal (`load_score.inverse_minmax`).
 Parameters: relativeSpan (0, as the inflight scorer's).
 """
